@@ -1,0 +1,241 @@
+"""Paged decode attention (one query per sequence), split over the KV length (FlashDecoding).
+
+Each program owns one (sequence, KV head, split): it loads every query head of the KV head's
+GQA group at once, so each K/V byte is read once per step, and keeps a running softmax over its
+share of the sequence. With one split the program writes the output; otherwise it writes a
+normalised partial output and its log-sum-exp, and a small second kernel merges the splits.
+Grids depend only on tensor shapes and the split count, so a decode step can be captured in a
+CUDA graph (the split count is chosen from shapes, never from the current lengths).
+Layout and metadata are those of ``paged_attention_reference``.
+"""
+
+from functools import cache
+
+import torch
+import triton
+import triton.language as tl
+
+LOG2_E = 1.4426950408889634
+MIN_TOKENS_PER_SPLIT = 256
+
+
+@triton.jit
+def _decode_split_kernel(
+    query_ptr,
+    key_cache_ptr,
+    value_cache_ptr,
+    block_tables_ptr,
+    seq_lens_ptr,
+    out_ptr,
+    partial_out_ptr,
+    partial_lse_ptr,
+    scale_log2,
+    head_dim,
+    block_size,
+    query_seq_stride,
+    query_head_stride,
+    out_seq_stride,
+    out_head_stride,
+    block_table_stride,
+    cache_block_stride,
+    cache_slot_stride,
+    cache_head_stride,
+    QUERIES_PER_KV: tl.constexpr,
+    BLOCK_G: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    seq = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    split = tl.program_id(2)
+    seq_len = tl.load(seq_lens_ptr + seq)
+    tokens_per_split = tl.cdiv(tl.cdiv(seq_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    start = split * tokens_per_split
+    end = tl.minimum(start + tokens_per_split, seq_len)
+
+    group = tl.arange(0, BLOCK_G)
+    dims = tl.arange(0, BLOCK_D)
+    q_heads = kv_head * QUERIES_PER_KV + group
+    row_mask = (group < QUERIES_PER_KV)[:, None] & (dims < head_dim)[None, :]
+    query = tl.load(
+        query_ptr + seq.to(tl.int64) * query_seq_stride + q_heads[:, None] * query_head_stride + dims[None, :],
+        mask=row_mask,
+        other=0.0,
+    )
+
+    running_max = tl.full([BLOCK_G], float("-inf"), dtype=tl.float32)
+    running_sum = tl.zeros([BLOCK_G], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_G, BLOCK_D], dtype=tl.float32)
+    block_table = block_tables_ptr + seq.to(tl.int64) * block_table_stride
+    head_offset = kv_head.to(tl.int64) * cache_head_stride
+    for first_token in range(start, end, BLOCK_N):
+        tokens = first_token + tl.arange(0, BLOCK_N)
+        token_mask = tokens < end
+        blocks = tl.load(block_table + tokens // block_size, mask=token_mask, other=0).to(tl.int64)
+        rows = blocks * cache_block_stride + (tokens % block_size) * cache_slot_stride + head_offset
+        kv_mask = token_mask[:, None] & (dims < head_dim)[None, :]
+        key = tl.load(key_cache_ptr + rows[:, None] + dims[None, :], mask=kv_mask, other=0.0)
+        value = tl.load(value_cache_ptr + rows[:, None] + dims[None, :], mask=kv_mask, other=0.0)
+
+        scores = tl.dot(query, tl.trans(key), input_precision=DOT_PRECISION) * scale_log2
+        scores = tl.where(token_mask[None, :], scores, float("-inf"))
+        new_max = tl.maximum(running_max, tl.max(scores, axis=1))
+        rescale = tl.exp2(running_max - new_max)
+        probs = tl.exp2(scores - new_max[:, None])
+        running_sum = running_sum * rescale + tl.sum(probs, axis=1)
+        acc = acc * rescale[:, None] + tl.dot(probs.to(value.dtype), value, input_precision=DOT_PRECISION)
+        running_max = new_max
+
+    # An empty split (or a padded sequence of length 0) has running_sum 0 and yields zeros.
+    safe_sum = tl.where(running_sum > 0, running_sum, 1.0)
+    result = acc / safe_sum[:, None]
+    if NUM_SPLITS == 1:
+        tl.store(
+            out_ptr + seq.to(tl.int64) * out_seq_stride + q_heads[:, None] * out_head_stride + dims[None, :],
+            result.to(out_ptr.dtype.element_ty),
+            mask=row_mask,
+        )
+    else:
+        num_q_heads = tl.num_programs(1) * QUERIES_PER_KV
+        partial_rows = (seq.to(tl.int64) * num_q_heads + q_heads) * NUM_SPLITS + split
+        tl.store(partial_out_ptr + partial_rows[:, None] * BLOCK_D + dims[None, :], result, mask=row_mask)
+        lse = tl.where(running_sum > 0, running_max + tl.log2(safe_sum), float("-inf"))
+        tl.store(partial_lse_ptr + partial_rows, lse, mask=group < QUERIES_PER_KV)
+
+
+@triton.jit
+def _merge_splits_kernel(
+    partial_out_ptr,
+    partial_lse_ptr,
+    out_ptr,
+    head_dim,
+    out_seq_stride,
+    out_head_stride,
+    NUM_SPLITS: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    seq = tl.program_id(0)
+    q_head = tl.program_id(1)
+    row = seq.to(tl.int64) * tl.num_programs(1) + q_head
+    splits = tl.arange(0, BLOCK_S)
+    dims = tl.arange(0, BLOCK_D)
+    lse = tl.load(partial_lse_ptr + row * NUM_SPLITS + splits, mask=splits < NUM_SPLITS, other=float("-inf"))
+    top = tl.max(lse, axis=0)
+    top = tl.where(top == float("-inf"), 0.0, top)
+    weights = tl.exp2(lse - top)
+    total = tl.sum(weights, axis=0)
+    total = tl.where(total > 0, total, 1.0)
+    partial = tl.load(
+        partial_out_ptr + (row * NUM_SPLITS + splits)[:, None] * BLOCK_D + dims[None, :],
+        mask=(splits < NUM_SPLITS)[:, None] & (dims < head_dim)[None, :],
+        other=0.0,
+    )
+    result = tl.sum(partial * weights[:, None], axis=0) / total
+    tl.store(
+        out_ptr + seq.to(tl.int64) * out_seq_stride + q_head * out_head_stride + dims,
+        result.to(out_ptr.dtype.element_ty),
+        mask=dims < head_dim,
+    )
+
+
+@cache
+def _num_sms(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def choose_num_splits(num_seqs: int, num_kv_heads: int, max_tokens: int, device: torch.device) -> int:
+    """Split until the grid holds about two programs per SM, keeping >= 256 tokens per split.
+
+    ``max_tokens`` is the block table's capacity, a shape, so the choice is stable across the
+    steps replayed by one CUDA graph.
+    """
+    if device.type != "cuda":
+        return 1
+    target_programs = 2 * _num_sms(device.index if device.index is not None else torch.cuda.current_device())
+    num_splits = 1
+    while (
+        num_seqs * num_kv_heads * num_splits < target_programs
+        and num_splits * 2 * MIN_TOKENS_PER_SPLIT <= max_tokens
+        and num_splits < 32
+    ):
+        num_splits *= 2
+    return num_splits
+
+
+def paged_decode_attention(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    num_splits: int | None = None,
+    out: torch.Tensor | None = None,
+    *,
+    block_n: int = 64,
+    num_warps: int = 4,
+    num_stages: int = 2,
+) -> torch.Tensor:
+    """Attention of ``query [B, Hq, D]`` (one token per sequence, at position ``seq_lens - 1``)
+    over each sequence's paged K/V. ``block_n``/``num_warps``/``num_stages`` are tuning knobs."""
+    num_seqs, num_q_heads, head_dim = query.shape
+    block_size, num_kv_heads = key_cache.shape[1], key_cache.shape[2]
+    if key_cache.stride() != value_cache.stride() or key_cache.stride(3) != 1 or query.stride(2) != 1:
+        raise ValueError("paged_decode_attention needs matching caches with head_dim contiguous")
+    out = torch.empty_like(query) if out is None else out
+    if num_seqs == 0:
+        return out
+    if num_splits is None:
+        num_splits = choose_num_splits(num_seqs, num_kv_heads, block_tables.shape[1] * block_size, query.device)
+    queries_per_kv = num_q_heads // num_kv_heads
+    block_d = triton.next_power_of_2(head_dim)
+    partial_out = partial_lse = out  # unused when the kernel writes the output directly
+    if num_splits > 1:
+        partial_out = torch.empty(num_seqs * num_q_heads * num_splits, block_d, dtype=torch.float32, device=query.device)
+        partial_lse = torch.empty(num_seqs * num_q_heads * num_splits, dtype=torch.float32, device=query.device)
+    _decode_split_kernel[(num_seqs, num_kv_heads, num_splits)](
+        query,
+        key_cache,
+        value_cache,
+        block_tables,
+        seq_lens,
+        out,
+        partial_out,
+        partial_lse,
+        scale * LOG2_E,
+        head_dim,
+        block_size,
+        query.stride(0),
+        query.stride(1),
+        out.stride(0),
+        out.stride(1),
+        block_tables.stride(0),
+        key_cache.stride(0),
+        key_cache.stride(1),
+        key_cache.stride(2),
+        QUERIES_PER_KV=queries_per_kv,
+        BLOCK_G=max(16, triton.next_power_of_2(queries_per_kv)),
+        BLOCK_D=block_d,
+        BLOCK_N=block_n,
+        NUM_SPLITS=num_splits,
+        DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
+        num_warps=num_warps,
+        num_stages=num_stages,
+    )
+    if num_splits > 1:
+        _merge_splits_kernel[(num_seqs, num_q_heads)](
+            partial_out,
+            partial_lse,
+            out,
+            head_dim,
+            out.stride(0),
+            out.stride(1),
+            NUM_SPLITS=num_splits,
+            BLOCK_S=triton.next_power_of_2(num_splits),
+            BLOCK_D=block_d,
+            num_warps=4,
+        )
+    return out
