@@ -1,0 +1,52 @@
+"""What an adapter must fit: the served model's layer count and each projection's shape."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+SUPPORTED_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+@dataclass(frozen=True, slots=True)
+class BaseModelSpec:
+    """The served model as adapters see it; built from its Hugging Face config.json."""
+
+    name: str
+    num_layers: int
+    # module name -> (in_features, out_features)
+    module_shapes: dict[str, tuple[int, int]]
+    # names a PEFT config's base_model_name_or_path may carry for this model (lower-cased)
+    aliases: frozenset[str] = frozenset()
+
+    @classmethod
+    def from_hf_config(cls, config: dict, *, name: str, aliases: tuple[str, ...] = ()) -> BaseModelSpec:
+        hidden = config["hidden_size"]
+        heads = config["num_attention_heads"]
+        kv_heads = config.get("num_key_value_heads") or heads
+        head_dim = config.get("head_dim") or hidden // heads
+        inter = config["intermediate_size"]
+        shapes = {
+            "q_proj": (hidden, heads * head_dim),
+            "k_proj": (hidden, kv_heads * head_dim),
+            "v_proj": (hidden, kv_heads * head_dim),
+            "o_proj": (heads * head_dim, hidden),
+            "gate_proj": (hidden, inter),
+            "up_proj": (hidden, inter),
+            "down_proj": (inter, hidden),
+        }
+        names = {name.lower(), *(a.lower() for a in aliases)}
+        return cls(name, config["num_hidden_layers"], shapes, frozenset(names))
+
+    @classmethod
+    def from_model_dir(cls, model_dir: Path, *, name: str | None = None) -> BaseModelSpec:
+        config = json.loads((model_dir / "config.json").read_text())
+        served = name or model_dir.name
+        return cls.from_hf_config(config, name=served, aliases=(model_dir.name, str(model_dir)))
+
+    def matches_name(self, base_model_name_or_path: str) -> bool:
+        """PEFT writes whatever path the trainer loaded from; match its last component too."""
+        candidate = base_model_name_or_path.strip().rstrip("/").lower()
+        last = candidate.rsplit("/", 1)[-1]
+        return candidate in self.aliases or last in {a.rsplit("/", 1)[-1] for a in self.aliases}
