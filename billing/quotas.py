@@ -1,0 +1,232 @@
+"""Monthly budgets per tenant and per API key, checked before a request is queued.
+
+Spending lives in counters keyed by UTC month (Redis hashes when Redis is
+configured, a dict otherwise), so a new month starts from zero by itself. The
+meter adds each event once, when the ledger first stores it; `reconcile`
+resets the counters from the ledger (the beat task runs it), which repairs
+anything a Redis restart or a crash lost.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+from datetime import UTC, date, datetime
+from decimal import Decimal
+from typing import Any, Protocol
+
+from loraplex.billing.events import UsageEvent
+from loraplex.billing.ledger import UNAVAILABLE_ERRORS
+from loraplex.billing.models import NONE_KEY, BudgetRow, UsageEventRow
+from loraplex.billing.pricing import picousd_to_usd, usd_to_picousd
+from loraplex.engine.errors import EngineError
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session, sessionmaker
+
+log = logging.getLogger(__name__)
+
+WHOLE_TENANT = NONE_KEY
+_COUNTER_TTL_S = 70 * 86400  # a month's counters outlive the month, then expire
+
+
+class QuotaExceededError(EngineError):
+    status = 429
+    code = "insufficient_quota"
+
+
+@dataclass(frozen=True, slots=True)
+class Budget:
+    token_limit: int | None = None
+    cost_limit_picousd: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Spend:
+    tokens: int = 0
+    cost_picousd: int = 0
+
+
+def month_of(moment: datetime) -> str:
+    return moment.astimezone(UTC).strftime("%Y-%m")
+
+
+def month_bounds(month: str) -> tuple[date, date]:
+    """First day of the month and first day of the next."""
+    first = date.fromisoformat(f"{month}-01")
+    following = date(first.year + first.month // 12, first.month % 12 + 1, 1)
+    return first, following
+
+
+class SpendCounter(Protocol):
+    def add(self, month: str, tenant_id: str, scope: str, spend: Spend) -> None: ...
+    def get(self, month: str, tenant_id: str, scope: str) -> Spend: ...
+    def set(self, month: str, tenant_id: str, scope: str, spend: Spend) -> None: ...
+
+
+class MemorySpendCounter:
+    def __init__(self) -> None:
+        self._spend: dict[tuple[str, str, str], Spend] = {}
+        self._lock = threading.Lock()
+
+    def add(self, month: str, tenant_id: str, scope: str, spend: Spend) -> None:
+        with self._lock:
+            old = self._spend.get((month, tenant_id, scope), Spend())
+            self._spend[month, tenant_id, scope] = Spend(old.tokens + spend.tokens, old.cost_picousd + spend.cost_picousd)
+
+    def get(self, month: str, tenant_id: str, scope: str) -> Spend:
+        return self._spend.get((month, tenant_id, scope), Spend())
+
+    def set(self, month: str, tenant_id: str, scope: str, spend: Spend) -> None:
+        with self._lock:
+            self._spend[month, tenant_id, scope] = spend
+
+
+class RedisSpendCounter:
+    def __init__(self, client: Any, key_prefix: str) -> None:
+        self._redis = client
+        self._prefix = key_prefix
+
+    def _key(self, month: str, tenant_id: str, scope: str) -> str:
+        return f"{self._prefix}billing:spend:{month}:{tenant_id}:{scope or '*'}"
+
+    def add(self, month: str, tenant_id: str, scope: str, spend: Spend) -> None:
+        key = self._key(month, tenant_id, scope)
+        pipe = self._redis.pipeline(transaction=True)
+        pipe.hincrby(key, "tokens", spend.tokens)
+        pipe.hincrby(key, "cost", spend.cost_picousd)
+        pipe.expire(key, _COUNTER_TTL_S)
+        pipe.execute()
+
+    def get(self, month: str, tenant_id: str, scope: str) -> Spend:
+        tokens, cost = self._redis.hmget(self._key(month, tenant_id, scope), "tokens", "cost")
+        return Spend(int(tokens or 0), int(cost or 0))
+
+    def set(self, month: str, tenant_id: str, scope: str, spend: Spend) -> None:
+        key = self._key(month, tenant_id, scope)
+        pipe = self._redis.pipeline(transaction=True)
+        pipe.hset(key, mapping={"tokens": spend.tokens, "cost": spend.cost_picousd})
+        pipe.expire(key, _COUNTER_TTL_S)
+        pipe.execute()
+
+
+class QuotaGuard:
+    def __init__(
+        self, session_factory: sessionmaker[Session], counter: SpendCounter, *, budget_cache_s: float = 5.0
+    ) -> None:
+        self._session_factory = session_factory
+        self._counter = counter
+        self._cache_s = budget_cache_s
+        self._budgets: dict[str, tuple[float, dict[str, Budget]]] = {}
+
+    def check(self, *, tenant_id: str, api_key_id: str | None, estimated_tokens: int = 0,
+              now: datetime | None = None) -> None:
+        """Raise QuotaExceededError if the tenant's or the key's monthly budget is (or would be) spent."""
+        budgets = self._tenant_budgets(tenant_id)
+        if not budgets:
+            return
+        month = month_of(now or datetime.now(UTC))
+        scopes = [(WHOLE_TENANT, f"tenant {tenant_id}")]
+        if api_key_id:
+            scopes.append((api_key_id, f"API key {api_key_id}"))
+        for scope, who in scopes:
+            budget = budgets.get(scope)
+            if budget is None:
+                continue
+            spend = self._counter.get(month, tenant_id, scope)
+            resets = month_bounds(month)[1].isoformat()
+            if budget.token_limit is not None and spend.tokens + estimated_tokens > budget.token_limit:
+                raise QuotaExceededError(
+                    f"The monthly token budget of {who} is spent: {spend.tokens:,} of {budget.token_limit:,} "
+                    f"tokens used in {month} (this request needs about {estimated_tokens:,} more). "
+                    f"It resets on {resets}."
+                )
+            if budget.cost_limit_picousd is not None and spend.cost_picousd >= budget.cost_limit_picousd:
+                raise QuotaExceededError(
+                    f"The monthly cost budget of {who} is spent: ${picousd_to_usd(spend.cost_picousd):.6f} "
+                    f"of ${picousd_to_usd(budget.cost_limit_picousd):.2f} used in {month}. It resets on {resets}."
+                )
+
+    def on_recorded(self, events: list[UsageEvent], costs: dict[str, int]) -> None:
+        """Meter callback: count events the ledger stored for the first time."""
+        totals: dict[tuple[str, str, str], list[int]] = defaultdict(lambda: [0, 0])
+        for event in events:
+            month = month_of(event.created_at)
+            cost = costs.get(event.request_id, 0)
+            for scope in {WHOLE_TENANT, event.api_key_id or WHOLE_TENANT}:
+                total = totals[month, event.tenant_id, scope]
+                total[0] += event.total_tokens
+                total[1] += cost
+        for (month, tenant_id, scope), (tokens, cost) in totals.items():
+            self._counter.add(month, tenant_id, scope, Spend(tokens, cost))
+
+    def reconcile(self, *, month: str | None = None, tenant_id: str | None = None) -> int:
+        """Reset the month's counters from the ledger; returns how many counters were set."""
+        month = month or month_of(datetime.now(UTC))
+        first, following = month_bounds(month)
+        e = UsageEventRow
+        query = (
+            select(e.tenant_id, e.api_key_id, func.sum(e.input_tokens + e.output_tokens), func.sum(e.cost_picousd))
+            .where(e.day >= first, e.day < following)
+            .group_by(e.tenant_id, e.api_key_id)
+        )
+        if tenant_id is not None:
+            query = query.where(e.tenant_id == tenant_id)
+        per_scope: dict[tuple[str, str], list[int]] = defaultdict(lambda: [0, 0])
+        with self._session_factory() as session:
+            for tenant, key, tokens, cost in session.execute(query):
+                for scope in {WHOLE_TENANT, key or WHOLE_TENANT}:
+                    per_scope[tenant, scope][0] += int(tokens or 0)
+                    per_scope[tenant, scope][1] += int(cost or 0)
+        for (tenant, scope), (tokens, cost) in per_scope.items():
+            self._counter.set(month, tenant, scope, Spend(tokens, cost))
+        return len(per_scope)
+
+    def spend(self, *, tenant_id: str, api_key_id: str | None = None, month: str | None = None) -> Spend:
+        return self._counter.get(month or month_of(datetime.now(UTC)), tenant_id, api_key_id or WHOLE_TENANT)
+
+    def invalidate(self, tenant_id: str | None = None) -> None:
+        if tenant_id is None:
+            self._budgets.clear()
+        else:
+            self._budgets.pop(tenant_id, None)
+
+    def _tenant_budgets(self, tenant_id: str) -> dict[str, Budget]:
+        cached = self._budgets.get(tenant_id)
+        if cached is not None and time.monotonic() - cached[0] < self._cache_s:
+            return cached[1]
+        try:
+            with self._session_factory() as session:
+                rows = session.scalars(select(BudgetRow).where(BudgetRow.tenant_id == tenant_id)).all()
+        except UNAVAILABLE_ERRORS:
+            # The database being down must not stop inference: keep the last known budgets.
+            log.warning("budgets for %s unavailable; using the cached ones", tenant_id)
+            return cached[1] if cached else {}
+        budgets = {row.api_key_id: Budget(row.monthly_token_limit, row.monthly_cost_limit_picousd) for row in rows}
+        self._budgets[tenant_id] = (time.monotonic(), budgets)
+        return budgets
+
+
+def set_budget(
+    session: Session,
+    *,
+    tenant_id: str,
+    api_key_id: str | None = None,
+    monthly_token_limit: int | None = None,
+    monthly_cost_limit_usd: Decimal | str | None = None,
+) -> BudgetRow:
+    """Create or replace a budget (the whole tenant's when `api_key_id` is None); None limits are unlimited."""
+    scope = api_key_id or WHOLE_TENANT
+    row = session.get(BudgetRow, (tenant_id, scope))
+    if row is None:
+        row = BudgetRow(tenant_id=tenant_id, api_key_id=scope)
+        session.add(row)
+    row.monthly_token_limit = monthly_token_limit
+    row.monthly_cost_limit_picousd = (
+        None if monthly_cost_limit_usd is None else usd_to_picousd(monthly_cost_limit_usd)
+    )
+    row.updated_at = datetime.now(UTC)
+    session.flush()
+    return row

@@ -1,0 +1,106 @@
+"""The meter: one ledger row per request, spooled while the database refuses, drained when it returns."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from loraplex.billing.ledger import Ledger
+from loraplex.billing.meter import Meter
+from loraplex.billing.models import UsageEventRow
+from loraplex.billing.quotas import MemorySpendCounter, QuotaGuard
+from loraplex.billing.spool import FileSpool, RedisStreamSpool
+from sqlalchemy import func, select
+from sqlalchemy.orm import sessionmaker
+
+
+def _ledger_totals(session_factory) -> tuple[int, int, int]:
+    e = UsageEventRow
+    with session_factory() as session:
+        count, tokens, distinct = session.execute(
+            select(func.count(), func.sum(e.input_tokens + e.output_tokens), func.count(e.request_id.distinct()))
+        ).one()
+    return count, int(tokens or 0), distinct
+
+
+def _wait(predicate, timeout_s: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached in time")
+        time.sleep(0.02)
+
+
+def test_meter_writes_every_event_once(session_factory, make_event, tmp_path):
+    meter = Meter(Ledger(session_factory), spools=[FileSpool(tmp_path)])
+    meter.start()
+    events = [make_event(input_tokens=i + 1, cached_input_tokens=0, output_tokens=i, thinking_tokens=0)
+              for i in range(400)]
+    for event in events:
+        meter.record(event)
+    for event in events[:50]:  # a retried write of the same requests
+        meter.record(event)
+    assert meter.flush()
+    meter.close()
+    assert _ledger_totals(session_factory) == (400, sum(e.total_tokens for e in events), 400)
+    assert meter.stats.num_written == 400 and meter.stats.num_duplicates == 50
+
+
+@pytest.mark.parametrize("spool_kind", ["file", "redis"])
+def test_events_spooled_while_database_refuses_are_drained_when_it_returns(
+    spool_kind, pg_url, pg_session_factory, refusing_engine, make_event, tmp_path, redis_client, redis_prefix
+):
+    # The meter's ledger points at a URL that refuses connections (a stopped database) ...
+    factory = sessionmaker(refusing_engine, expire_on_commit=False)
+    spool = FileSpool(tmp_path) if spool_kind == "file" else RedisStreamSpool(redis_client, f"{redis_prefix}spool")
+    counter = MemorySpendCounter()
+    guard = QuotaGuard(pg_session_factory, counter)
+    meter = Meter(Ledger(factory), spools=[spool], on_recorded=guard.on_recorded, retry_interval_s=0.1)
+    meter.start()
+    during_outage = [make_event(f"out{i}") for i in range(120)]
+    for event in during_outage:
+        meter.record(event)
+    assert meter.flush()
+    assert not meter.db_available
+    assert spool.num_pending() == 120
+    assert meter.stats.num_written == 0
+    # ... then the database comes back (the URL is fixed): the spool drains into it, nothing twice.
+    factory.configure(bind=pg_session_factory.kw["bind"])
+    for event in [*during_outage[:10], make_event("after")]:  # replays of spooled events and a new one
+        meter.record(event)
+    _wait(lambda: meter.db_available and meter.num_pending_spooled() == 0)
+    assert meter.flush()
+    meter.close()
+    count, tokens, distinct = _ledger_totals(pg_session_factory)
+    assert count == distinct == 121
+    assert tokens == 121 * 150
+    assert counter.get(during_outage[0].created_at.strftime("%Y-%m"), "ten_a", "").tokens == 121 * 150, (
+        "quota spending counts each request once, replays included"
+    )
+
+
+def test_unwritten_spool_left_by_a_dead_process_is_drained_on_start(session_factory, make_event, tmp_path):
+    dead = FileSpool(tmp_path)
+    dead.append([make_event(f"left{i}") for i in range(30)])
+    dead.close()
+    meter = Meter(Ledger(session_factory), spools=[FileSpool(tmp_path)])
+    meter.start()
+    _wait(lambda: _ledger_totals(session_factory)[0] == 30)
+    meter.close()
+    assert meter.num_pending_spooled() == 0
+
+
+def test_falls_back_to_the_next_spool_when_the_first_fails(refusing_engine, make_event, tmp_path):
+    import redis
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
+
+    unreachable = redis.Redis(port=1, socket_connect_timeout=0.5, retry=Retry(NoBackoff(), 0))
+    broken_redis = RedisStreamSpool(unreachable, "x")
+    file_spool = FileSpool(tmp_path)
+    meter = Meter(Ledger(sessionmaker(refusing_engine)), spools=[broken_redis, file_spool])
+    meter.start()
+    meter.record(make_event("only"))
+    assert meter.flush()
+    meter.close()
+    assert file_spool.num_pending() == 1
