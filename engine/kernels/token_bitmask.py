@@ -44,7 +44,8 @@ def apply_token_bitmask_reference(
         allowed = torch.cat([allowed, padding], dim=1)
     rows = _row_indices(indices, logits.device)
     if rows is None:
-        rows = torch.arange(logits.shape[0], device=logits.device)
+        logits.masked_fill_(~allowed[: logits.shape[0]], float("-inf"))
+        return
     rows = rows[rows >= 0].long()
     logits[rows] = logits[rows].masked_fill(~allowed[rows], float("-inf"))
 

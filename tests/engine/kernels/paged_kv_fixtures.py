@@ -43,18 +43,17 @@ def make_paged_batch(
     for seq, count in enumerate(blocks_per_seq):
         block_tables[seq, :count] = order[used : used + count]
         used += count
+    # Draw the (large) random tensors where they live: CPU generation of an 8k-token cache is slow.
+    on_device = torch.Generator(device=device).manual_seed(seed)
     shape = (num_blocks, block_size, num_kv_heads, head_dim)
-    key_cache = torch.randn(shape, generator=generator).to(dtype)
-    value_cache = torch.randn(shape, generator=generator).to(dtype)
     cu_seqlens_q = torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=torch.int32)
-    query = torch.randn(sum(q_lens), num_q_heads, head_dim, generator=generator).to(dtype)
     return PagedBatch(
-        key_cache=key_cache.to(device),
-        value_cache=value_cache.to(device),
+        key_cache=torch.randn(shape, generator=on_device, device=device).to(dtype),
+        value_cache=torch.randn(shape, generator=on_device, device=device).to(dtype),
         block_tables=block_tables.to(device),
         seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=device),
         cu_seqlens_q=cu_seqlens_q.to(device),
-        query=query.to(device),
+        query=torch.randn(sum(q_lens), num_q_heads, head_dim, generator=on_device, device=device).to(dtype),
     )
 
 

@@ -1,0 +1,293 @@
+"""GPU micro-benchmarks of the attention and bitmask kernels, each checked before it is timed.
+
+- paged decode attention at batch 64, context 2k, 32 query / 8 KV heads, head_dim 128, bf16:
+  achieved KV-read bandwidth over the card's measured copy bandwidth (issue 9 target >= 0.70),
+  over a sweep of split counts and tile shapes;
+- paged prefill throughput against torch SDPA on contiguous tensors;
+- token-bitmask apply for batch 1..512 over a 128k vocabulary against the PyTorch reference.
+
+``python benchmarks/attention_kernels.py`` writes benchmarks/results/attention_kernels.json;
+``--quick`` on a machine without a GPU checks the kernels through Triton's interpreter on tiny
+shapes and exits (no timings). The GPU engine benchmark reuses ``copy_bandwidth_gbps``,
+``time_graph_us`` and ``decode_attention_bandwidth``.
+"""
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # must precede the kernels' import
+
+import torch.nn.functional as F
+import triton
+from loraplex.engine.kernels.paged_attention_decode import paged_decode_attention
+from loraplex.engine.kernels.paged_attention_prefill import paged_prefill_attention
+from loraplex.engine.kernels.paged_attention_reference import (
+    paged_decode_attention_reference,
+    paged_prefill_attention_reference,
+)
+from loraplex.engine.kernels.token_bitmask import apply_token_bitmask, apply_token_bitmask_reference
+
+RESULTS = Path(__file__).parent / "results" / "attention_kernels.json"
+
+
+def relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    actual, expected = actual.double(), expected.double()
+    return float((actual - expected).norm() / expected.norm().clamp_min(1e-30))
+
+
+def copy_bandwidth_gbps(num_bytes: int = 2 << 30, repeats: int = 20) -> float:
+    """Device-to-device copy rate, counting bytes read plus bytes written (GB/s)."""
+    source = torch.randint(0, 255, (num_bytes,), dtype=torch.uint8, device="cuda")
+    target = torch.empty_like(source)
+    target.copy_(source)
+    microseconds = time_graph_us(lambda: target.copy_(source), repeats=repeats, calls_per_graph=1)
+    return 2 * num_bytes / microseconds / 1e3
+
+
+def time_graph_us(fn, repeats: int = 30, calls_per_graph: int = 10) -> float:
+    """Median time of one call (µs), from CUDA-graph replays of ``calls_per_graph`` calls."""
+    fn()
+    torch.cuda.synchronize()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()  # warm allocator and caches on the capture stream
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls_per_graph):
+            fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / calls_per_graph)
+    return statistics.median(times)
+
+
+def paged_decode_inputs(batch: int, context: int, num_q_heads: int, num_kv_heads: int, head_dim: int,
+                        block_size: int, dtype: torch.dtype, device: str) -> dict:
+    """Random caches; each sequence owns shuffled blocks; every row has ``context`` tokens."""
+    blocks_per_seq = -(-context // block_size)
+    num_blocks = batch * blocks_per_seq
+    shape = (num_blocks, block_size, num_kv_heads, head_dim)
+    return {
+        "query": torch.randn(batch, num_q_heads, head_dim, device=device, dtype=dtype),
+        "key_cache": torch.randn(shape, device=device, dtype=dtype),
+        "value_cache": torch.randn(shape, device=device, dtype=dtype),
+        "block_tables": torch.randperm(num_blocks, device=device, dtype=torch.int32).reshape(batch, blocks_per_seq),
+        "seq_lens": torch.full((batch,), context, dtype=torch.int32, device=device),
+    }
+
+
+def decode_attention_bandwidth(copy_gbps: float, batch: int = 64, context: int = 2048, num_q_heads: int = 32,
+                               num_kv_heads: int = 8, head_dim: int = 128, block_size: int = 16,
+                               variants: list[dict] | None = None) -> dict:
+    """Check, then time paged decode attention; report each variant's KV-read bandwidth."""
+    inputs = paged_decode_inputs(batch, context, num_q_heads, num_kv_heads, head_dim, block_size, torch.bfloat16, "cuda")
+    scale = head_dim**-0.5
+    args = (inputs["query"], inputs["key_cache"], inputs["value_cache"], inputs["block_tables"], inputs["seq_lens"], scale)
+    expected = paged_decode_attention_reference(*args)
+    kv_bytes = 2 * batch * context * num_kv_heads * head_dim * 2
+    moved_bytes = kv_bytes + 2 * inputs["query"].numel() * 2 + inputs["block_tables"].numel() * 4
+    out = torch.empty_like(inputs["query"])
+    rows = []
+    for variant in variants or [{}]:
+        out.fill_(float("nan"))
+        paged_decode_attention(*args, out=out, **variant)
+        error = relative_error(out, expected)
+        if not error < 1e-2:
+            raise AssertionError(f"decode variant {variant} is wrong: relative error {error:.2e}")
+        microseconds = time_graph_us(lambda v=variant: paged_decode_attention(*args, out=out, **v))
+        gbps = moved_bytes / microseconds / 1e3
+        rows.append({**variant, "us": microseconds, "gbps": gbps, "bw_fraction": gbps / copy_gbps, "rel_error": error})
+    return {"kv_bytes": kv_bytes, "floor_us": moved_bytes / copy_gbps / 1e3, "variants": rows}
+
+
+DECODE_VARIANTS = [
+    {"num_splits": splits, "block_n": block_n, "num_warps": warps, "num_stages": stages}
+    for splits in (None, 1, 2, 4)
+    for block_n in (32, 64, 128)
+    for warps in (4, 8)
+    for stages in (2, 3)
+]
+PREFILL_VARIANTS = [
+    {"block_m": 128, "block_n": 64, "num_warps": 8, "num_stages": 2},
+    {"block_m": 128, "block_n": 64, "num_warps": 8, "num_stages": 3},
+    {"block_m": 128, "block_n": 32, "num_warps": 4, "num_stages": 3},
+    {"block_m": 64, "block_n": 64, "num_warps": 4, "num_stages": 3},
+    {"block_m": 128, "block_n": 128, "num_warps": 8, "num_stages": 2},
+]
+
+
+def prefill_throughput(batch: int = 8, seq_len: int = 2048, cached: int = 0, num_q_heads: int = 32,
+                       num_kv_heads: int = 8, head_dim: int = 128, block_size: int = 16) -> dict:
+    """Our paged prefill vs SDPA (contiguous, K/V heads expanded outside the timing) in TFLOP/s."""
+    total = cached + seq_len
+    inputs = paged_decode_inputs(batch, total, num_q_heads, num_kv_heads, head_dim, block_size, torch.bfloat16, "cuda")
+    query = torch.randn(batch * seq_len, num_q_heads, head_dim, device="cuda", dtype=torch.bfloat16)
+    cu_seqlens_q = torch.arange(0, batch + 1, dtype=torch.int32, device="cuda") * seq_len
+    scale = head_dim**-0.5
+    args = (query, inputs["key_cache"], inputs["value_cache"], inputs["block_tables"], cu_seqlens_q, inputs["seq_lens"], scale)
+    expected = paged_prefill_attention_reference(*args)
+    # Causal: each query sees its cached prefix plus half the chunk on average.
+    flops = 4 * batch * num_q_heads * head_dim * seq_len * (cached + seq_len / 2)
+    rows = []
+    out = torch.empty_like(query)
+    for variant in PREFILL_VARIANTS:
+        out.fill_(float("nan"))
+        paged_prefill_attention(*args, out=out, **variant)
+        error = relative_error(out, expected)
+        if not error < 1e-2:
+            raise AssertionError(f"prefill variant {variant} is wrong: relative error {error:.2e}")
+        microseconds = time_graph_us(lambda v=variant: paged_prefill_attention(*args, out=out, **v), calls_per_graph=3)
+        rows.append({**variant, "us": microseconds, "tflops": flops / microseconds / 1e6, "rel_error": error})
+
+    def gather(cache):
+        tables = inputs["block_tables"].long()
+        dense = cache[tables].reshape(batch, -1, num_kv_heads, head_dim)[:, :total]
+        return dense.repeat_interleave(num_q_heads // num_kv_heads, dim=2).transpose(1, 2).contiguous()
+
+    key, value = gather(inputs["key_cache"]), gather(inputs["value_cache"])
+    sdpa_query = query.reshape(batch, seq_len, num_q_heads, head_dim).transpose(1, 2).contiguous()
+    mask = None
+    if cached:
+        positions = cached + torch.arange(seq_len, device="cuda")
+        mask = torch.arange(total, device="cuda")[None, :] <= positions[:, None]
+
+    def sdpa():
+        return F.scaled_dot_product_attention(sdpa_query, key, value, attn_mask=mask, is_causal=mask is None, scale=scale)
+
+    sdpa_error = relative_error(sdpa().transpose(1, 2).reshape_as(query), expected)
+    sdpa_us = time_graph_us(sdpa, calls_per_graph=3)
+    best = min(rows, key=lambda row: row["us"])
+    return {
+        "batch": batch, "seq_len": seq_len, "cached": cached, "variants": rows,
+        "sdpa_us": sdpa_us, "sdpa_tflops": flops / sdpa_us / 1e6, "sdpa_rel_error": sdpa_error,
+        "best_over_sdpa_speed": sdpa_us / best["us"],
+    }
+
+
+def bitmask_apply(copy_gbps: float, vocab_size: int = 128_256, batches=(1, 4, 16, 64, 128, 256, 512)) -> list[dict]:
+    """In-place mask of a 128k vocab, 1% of tokens allowed, fp32 logits; ours vs the reference."""
+    num_words = triton.cdiv(vocab_size, 32)
+    rows = []
+    for batch in batches:
+        # Rotate over enough buffers to exceed L2, so large batches are timed from memory.
+        num_buffers = max(1, min(8, (256 << 20) // (batch * vocab_size * 4)))
+        logits = [torch.randn(batch, vocab_size, device="cuda") for _ in range(num_buffers)]
+        allowed = torch.rand(batch, num_words * 32, device="cuda") < 0.01
+        weights = (1 << torch.arange(32, device="cuda", dtype=torch.int64))
+        packed = (allowed.view(batch, num_words, 32).long() * weights).sum(-1)
+        bitmask = torch.where(packed >= 2**31, packed - 2**32, packed).to(torch.int32)
+        checked = logits[0].clone()
+        apply_token_bitmask(checked, bitmask)
+        expected = logits[0].clone()
+        apply_token_bitmask_reference(expected, bitmask)
+        if not torch.equal(checked, expected):
+            raise AssertionError(f"bitmask kernel wrong at batch {batch}")
+
+        def reference(logits=logits, bitmask=bitmask):
+            apply_token_bitmask_reference(logits[0], bitmask)
+
+        ours_us = _rotating_graph_us(logits, bitmask)
+        reference_us = time_graph_us(reference, calls_per_graph=1)
+        disallowed = int((~allowed[:, :vocab_size]).sum())
+        floor_us = (bitmask.numel() * 4 + disallowed * 4) / copy_gbps / 1e3
+        rows.append({"batch": batch, "ours_us": ours_us, "reference_us": reference_us, "floor_us": floor_us,
+                     "speedup_vs_reference": reference_us / ours_us})
+    return rows
+
+
+def _rotating_graph_us(logits: list[torch.Tensor], bitmask: torch.Tensor) -> float:
+    """Small batches: one graph applies the mask to each buffer in turn, time per call."""
+    def calls():
+        for buffer in logits * max(1, 16 // len(logits)):
+            apply_token_bitmask(buffer, bitmask)
+
+    per_graph = len(logits) * max(1, 16 // len(logits))
+    return time_graph_us(calls, calls_per_graph=1) / per_graph
+
+
+def quick_cpu_check() -> None:
+    """No GPU: run each kernel once through the interpreter against its reference, no timings."""
+    inputs = paged_decode_inputs(2, 40, 4, 2, 16, 8, torch.float32, "cpu")
+    args = (inputs["query"], inputs["key_cache"], inputs["value_cache"], inputs["block_tables"], inputs["seq_lens"], 0.25)
+    error = relative_error(paged_decode_attention(*args, num_splits=2, block_n=16), paged_decode_attention_reference(*args))
+    logits = torch.randn(3, 100)
+    bitmask = torch.randint(-(2**31), 2**31 - 1, (3, 4), dtype=torch.int32)
+    ours, expected = logits.clone(), logits.clone()
+    apply_token_bitmask(ours, bitmask)
+    apply_token_bitmask_reference(expected, bitmask)
+    if not (error < 1e-5 and torch.equal(ours, expected)):
+        raise SystemExit(f"kernel check failed (decode relative error {error:.2e})")
+    print("no GPU: kernels checked through the Triton interpreter; timings need a CUDA device")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="reduced sizes (CPU: interpreter check only)")
+    parser.add_argument("--output", type=Path, default=RESULTS)
+    options = parser.parse_args()
+    if not torch.cuda.is_available():
+        quick_cpu_check()
+        return
+    copy_gbps = copy_bandwidth_gbps()
+    variants = DECODE_VARIANTS[:2] if options.quick else DECODE_VARIANTS
+    decode = decode_attention_bandwidth(copy_gbps, variants=variants)
+    best = min(decode["variants"], key=lambda row: row["us"])
+    default = decode["variants"][0]
+    prefill = [prefill_throughput()] + ([] if options.quick else [prefill_throughput(batch=4, seq_len=512, cached=3584)])
+    bitmask = bitmask_apply(copy_gbps, batches=(1, 512) if options.quick else (1, 4, 16, 64, 128, 256, 512))
+    properties = torch.cuda.get_device_properties(0)
+    result = {
+        "benchmark": "attention_kernels",
+        "date": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
+                    "gpu": properties.name, "sms": properties.multi_processor_count,
+                    "torch": torch.__version__, "triton": triton.__version__, "python": sys.version.split()[0]},
+        "config": {"decode": "batch 64, context 2048, 32 q / 8 kv heads, head_dim 128, bf16, block 16",
+                   "prefill": "32 q / 8 kv heads, head_dim 128, bf16, block 16, causal",
+                   "bitmask": "vocab 128256, fp32 logits, 1% allowed"},
+        "metrics": {
+            "copy_bandwidth_gbps": copy_gbps,
+            "attention_bw_fraction": best["bw_fraction"],
+            "attention_bw_fraction_default_config": default["bw_fraction"],
+            "decode_us": best["us"], "decode_floor_us": decode["floor_us"],
+            "prefill_over_sdpa_speed": prefill[0]["best_over_sdpa_speed"],
+            "bitmask_us_batch1": bitmask[0]["ours_us"], "bitmask_us_batch512": bitmask[-1]["ours_us"],
+            "decode_variants": decode["variants"], "prefill": prefill, "bitmask": bitmask,
+        },
+        "targets": {"attention_bw_fraction": {"op": ">=", "value": 0.70}},
+        "checked": True,
+    }
+    options.output.parent.mkdir(parents=True, exist_ok=True)
+    options.output.write_text(json.dumps(result, indent=2))
+    print(f"card {properties.name}: copy {copy_gbps:.0f} GB/s")
+    print(f"decode b64 ctx2k: best {best['us']:.1f} us = {best['bw_fraction']:.2%} of copy bw  {best}")
+    print(f"decode default config: {default['us']:.1f} us = {default['bw_fraction']:.2%}")
+    for row in prefill:
+        top = min(row["variants"], key=lambda r: r["us"])
+        print(f"prefill b{row['batch']} q{row['seq_len']} cached{row['cached']}: ours {top['us']:.0f} us "
+              f"{top['tflops']:.0f} TFLOP/s vs sdpa {row['sdpa_us']:.0f} us {row['sdpa_tflops']:.0f} TFLOP/s {top}")
+    for row in bitmask:
+        print(f"bitmask b{row['batch']}: ours {row['ours_us']:.1f} us ref {row['reference_us']:.1f} us "
+              f"floor {row['floor_us']:.1f} us")
+
+
+if __name__ == "__main__":
+    main()
