@@ -1,0 +1,251 @@
+"""Checks the structured-output fields of a request at the edge: a 400 that names the field.
+
+Syntax of regexes and EBNF is checked by compiling them (xgrammar's parser is
+the only one that matters); everything decidable without the tokenizer is
+checked here, before any work is queued.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import jsonschema
+from loraplex.engine.errors import InvalidRequestError
+from loraplex.grammar.spec import GrammarKind, GrammarSpec
+
+RESPONSE_FORMAT_TYPES = ("text", "json_object", "json_schema", "regex", "grammar", "choice")
+_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
+
+# Keywords xgrammar enforces exactly. In `strict` mode anything else is refused,
+# because the output could then break the schema while we promised it would not.
+_STRICT_KEYWORDS = frozenset({
+    "type", "properties", "required", "additionalProperties", "items", "prefixItems",
+    "minItems", "maxItems", "enum", "const", "anyOf", "$ref", "$defs", "definitions",
+    "pattern", "format", "minLength", "maxLength", "minimum", "maximum",
+    "exclusiveMinimum", "exclusiveMaximum", "minProperties", "maxProperties",
+    # annotations: no effect on validity
+    "title", "description", "default", "examples", "$schema", "$id", "$comment", "deprecated",
+    "readOnly", "writeOnly",
+})
+_STRICT_FORMATS = frozenset({
+    "date", "time", "date-time", "duration", "email", "hostname", "ipv4", "ipv6", "uuid",
+    "uri", "uri-reference", "uri-template", "json-pointer", "relative-json-pointer",
+})
+_SUBSCHEMA_MAPS = ("properties", "$defs", "definitions")
+_SUBSCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
+_SUBSCHEMA_VALUES = ("items", "additionalProperties", "not", "if", "then", "else", "contains")
+
+
+def response_format_spec(response_format: Any) -> GrammarSpec | None:
+    """The grammar a `response_format` asks for; None for plain text."""
+    param = "response_format"
+    if response_format is None:
+        return None
+    if not isinstance(response_format, dict):
+        raise InvalidRequestError("response_format must be an object with a `type`", param=param)
+    kind = response_format.get("type")
+    if kind not in RESPONSE_FORMAT_TYPES:
+        raise InvalidRequestError(
+            f"response_format.type must be one of {', '.join(RESPONSE_FORMAT_TYPES)}; got {kind!r}",
+            param="response_format.type",
+        )
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return GrammarSpec(GrammarKind.JSON_OBJECT, None, param=param)
+    if kind == "json_schema":
+        return _json_schema_spec(response_format.get("json_schema"))
+    if kind == "regex":
+        pattern = response_format.get("regex")
+        if not isinstance(pattern, str) or not pattern:
+            raise InvalidRequestError("response_format.regex must be a non-empty string", param="response_format.regex")
+        return GrammarSpec(GrammarKind.REGEX, pattern, param="response_format.regex")
+    if kind == "grammar":
+        text = response_format.get("grammar")
+        if not isinstance(text, str) or not text.strip():
+            raise InvalidRequestError(
+                "response_format.grammar must be a non-empty EBNF string with a `root` rule",
+                param="response_format.grammar",
+            )
+        return GrammarSpec(GrammarKind.EBNF, text, param="response_format.grammar")
+    choices = response_format.get("choices")
+    if (
+        not isinstance(choices, list)
+        or not choices
+        or any(not isinstance(c, str) or not c for c in choices)
+    ):
+        raise InvalidRequestError(
+            "response_format.choices must be a non-empty list of non-empty strings",
+            param="response_format.choices",
+        )
+    return GrammarSpec(GrammarKind.CHOICE, choices, param="response_format.choices")
+
+
+def _json_schema_spec(json_schema: Any) -> GrammarSpec:
+    param = "response_format.json_schema"
+    if not isinstance(json_schema, dict):
+        raise InvalidRequestError("response_format.json_schema must be an object with `name` and `schema`", param=param)
+    name = json_schema.get("name")
+    if not isinstance(name, str) or not _NAME.match(name):
+        raise InvalidRequestError(
+            "response_format.json_schema.name must be 1-64 characters of a-z, A-Z, 0-9, _ or -",
+            param=f"{param}.name",
+        )
+    schema = json_schema.get("schema", {})
+    strict = json_schema.get("strict") or False
+    if not isinstance(strict, bool):
+        raise InvalidRequestError("response_format.json_schema.strict must be a boolean", param=f"{param}.strict")
+    check_json_schema(schema, param=f"{param}.schema", strict=strict)
+    return GrammarSpec(GrammarKind.JSON_SCHEMA, schema, param=f"{param}.schema")
+
+
+def check_json_schema(schema: Any, *, param: str, strict: bool) -> None:
+    """Raise a 400 if `schema` is not a valid JSON schema, or (strict) uses what we cannot enforce."""
+    if not isinstance(schema, dict):
+        raise InvalidRequestError(f"{param} must be a JSON schema object", param=param)
+    validator = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+    try:
+        validator.check_schema(schema)
+    except jsonschema.SchemaError as exc:
+        where = "/".join(str(p) for p in exc.absolute_path) or "(root)"
+        raise InvalidRequestError(f"{param} is not a valid JSON schema at {where}: {exc.message}", param=param) from None
+    if strict:
+        problem = _first_strict_problem(schema, "#")
+        if problem:
+            raise InvalidRequestError(f"{param} is not supported in strict mode: {problem}", param=param)
+
+
+def _first_strict_problem(schema: Any, path: str) -> str | None:
+    if isinstance(schema, bool):
+        return None
+    if not isinstance(schema, dict):
+        return f"{path} is not a schema"
+    for key in schema:
+        if key not in _STRICT_KEYWORDS:
+            return f"keyword {key!r} at {path}"
+    fmt = schema.get("format")
+    if fmt is not None and fmt not in _STRICT_FORMATS:
+        return f"format {fmt!r} at {path} (supported: {', '.join(sorted(_STRICT_FORMATS))})"
+    children: list[tuple[str, Any]] = []
+    for key in _SUBSCHEMA_MAPS:
+        children += [(f"{path}/{key}/{name}", sub) for name, sub in (schema.get(key) or {}).items()]
+    for key in _SUBSCHEMA_LISTS:
+        children += [(f"{path}/{key}/{i}", sub) for i, sub in enumerate(schema.get(key) or [])]
+    for key in _SUBSCHEMA_VALUES:
+        if key in schema:
+            children.append((f"{path}/{key}", schema[key]))
+    for child_path, child in children:
+        problem = _first_strict_problem(child, child_path)
+        if problem:
+            return problem
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class FunctionTool:
+    name: str
+    description: str
+    parameters: dict[str, Any]
+    strict: bool = False
+
+    def as_openai(self) -> dict[str, Any]:
+        return {
+            "type": "function",
+            "function": {"name": self.name, "description": self.description, "parameters": self.parameters},
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class ToolRequest:
+    """The validated tool fields of a chat request. `mode` is auto, required, none or named."""
+
+    tools: tuple[FunctionTool, ...]
+    mode: str
+    named: str | None = None
+    parallel: bool = True
+
+    @property
+    def offered(self) -> tuple[FunctionTool, ...]:
+        """The tools the model sees and may call."""
+        if self.mode == "none":
+            return ()
+        if self.mode == "named":
+            return tuple(t for t in self.tools if t.name == self.named)
+        return self.tools
+
+
+def parse_tools(tools: Any, tool_choice: Any, parallel_tool_calls: Any) -> ToolRequest | None:
+    """Validate `tools`, `tool_choice` and `parallel_tool_calls`; None when no tools were given."""
+    if tools is None or tools == []:
+        if tool_choice not in (None, "none"):
+            raise InvalidRequestError("tool_choice is only allowed when tools are given", param="tool_choice")
+        return None
+    if not isinstance(tools, list):
+        raise InvalidRequestError("tools must be a list of function tools", param="tools")
+    parsed: list[FunctionTool] = []
+    for i, tool in enumerate(tools):
+        parsed.append(_parse_tool(tool, f"tools[{i}]"))
+    names = [t.name for t in parsed]
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        raise InvalidRequestError(f"duplicate tool names: {', '.join(duplicates)}", param="tools")
+    if parallel_tool_calls is None:
+        parallel_tool_calls = True
+    if not isinstance(parallel_tool_calls, bool):
+        raise InvalidRequestError("parallel_tool_calls must be a boolean", param="parallel_tool_calls")
+    if tool_choice is None:
+        return ToolRequest(tuple(parsed), "auto", parallel=parallel_tool_calls)
+    if tool_choice in ("auto", "required", "none"):
+        return ToolRequest(tuple(parsed), tool_choice, parallel=parallel_tool_calls)
+    named = _named_choice(tool_choice)
+    if named not in names:
+        raise InvalidRequestError(
+            f"tool_choice names function {named!r}, which is not among the given tools ({', '.join(names)})",
+            param="tool_choice",
+        )
+    return ToolRequest(tuple(parsed), "named", named=named, parallel=False)
+
+
+def _parse_tool(tool: Any, param: str) -> FunctionTool:
+    if not isinstance(tool, dict) or tool.get("type") != "function":
+        raise InvalidRequestError(f"{param} must be {{\"type\": \"function\", \"function\": {{...}}}}", param=param)
+    function = tool.get("function")
+    if not isinstance(function, dict):
+        raise InvalidRequestError(f"{param}.function must be an object", param=f"{param}.function")
+    name = function.get("name")
+    if not isinstance(name, str) or not _NAME.match(name):
+        raise InvalidRequestError(
+            f"{param}.function.name must be 1-64 characters of a-z, A-Z, 0-9, _ or -", param=f"{param}.function.name"
+        )
+    description = function.get("description") or ""
+    if not isinstance(description, str):
+        raise InvalidRequestError(f"{param}.function.description must be a string", param=f"{param}.function.description")
+    parameters = function.get("parameters")
+    if parameters is None:
+        parameters = {"type": "object", "properties": {}}
+    if not isinstance(parameters, dict) or parameters.get("type", "object") != "object":
+        raise InvalidRequestError(
+            f"{param}.function.parameters must be a JSON schema of type object", param=f"{param}.function.parameters"
+        )
+    strict = function.get("strict") or False
+    if not isinstance(strict, bool):
+        raise InvalidRequestError(f"{param}.function.strict must be a boolean", param=f"{param}.function.strict")
+    check_json_schema(parameters, param=f"{param}.function.parameters", strict=strict)
+    return FunctionTool(name, description, parameters, strict)
+
+
+def _named_choice(tool_choice: Any) -> str:
+    ok = (
+        isinstance(tool_choice, dict)
+        and tool_choice.get("type") == "function"
+        and isinstance(tool_choice.get("function"), dict)
+        and isinstance(tool_choice["function"].get("name"), str)
+    )
+    if not ok:
+        raise InvalidRequestError(
+            'tool_choice must be "none", "auto", "required" or {"type": "function", "function": {"name": ...}}',
+            param="tool_choice",
+        )
+    return tool_choice["function"]["name"]

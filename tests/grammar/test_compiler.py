@@ -1,0 +1,86 @@
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from grammar_helpers import SMOLLM2_VOCAB
+from loraplex.engine.errors import InvalidRequestError
+from loraplex.grammar.compiler import GrammarCompilerService, GrammarLimits
+from loraplex.grammar.spec import GrammarKind, GrammarSpec
+
+
+def test_cache_is_keyed_by_content_not_key_order(compiler):
+    a = GrammarSpec(GrammarKind.JSON_SCHEMA, {"type": "object", "properties": {"x": {"type": "integer"}}})
+    b = GrammarSpec(GrammarKind.JSON_SCHEMA, {"properties": {"x": {"type": "integer"}}, "type": "object"})
+    assert compiler.compile_blocking(a) is compiler.compile_blocking(b)
+
+
+async def test_concurrent_identical_requests_compile_once(compiler):
+    schema = {"type": "object", "properties": {f"field_{i}": {"type": "string", "format": "email"} for i in range(5)}}
+    spec = GrammarSpec(GrammarKind.JSON_SCHEMA, schema)
+    before = compiler.num_compiled
+    grammars = await asyncio.gather(*(compiler.compile(spec) for _ in range(12)))
+    assert len({id(g) for g in grammars}) == 1
+    assert compiler.num_compiled - before == 1
+
+
+@pytest.mark.parametrize(
+    ("spec", "param", "needle"),
+    [
+        (GrammarSpec(GrammarKind.REGEX, "[a-", param="response_format.regex"), "response_format.regex", "Unclosed"),
+        (GrammarSpec(GrammarKind.REGEX, "(?<=a)b", param="response_format.regex"), "response_format.regex", "Lookbehind"),
+        (GrammarSpec(GrammarKind.EBNF, 'root ::= foo', param="response_format.grammar"), "response_format.grammar", "foo"),
+        (GrammarSpec(GrammarKind.EBNF, 'start ::= "a"', param="response_format.grammar"), "response_format.grammar", "root"),
+        (GrammarSpec(GrammarKind.JSON_SCHEMA, {"$ref": "#/$defs/missing"}, param="s"), "s", "$defs"),
+    ],
+)
+async def test_bad_grammar_is_a_400_naming_the_field(compiler, spec, param, needle):
+    with pytest.raises(InvalidRequestError) as info:
+        await compiler.compile(spec)
+    assert info.value.status == 400
+    assert info.value.param == param
+    assert needle in info.value.message
+    assert "/project/cpp" not in info.value.message  # xgrammar's source paths are not the user's business
+
+
+def test_spec_size_limit(tokenizer):
+    service = GrammarCompilerService(tokenizer, SMOLLM2_VOCAB, GrammarLimits(max_spec_bytes=200))
+    try:
+        big = GrammarSpec(GrammarKind.CHOICE, [f"choice number {i}" for i in range(50)], param="response_format.choices")
+        with pytest.raises(InvalidRequestError, match="too large") as info:
+            service.compile_blocking(big)
+        assert info.value.param == "response_format.choices"
+    finally:
+        service.close()
+
+
+def test_compiled_size_limit(tokenizer):
+    service = GrammarCompilerService(tokenizer, SMOLLM2_VOCAB, GrammarLimits(max_compiled_bytes=1000))
+    try:
+        spec = GrammarSpec(GrammarKind.JSON_SCHEMA, {"type": "object", "properties": {"e": {"type": "string", "format": "email"}}})
+        with pytest.raises(InvalidRequestError, match="over the limit"):
+            service.compile_blocking(spec)
+    finally:
+        service.close()
+
+
+async def test_compile_time_limit_is_a_400_and_the_loop_keeps_running(tokenizer):
+    service = GrammarCompilerService(tokenizer, SMOLLM2_VOCAB, GrammarLimits(compile_timeout_s=0.01))
+    ticks = 0
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await asyncio.sleep(0.001)
+
+    task = asyncio.create_task(ticker())
+    try:
+        slow = {"type": "object", "properties": {f"f{i}": {"type": "string", "format": "uri"} for i in range(12)}}
+        with pytest.raises(InvalidRequestError, match="longer than") as info:
+            await service.compile(GrammarSpec(GrammarKind.JSON_SCHEMA, slow, param="response_format.json_schema.schema"))
+        assert info.value.param == "response_format.json_schema.schema"
+        assert ticks > 0  # the event loop was never blocked by the compilation
+    finally:
+        task.cancel()
+        service.close()

@@ -1,0 +1,82 @@
+from __future__ import annotations
+
+import json
+
+import torch
+import xgrammar as xgr
+from grammar_helpers import SMOLLM2_VOCAB, feed
+from loraplex.grammar.spec import GrammarKind, GrammarSpec
+
+WORDS = (SMOLLM2_VOCAB + 31) // 32
+
+
+def allowed(bitmask: torch.Tensor, row: int) -> set[int]:
+    bits = bitmask[row]
+    return {t for t in range(SMOLLM2_VOCAB) if (int(bits[t // 32]) >> (t % 32)) & 1}
+
+
+def test_json_ends_at_the_closing_brace_without_a_stop_token(compiler, tokenizer):
+    grammar = compiler.compile_blocking(GrammarSpec(GrammarKind.JSON_SCHEMA, {
+        "type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"],
+    }))
+    matcher, ok = feed(grammar, tokenizer, '{"a": 12')
+    assert ok and not matcher.is_terminated() and not matcher.is_completed()
+    assert matcher.accept_token(tokenizer.encode("}", add_special_tokens=False)[0])
+    assert matcher.is_terminated()
+    assert not matcher.accept_token(tokenizer.encode(" ", add_special_tokens=False)[0])  # no trailing junk
+
+
+def test_grammar_that_may_go_on_waits_for_the_stop_token(compiler, tokenizer):
+    grammar = compiler.compile_blocking(GrammarSpec(GrammarKind.REGEX, "[a-z]+"))
+    matcher, ok = feed(grammar, tokenizer, "hello")
+    assert ok and matcher.is_completed() and not matcher.is_terminated()
+    bitmask = torch.zeros((2, WORDS), dtype=torch.int32)
+    matcher.fill_bitmask(bitmask, 1)
+    row = allowed(bitmask, 1)
+    assert tokenizer.eos_token_id in row and tokenizer.encode("world", add_special_tokens=False)[0] in row
+    assert not bitmask[0].any()  # other rows untouched
+    assert matcher.accept_token(tokenizer.eos_token_id)
+    assert matcher.is_terminated()
+
+
+def test_choice_prefix_of_another_choice(compiler, tokenizer):
+    grammar = compiler.compile_blocking(GrammarSpec(GrammarKind.CHOICE, ["yes", "yes please", "no"]))
+    matcher, ok = feed(grammar, tokenizer, "no")
+    assert ok and matcher.is_terminated()
+    matcher, ok = feed(grammar, tokenizer, "yes")
+    assert ok and matcher.is_completed() and not matcher.is_terminated()
+    _, ok = feed(grammar, tokenizer, "maybe")
+    assert not ok
+
+
+def test_fill_bitmask_matches_xgrammar_row_for_row(compiler, tokenizer):
+    spec = GrammarSpec(GrammarKind.JSON_SCHEMA, {"type": "object", "properties": {"tag": {"enum": ["red", "green"]}}})
+    grammar = compiler.compile_blocking(spec)
+    ours = grammar.new_matcher()
+    reference = xgr.GrammarMatcher(grammar.xgr_grammar)
+    bitmask = torch.zeros((3, WORDS), dtype=torch.int32)
+    expected = xgr.allocate_token_bitmask(1, SMOLLM2_VOCAB)
+    for token in tokenizer.encode('{"tag": "green"}', add_special_tokens=False):
+        ours.fill_bitmask(bitmask, 2)
+        reference.fill_next_token_bitmask(expected)
+        assert torch.equal(bitmask[2], expected[0])
+        assert ours.accept_token(token) and reference.accept_token(token)
+    assert ours.is_terminated()
+
+
+def test_unfinished_json_is_not_complete(compiler, tokenizer):
+    grammar = compiler.compile_blocking(GrammarSpec(GrammarKind.JSON_OBJECT))
+    matcher, ok = feed(grammar, tokenizer, '{"name": "Ada", "langs": ["en"')
+    assert ok and not matcher.is_completed() and not matcher.is_terminated()
+    bitmask = torch.zeros((1, WORDS), dtype=torch.int32)
+    matcher.fill_bitmask(bitmask, 0)
+    assert tokenizer.eos_token_id not in allowed(bitmask, 0)  # the model cannot stop inside the JSON
+
+
+def test_json_object_accepts_any_object(compiler, tokenizer):
+    grammar = compiler.compile_blocking(GrammarSpec(GrammarKind.JSON_OBJECT))
+    value = {"a": [1, 2.5, None, True], "b": {"c": "d"}}
+    matcher, ok = feed(grammar, tokenizer, json.dumps(value))
+    assert ok and matcher.is_terminated()
+    _, ok = feed(grammar, tokenizer, "[1, 2]")
+    assert not ok

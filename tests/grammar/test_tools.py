@@ -1,0 +1,164 @@
+from __future__ import annotations
+
+import json
+
+import pytest
+from grammar_helpers import feed
+from loraplex.grammar.spec import GrammarKind, GrammarSpec
+from loraplex.grammar.tool_parser import ToolCallStreamParser
+from loraplex.grammar.tools import (
+    content_format_for,
+    format_call,
+    messages_with_tools,
+    template_supports_tools,
+    tool_call_spec,
+)
+from loraplex.grammar.validation import parse_tools
+
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Current weather in a city",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}, "unit": {"enum": ["c", "f"]}},
+            "required": ["city"],
+        },
+    },
+}
+ADD = {
+    "type": "function",
+    "function": {
+        "name": "add",
+        "parameters": {
+            "type": "object",
+            "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+            "required": ["a", "b"],
+        },
+    },
+}
+CALL_WEATHER = format_call("get_weather", '{"city": "Paris"}')
+CALL_ADD = format_call("add", '{"a": 1, "b": 2}')
+NAMED_ADD = {"type": "function", "function": {"name": "add"}}
+
+
+def grammar_for(compiler, tool_choice, parallel=True, response_format=None):
+    request = parse_tools([WEATHER, ADD], tool_choice, parallel)
+    return compiler.compile_blocking(tool_call_spec(request, content_format_for(response_format)))
+
+
+@pytest.mark.parametrize(
+    ("tool_choice", "parallel", "text", "accepted", "terminated"),
+    [
+        ("required", True, CALL_WEATHER, True, False),          # another call may follow
+        ("required", True, CALL_WEATHER + "\n" + CALL_ADD, True, False),
+        ("required", False, CALL_WEATHER, True, True),          # exactly one call, then the answer ends
+        ("required", False, CALL_WEATHER + "\n" + CALL_ADD, False, True),
+        ("required", True, "The weather is nice", False, False),
+        ("required", True, format_call("get_weather", '{"town": "Paris"}'), False, False),  # schema-invalid
+        ("required", True, format_call("rm_rf", "{}"), False, False),                      # unknown tool
+        (NAMED_ADD, True, CALL_ADD, True, True),
+        (NAMED_ADD, True, CALL_WEATHER, False, False),
+        ("auto", True, "It is sunny in Paris.", True, False),
+        ("auto", True, "Let me check. " + CALL_WEATHER, True, False),
+        ("auto", False, CALL_ADD, True, True),
+        ("auto", True, "Let me check. " + format_call("add", '{"a": "one"}'), False, False),
+    ],
+)
+def test_tool_call_grammar(compiler, tokenizer, tool_choice, parallel, text, accepted, terminated):
+    grammar = grammar_for(compiler, tool_choice, parallel)
+    matcher, ok = feed(grammar, tokenizer, text)
+    assert ok is accepted
+    if accepted:
+        assert matcher.is_terminated() is terminated
+
+
+def test_tool_choice_none_has_no_grammar():
+    assert tool_call_spec(parse_tools([WEATHER], "none", None)) is None
+
+
+def test_auto_with_response_format_allows_schema_content_or_calls(compiler, tokenizer):
+    rf = GrammarSpec(GrammarKind.JSON_SCHEMA, {"type": "object", "properties": {"x": {"type": "integer"}}, "required": ["x"]})
+    grammar = grammar_for(compiler, "auto", response_format=rf)
+    for text, accepted in [('{"x": 3}', True), (CALL_ADD, True), ("free text", False)]:
+        _, ok = feed(grammar, tokenizer, text)
+        assert ok is accepted, text
+
+
+def stream(parser: ToolCallStreamParser, text: str, step: int):
+    deltas = [parser.feed(text[i:i + step]) for i in range(0, len(text), step)]
+    deltas.append(parser.finish())
+    return deltas
+
+
+@pytest.mark.parametrize("step", [1, 2, 5, 1000])
+def test_stream_parser_reassembles_calls_like_the_openai_client(step):
+    text = "Let me look.\n" + CALL_WEATHER + "\n" + CALL_ADD
+    parser = ToolCallStreamParser()
+    deltas = stream(parser, text, step)
+    content = "".join(d.content for d in deltas)
+    assert content.strip() == "Let me look."
+    rebuilt: dict[int, dict] = {}
+    for delta in deltas:
+        for call in delta.tool_calls:
+            data = call.as_openai()
+            entry = rebuilt.setdefault(data["index"], {"id": None, "name": None, "arguments": ""})
+            if "id" in data:
+                assert entry["id"] is None and data["function"]["arguments"] == ""
+                entry["id"], entry["name"] = data["id"], data["function"]["name"]
+            entry["arguments"] += data["function"]["arguments"]
+    assert [(c["name"], json.loads(c["arguments"])) for c in rebuilt.values()] == [
+        ("get_weather", {"city": "Paris"}), ("add", {"a": 1, "b": 2}),
+    ]
+    assert all(c["id"].startswith("call_") for c in rebuilt.values())
+    assert [c.as_openai()["function"]["arguments"] for c in parser.calls] == ['{"city": "Paris"}', '{"a": 1, "b": 2}']
+    assert all(c.complete for c in parser.calls)
+
+
+def test_stream_parser_holds_back_a_partial_marker_then_releases_plain_text():
+    parser = ToolCallStreamParser()
+    assert parser.feed("a < b and <tool").content == "a < b and "
+    assert parser.feed("bar>").content == "<toolbar>"
+    parser.finish()
+    assert parser.calls == [] and parser.final_content == "a < b and <toolbar>"
+
+
+def test_stream_parser_calls_only_has_no_content():
+    parser = ToolCallStreamParser()
+    stream(parser, CALL_ADD + "\n" + CALL_WEATHER, 3)
+    assert parser.final_content is None and len(parser.calls) == 2
+
+
+def test_stream_parser_unfinished_call_is_incomplete():
+    parser = ToolCallStreamParser()
+    stream(parser, CALL_WEATHER[:-20], 4)
+    assert len(parser.calls) == 1 and not parser.calls[0].complete
+
+
+def test_smollm2_template_has_no_tools_so_a_system_prompt_describes_them(tokenizer):
+    assert not template_supports_tools(tokenizer.chat_template)
+    request = parse_tools([WEATHER, ADD], "required", False)
+    messages = messages_with_tools(
+        [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Weather in Paris?"}],
+        request, template_has_tools=False,
+    )
+    system = messages[0]["content"]
+    assert system.startswith("Be brief.") and '"name": "get_weather"' in system and "<tool_call>" in system
+    assert "exactly one" in system
+    prompt = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    assert "get_weather" in prompt and prompt.endswith("<|im_start|>assistant\n")
+
+
+def test_earlier_tool_turns_render_as_text(tokenizer):
+    history = [
+        {"role": "user", "content": "Add 1 and 2"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {"name": "add", "arguments": '{"a": 1, "b": 2}'}},
+        ]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "3"},
+    ]
+    messages = messages_with_tools(history, parse_tools([ADD], "auto", None), template_has_tools=False)
+    assert messages[2]["content"] == CALL_ADD
+    assert messages[3] == {"role": "user", "content": "<tool_response>\n3\n</tool_response>"}
+    tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)

@@ -1,0 +1,120 @@
+from __future__ import annotations
+
+import pytest
+from loraplex.engine.errors import InvalidRequestError
+from loraplex.grammar.spec import GrammarKind
+from loraplex.grammar.validation import parse_tools, response_format_spec
+
+
+def tool(name: str, parameters: dict | None = None, **extra) -> dict:
+    function = {"name": name, "parameters": parameters or {"type": "object", "properties": {}}, **extra}
+    return {"type": "function", "function": function}
+
+
+def schema_format(schema, strict: bool = False, name: str = "answer") -> dict:
+    return {"type": "json_schema", "json_schema": {"name": name, "schema": schema, "strict": strict}}
+
+
+@pytest.mark.parametrize(
+    ("response_format", "kind"),
+    [
+        (None, None),
+        ({"type": "text"}, None),
+        ({"type": "json_object"}, GrammarKind.JSON_OBJECT),
+        (schema_format({"type": "object"}), GrammarKind.JSON_SCHEMA),
+        ({"type": "regex", "regex": r"\d+"}, GrammarKind.REGEX),
+        ({"type": "grammar", "grammar": 'root ::= "a"'}, GrammarKind.EBNF),
+        ({"type": "choice", "choices": ["a", "b"]}, GrammarKind.CHOICE),
+    ],
+)
+def test_good_response_formats(response_format, kind):
+    spec = response_format_spec(response_format)
+    assert (spec.kind if spec else None) == kind
+
+
+@pytest.mark.parametrize(
+    ("response_format", "param", "needle"),
+    [
+        ("json", "response_format", "object"),
+        ({"type": "yaml"}, "response_format.type", "must be one of"),
+        ({"type": "json_schema"}, "response_format.json_schema", "name"),
+        ({"type": "json_schema", "json_schema": {"schema": {}}}, "response_format.json_schema.name", "name"),
+        (schema_format({"type": "strnig"}), "response_format.json_schema.schema", "not a valid JSON schema"),
+        (schema_format({"type": "object", "properties": {"a": {"minimum": "3"}}}),
+         "response_format.json_schema.schema", "properties/a/minimum"),
+        (schema_format({"type": "object", "required": "a"}), "response_format.json_schema.schema", "not a valid"),
+        (schema_format([1, 2]), "response_format.json_schema.schema", "JSON schema object"),
+        (schema_format({"type": "object"}, strict="yes"), "response_format.json_schema.strict", "boolean"),
+        (schema_format({"type": "array", "items": {"type": "integer"}, "uniqueItems": True}, strict=True),
+         "response_format.json_schema.schema", "'uniqueItems' at #"),
+        (schema_format({"type": "object", "properties": {"n": {"not": {"type": "string"}}}}, strict=True),
+         "response_format.json_schema.schema", "'not' at #/properties/n"),
+        (schema_format({"$defs": {"x": {"type": "number", "multipleOf": 3}}, "$ref": "#/$defs/x"}, strict=True),
+         "response_format.json_schema.schema", "'multipleOf' at #/$defs/x"),
+        (schema_format({"type": "string", "format": "credit-card"}, strict=True),
+         "response_format.json_schema.schema", "format 'credit-card'"),
+        ({"type": "regex", "regex": ""}, "response_format.regex", "non-empty"),
+        ({"type": "grammar", "grammar": 42}, "response_format.grammar", "EBNF"),
+        ({"type": "choice", "choices": []}, "response_format.choices", "non-empty"),
+        ({"type": "choice", "choices": ["a", 3]}, "response_format.choices", "non-empty"),
+    ],
+)
+def test_bad_response_format_is_a_400_naming_the_field(response_format, param, needle):
+    with pytest.raises(InvalidRequestError) as info:
+        response_format_spec(response_format)
+    assert info.value.status == 400
+    assert info.value.param == param
+    assert needle in info.value.message
+
+
+def test_strict_mode_accepts_what_xgrammar_enforces():
+    schema = {
+        "type": "object",
+        "properties": {
+            "id": {"type": "string", "format": "uuid"},
+            "tags": {"type": "array", "items": {"$ref": "#/$defs/tag"}, "minItems": 1, "maxItems": 3},
+            "score": {"type": "number", "minimum": 0, "maximum": 1},
+            "kind": {"anyOf": [{"const": "a"}, {"enum": ["b", "c"]}]},
+        },
+        "required": ["id", "tags"],
+        "additionalProperties": False,
+        "$defs": {"tag": {"type": "string", "pattern": "^[a-z]+$", "description": "a tag"}},
+    }
+    assert response_format_spec(schema_format(schema, strict=True)).payload == schema
+
+
+def test_tool_choice_forms():
+    tools = [tool("a"), tool("b")]
+    assert parse_tools(None, None, None) is None
+    assert parse_tools(tools, None, None).mode == "auto"
+    assert parse_tools(tools, "required", False).parallel is False
+    named = parse_tools(tools, {"type": "function", "function": {"name": "b"}}, None)
+    assert named.mode == "named" and [t.name for t in named.offered] == ["b"]
+    assert parse_tools(tools, "none", None).offered == ()
+
+
+@pytest.mark.parametrize(
+    ("tools", "tool_choice", "parallel", "param", "needle"),
+    [
+        ([tool("a"), tool("a")], None, None, "tools", "duplicate tool names: a"),
+        ([tool("a")], {"type": "function", "function": {"name": "zzz"}}, None, "tool_choice", "'zzz'"),
+        ([tool("a")], "sometimes", None, "tool_choice", "tool_choice must be"),
+        ([tool("a")], {"type": "function"}, None, "tool_choice", "tool_choice must be"),
+        (None, "required", None, "tool_choice", "only allowed when tools"),
+        ("a", None, None, "tools", "list"),
+        ([{"type": "retrieval"}], None, None, "tools[0]", "function"),
+        ([tool("has space")], None, None, "tools[0].function.name", "1-64"),
+        ([tool("a", {"type": "object", "properties": {"x": {"type": "nope"}}})], None, None,
+         "tools[0].function.parameters", "not a valid JSON schema"),
+        ([tool("a", {"type": "array"})], None, None, "tools[0].function.parameters", "type object"),
+        ([tool("a", {"type": "object", "properties": {"x": {"type": "string", "format": "x"}}}, strict=True)],
+         None, None, "tools[0].function.parameters", "strict"),
+        ([tool("a")], None, "yes", "parallel_tool_calls", "boolean"),
+    ],
+)
+def test_bad_tools_are_a_400_naming_the_field(tools, tool_choice, parallel, param, needle):
+    with pytest.raises(InvalidRequestError) as info:
+        parse_tools(tools, tool_choice, parallel)
+    assert info.value.status == 400
+    assert info.value.param == param
+    assert needle in info.value.message
