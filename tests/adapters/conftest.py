@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import sys
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -12,7 +14,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures"))
 
 from loraplex.adapters.base_model import BaseModelSpec
+from loraplex.adapters.registry import SqlAdapterRegistry
 from random_adapters import tiny_spec
+from sqlalchemy import create_engine, text
+from sqlalchemy.orm import sessionmaker
 
 
 def pytest_collection_modifyitems(config, items):  # type: ignore[no-untyped-def]
@@ -46,3 +51,29 @@ def trained_adapters(smollm_dir: Path) -> dict[str, Path]:
     from train_adapters import ensure_trained_adapters
 
     return ensure_trained_adapters(smollm_dir)
+
+
+@pytest.fixture(scope="session")
+def pg_url() -> Iterator[str]:
+    """A fresh PostgreSQL database migrated through the whole Alembic chain; dropped afterwards."""
+    import psycopg
+    from loraplex.platform.db.migrate import upgrade
+
+    name = f"lpx_adapters_{uuid.uuid4().hex[:10]}"
+    admin = "postgresql://postgres@127.0.0.1:5432/test"
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    url = f"postgresql+psycopg://postgres@127.0.0.1:5432/{name}"
+    upgrade(url)
+    yield url
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture
+def sql_registry(pg_url: str) -> Iterator[SqlAdapterRegistry]:
+    engine = create_engine(pg_url)
+    with engine.begin() as conn:
+        conn.execute(text("DELETE FROM adapters"))
+    yield SqlAdapterRegistry(sessionmaker(engine, expire_on_commit=False))
+    engine.dispose()

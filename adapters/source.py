@@ -1,0 +1,44 @@
+"""The engine's `AdapterSource`: a ready adapter's weights, read from the blob store by id."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import torch
+from loraplex.adapters.base_model import BaseModelSpec
+from loraplex.adapters.models import AdapterStatus
+from loraplex.adapters.peft_format import CONFIG_NAME, WEIGHTS_NAME, read_peft_adapter
+from loraplex.adapters.registry import AdapterRegistry
+from loraplex.adapters.store import BlobStore
+from loraplex.engine.interfaces import AdapterWeights
+
+
+class StoredAdapterSource:
+    def __init__(self, registry: AdapterRegistry, store: BlobStore, spec: BaseModelSpec, dtype: torch.dtype) -> None:
+        self.registry = registry
+        self.store = store
+        self.spec = spec
+        self.dtype = dtype
+
+    def load(self, adapter_id: str) -> AdapterWeights:
+        info = self.registry.find(adapter_id)
+        if info is None or info.status != AdapterStatus.READY:
+            raise KeyError(adapter_id)
+        with tempfile.TemporaryDirectory(prefix="lpx-load-") as tmp:
+            folder = Path(tmp)
+            (folder / CONFIG_NAME).symlink_to(self.store.local_path(info.config_sha256))
+            (folder / WEIGHTS_NAME).symlink_to(self.store.local_path(info.sha256))
+            return read_peft_adapter(folder, adapter_id, self.spec, dtype=self.dtype)
+
+
+class FolderAdapterSource:
+    """Adapters straight from PEFT folders on disk (tests, benchmarks, a fixed deployment)."""
+
+    def __init__(self, folders: dict[str, Path], spec: BaseModelSpec, dtype: torch.dtype) -> None:
+        self.folders = dict(folders)
+        self.spec = spec
+        self.dtype = dtype
+
+    def load(self, adapter_id: str) -> AdapterWeights:
+        return read_peft_adapter(self.folders[adapter_id], adapter_id, self.spec, dtype=self.dtype)

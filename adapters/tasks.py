@@ -1,0 +1,159 @@
+"""Background validation of an uploaded adapter: one plain function, two ways to run it.
+
+`validate_adapter_job(adapter_id, job)` is the task body. `job` is a plain,
+JSON-serialisable dict (database URL, storage dir, model dir, limits), so a
+Celery worker needs nothing but the message to build its context. The
+platform's Celery app registers it under `VALIDATE_TASK_NAME`
+(`register_validation_task(celery_app)`); `CeleryValidationDispatcher` sends it
+through the broker, and `ThreadValidationDispatcher` runs the SAME function in
+a worker thread when no Redis is configured: validation is never skipped.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import tempfile
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+from loraplex.adapters.archive import UploadLimits
+from loraplex.adapters.base_model import BaseModelSpec
+from loraplex.adapters.peft_format import CONFIG_NAME, WEIGHTS_NAME
+from loraplex.adapters.registry import AdapterRegistry, SqlAdapterRegistry
+from loraplex.adapters.store import BlobStore, LocalBlobStore
+from loraplex.adapters.validation import validate_adapter
+from loraplex.engine.errors import EngineError
+
+VALIDATE_TASK_NAME = "loraplex.adapters.validate"
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class ValidationContext:
+    registry: AdapterRegistry
+    store: BlobStore
+    spec: BaseModelSpec
+    max_rank: int
+    dtype: torch.dtype
+    limits: UploadLimits
+
+
+def make_job(
+    *, database_url: str, storage_dir: Path, model_dir: Path, max_rank: int, dtype: str = "float32",
+    served_model_name: str | None = None,
+) -> dict[str, Any]:
+    """The task's settings as a message-safe dict (what the platform passes to every dispatch)."""
+    return {
+        "database_url": database_url,
+        "storage_dir": str(storage_dir),
+        "model_dir": str(model_dir),
+        "served_model_name": served_model_name,
+        "max_rank": max_rank,
+        "dtype": dtype,
+    }
+
+
+@functools.lru_cache(maxsize=8)
+def _context_for(database_url: str, storage_dir: str, model_dir: str, served: str | None,
+                 max_rank: int, dtype: str) -> ValidationContext:
+    from sqlalchemy import create_engine
+    from sqlalchemy.orm import sessionmaker
+
+    engine = create_engine(database_url, pool_pre_ping=True)
+    return ValidationContext(
+        registry=SqlAdapterRegistry(sessionmaker(engine, expire_on_commit=False)),
+        store=LocalBlobStore(Path(storage_dir)),
+        spec=BaseModelSpec.from_model_dir(Path(model_dir), name=served),
+        max_rank=max_rank,
+        dtype=getattr(torch, dtype),
+        limits=UploadLimits(),
+    )
+
+
+def validate_adapter_job(adapter_id: str, job: dict[str, Any]) -> str:
+    """The task body (Celery or thread): validate one adapter and record the outcome; returns its status."""
+    context = _context_for(
+        job["database_url"], job["storage_dir"], job["model_dir"], job.get("served_model_name"),
+        int(job["max_rank"]), job.get("dtype", "float32"),
+    )
+    return run_validation(adapter_id, context)
+
+
+def run_validation(adapter_id: str, context: ValidationContext) -> str:
+    info = context.registry.find(adapter_id)
+    if info is None:
+        return "deleted"
+    try:
+        with tempfile.TemporaryDirectory(prefix="lpx-validate-") as tmp:
+            folder = Path(tmp)
+            # Links, not copies: the blob store already holds the bytes on local disk.
+            (folder / CONFIG_NAME).symlink_to(context.store.local_path(info.config_sha256))
+            (folder / WEIGHTS_NAME).symlink_to(context.store.local_path(info.sha256))
+            _, summary = validate_adapter(
+                folder, adapter_id, context.spec, max_rank=context.max_rank, dtype=context.dtype,
+                limits=context.limits,
+            )
+    except EngineError as exc:
+        context.registry.mark_failed(adapter_id, exc.message)
+        return "failed"
+    except KeyError:
+        context.registry.mark_failed(adapter_id, "the adapter's files are missing from storage")
+        return "failed"
+    except Exception as exc:  # a bug must still end the record's `validating` state
+        log.exception("validation of %s crashed", adapter_id)
+        context.registry.mark_failed(adapter_id, f"internal error during validation: {type(exc).__name__}")
+        return "failed"
+    context.registry.mark_ready(adapter_id, summary)
+    return "ready"
+
+
+class ValidationDispatcher(Protocol):
+    def submit(self, adapter_id: str) -> None: ...
+
+
+def register_validation_task(celery_app: Any) -> Any:
+    """Register the task on a Celery app (the platform's, or a test's); returns the task object."""
+    return celery_app.task(name=VALIDATE_TASK_NAME, acks_late=True)(validate_adapter_job)
+
+
+class CeleryValidationDispatcher:
+    def __init__(self, celery_app: Any, job: dict[str, Any]) -> None:
+        self._app = celery_app
+        self._job = job
+
+    def submit(self, adapter_id: str) -> None:
+        self._app.send_task(VALIDATE_TASK_NAME, args=[adapter_id, self._job])
+
+
+class ThreadValidationDispatcher:
+    """No broker: the same task body in one background thread, one adapter at a time."""
+
+    def __init__(self, job: dict[str, Any] | None = None, context: ValidationContext | None = None) -> None:
+        if (job is None) == (context is None):
+            raise ValueError("pass exactly one of job or context")
+        self._job, self._context = job, context
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="adapter-validate")
+        self._futures: list[Future[str]] = []
+        self._lock = threading.Lock()
+
+    def submit(self, adapter_id: str) -> None:
+        if self._context is not None:
+            future = self._pool.submit(run_validation, adapter_id, self._context)
+        else:
+            future = self._pool.submit(validate_adapter_job, adapter_id, self._job)
+        with self._lock:
+            self._futures = [f for f in self._futures if not f.done()] + [future]
+
+    def wait_idle(self, timeout: float | None = None) -> None:
+        with self._lock:
+            pending = list(self._futures)
+        for future in pending:
+            future.result(timeout=timeout)
+
+    def shutdown(self) -> None:
+        self._pool.shutdown(wait=True)
