@@ -1,0 +1,1 @@
+"""The OpenAI-compatible surface: request schemas, request preparation, generation, response shaping."""

@@ -1,0 +1,160 @@
+"""Engine outputs shaped as OpenAI chat completions: one JSON body, or `chat.completion.chunk` SSE."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from loraplex.engine.errors import EngineError
+from loraplex.engine.protocol import RequestOutput
+from loraplex.platform.api.generation import Generation
+from loraplex.platform.api.logprobs import TokenTexts, chat_logprobs
+from loraplex.platform.api.sse import DONE, sse, sse_error
+from loraplex.platform.errors import ApiError
+from loraplex.platform.extensions import MessageDelta, MessageParser
+
+SYSTEM_FINGERPRINT = "loraplex"
+
+
+class ChoiceFailed(EngineError):
+    status = 500
+    code = "generation_failed"
+
+
+def _merge_tool_calls(calls: list[dict[str, Any]], deltas: list[dict[str, Any]]) -> None:
+    """Fold streaming tool-call deltas (by `index`) into whole calls."""
+    for delta in deltas:
+        index = delta.get("index", len(calls))
+        while len(calls) <= index:
+            calls.append({"id": None, "type": "function", "function": {"name": "", "arguments": ""}})
+        call = calls[index]
+        call["id"] = delta.get("id") or call["id"]
+        function = delta.get("function") or {}
+        call["function"]["name"] += function.get("name") or ""
+        call["function"]["arguments"] += function.get("arguments") or ""
+
+
+class _ChoiceText:
+    def __init__(self, parser: MessageParser) -> None:
+        self.parser = parser
+        self.content: list[str] = []
+        self.reasoning: list[str] = []
+        self.tool_calls: list[dict[str, Any]] = []
+        self.logprobs: list[dict[str, Any]] = []
+
+    def add(self, delta: MessageDelta) -> None:
+        if delta.content:
+            self.content.append(delta.content)
+        if delta.reasoning_content:
+            self.reasoning.append(delta.reasoning_content)
+        if delta.tool_calls:
+            _merge_tool_calls(self.tool_calls, delta.tool_calls)
+
+
+async def collect_chat(gen: Generation, *, texts: TokenTexts, created: int) -> dict[str, Any]:
+    prepared = gen.prepared
+    want_logprobs = prepared.sampling.logprobs is not None
+    choices = [_ChoiceText(prepared.parser_factory()) for _ in gen.choices]
+    finish: list[str] = ["stop"] * len(choices)
+    async for _, output in gen.outputs():
+        if output.error:
+            raise ChoiceFailed(f"generation failed: {output.error}")
+        for delta in output.choices:
+            choice = choices[delta.index]
+            choice.add(choice.parser.feed(delta.text))
+            if want_logprobs and delta.logprobs:
+                choice.logprobs.extend(chat_logprobs(delta.logprobs, texts))
+            if delta.finish_reason is not None:
+                rest, finish[delta.index] = choice.parser.finish(delta.finish_reason)
+                choice.add(rest)
+    body_choices = []
+    for index, choice in enumerate(choices):
+        message: dict[str, Any] = {"role": "assistant", "content": "".join(choice.content) if not choice.tool_calls or choice.content else None}
+        if choice.reasoning:
+            message["reasoning_content"] = "".join(choice.reasoning)
+        if choice.tool_calls:
+            message["tool_calls"] = choice.tool_calls
+        body_choices.append({
+            "index": index,
+            "message": message,
+            "logprobs": {"content": choice.logprobs} if want_logprobs else None,
+            "finish_reason": finish[index],
+        })
+    return {
+        "id": "chatcmpl-" + prepared.request_id.removeprefix("req_"),
+        "object": "chat.completion",
+        "created": created,
+        "model": prepared.model.id,
+        "system_fingerprint": SYSTEM_FINGERPRINT,
+        "choices": body_choices,
+        "usage": gen.usage(),
+    }
+
+
+def _delta_dict(delta: MessageDelta) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if delta.content:
+        out["content"] = delta.content
+    if delta.reasoning_content:
+        out["reasoning_content"] = delta.reasoning_content
+    if delta.tool_calls:
+        out["tool_calls"] = delta.tool_calls
+    return out
+
+
+async def stream_chat(
+    gen: Generation, outputs: AsyncIterator[tuple[int, RequestOutput]], *, texts: TokenTexts
+) -> AsyncIterator[bytes]:
+    """SSE body: role chunk per choice, content chunks, a finish chunk per choice, usage, [DONE].
+
+    `outputs` is `gen.outputs()` already primed (generation.prime), so engine errors at submission
+    became real HTTP errors; the generation is closed here, whatever happens.
+    """
+    prepared = gen.prepared
+    want_logprobs = prepared.sampling.logprobs is not None
+    include_usage = bool(prepared.body.stream_options and prepared.body.stream_options.include_usage)
+    base = {
+        "id": "chatcmpl-" + prepared.request_id.removeprefix("req_"),
+        "object": "chat.completion.chunk",
+        "created": int(time.time()),
+        "model": prepared.model.id,
+        "system_fingerprint": SYSTEM_FINGERPRINT,
+    }
+    if include_usage:
+        base["usage"] = None
+    parsers = [prepared.parser_factory() for _ in gen.choices]
+
+    def chunk(index: int, delta: dict[str, Any], finish_reason: str | None = None, logprobs: Any = None) -> bytes:
+        return sse({**base, "choices": [{"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}]})
+
+    error: BaseException | None = None
+    try:
+        for index in range(len(gen.choices)):
+            yield chunk(index, {"role": "assistant", "content": ""})
+        async for _, output in outputs:
+            if output.error:
+                yield sse_error(500, f"generation failed: {output.error}", code="generation_failed")
+                error = ChoiceFailed(output.error)
+                return
+            for delta in output.choices:
+                parser = parsers[delta.index]
+                body = _delta_dict(parser.feed(delta.text)) if delta.text else {}
+                logprobs = {"content": chat_logprobs(delta.logprobs, texts)} if want_logprobs and delta.logprobs else None
+                if body or logprobs:
+                    yield chunk(delta.index, body, logprobs=logprobs)
+                if delta.finish_reason is not None:
+                    rest, finish_reason = parser.finish(delta.finish_reason)
+                    yield chunk(delta.index, _delta_dict(rest), finish_reason=finish_reason)
+        if include_usage:
+            yield sse({**base, "choices": [], "usage": gen.usage()})
+        yield DONE
+    except (ApiError, EngineError) as exc:
+        error = exc
+        yield sse_error(getattr(exc, "status", 500), exc.message, code=exc.code)
+    except BaseException as exc:
+        error = exc
+        raise
+    finally:
+        await gen.close(error)
+

@@ -1,0 +1,134 @@
+"""Engine outputs shaped as OpenAI legacy completions (`text_completion`), whole or as SSE."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from loraplex.engine.errors import EngineError
+from loraplex.engine.protocol import RequestOutput
+from loraplex.platform.api.chat_response import SYSTEM_FINGERPRINT, ChoiceFailed
+from loraplex.platform.api.generation import Generation
+from loraplex.platform.api.logprobs import LegacyLogprobs, TokenTexts
+from loraplex.platform.api.sse import DONE, sse, sse_error
+from loraplex.platform.errors import ApiError
+
+
+def prompt_texts(gen: Generation, tokenizer: Any) -> list[str]:
+    """The prompts as text, for `echo` (token-id prompts are decoded)."""
+    prompt = gen.prepared.body.prompt
+    if isinstance(prompt, str):
+        return [prompt]
+    if prompt and all(isinstance(p, str) for p in prompt):
+        return list(prompt)
+    return [tokenizer.decode(ids, skip_special_tokens=False) for ids in gen.prepared.prompts]
+
+
+class _Choice:
+    def __init__(self, texts: TokenTexts, echo_text: str) -> None:
+        self.text: list[str] = [echo_text] if echo_text else []
+        self.logprobs = LegacyLogprobs(texts)
+        self.finish_reason: str | None = None
+
+
+def _add_prompt_logprobs(choice: _Choice, gen: Generation, prompt_index: int, output: RequestOutput) -> None:
+    if output.prompt_logprobs is not None and len(choice.logprobs) == 0:
+        choice.logprobs.add_prompt(gen.prepared.prompts[prompt_index], output.prompt_logprobs)
+
+
+async def collect_completion(gen: Generation, *, texts: TokenTexts, tokenizer: Any) -> dict[str, Any]:
+    prepared = gen.prepared
+    n = prepared.sampling.n
+    echo = prepared.body.echo
+    echoes = prompt_texts(gen, tokenizer) if echo else [""] * len(prepared.prompts)
+    choices = [_Choice(texts, echoes[i // n]) for i in range(len(gen.choices))]
+    want_logprobs = prepared.sampling.logprobs is not None
+    async for prompt_index, output in gen.outputs():
+        if output.error:
+            raise ChoiceFailed(f"generation failed: {output.error}")
+        for delta in output.choices:
+            choice = choices[prompt_index * n + delta.index]
+            if want_logprobs and echo:
+                _add_prompt_logprobs(choice, gen, prompt_index, output)
+            choice.text.append(delta.text)
+            if want_logprobs and delta.logprobs:
+                choice.logprobs.add(delta.logprobs)
+            if delta.finish_reason is not None:
+                choice.finish_reason = delta.finish_reason
+    return {
+        "id": "cmpl-" + prepared.request_id.removeprefix("req_"),
+        "object": "text_completion",
+        "created": int(time.time()),
+        "model": prepared.model.id,
+        "system_fingerprint": SYSTEM_FINGERPRINT,
+        "choices": [
+            {
+                "index": i,
+                "text": "".join(c.text),
+                "logprobs": c.logprobs.as_dict() if want_logprobs else None,
+                "finish_reason": c.finish_reason or "stop",
+            }
+            for i, c in enumerate(choices)
+        ],
+        "usage": gen.usage(),
+    }
+
+
+async def stream_completion(
+    gen: Generation, outputs: AsyncIterator[tuple[int, RequestOutput]], *, texts: TokenTexts, tokenizer: Any
+) -> AsyncIterator[bytes]:
+    prepared = gen.prepared
+    n = prepared.sampling.n
+    echo = prepared.body.echo
+    want_logprobs = prepared.sampling.logprobs is not None
+    include_usage = bool(prepared.body.stream_options and prepared.body.stream_options.include_usage)
+    echoes = prompt_texts(gen, tokenizer) if echo else []
+    echoed = [False] * len(gen.choices)
+    base: dict[str, Any] = {
+        "id": "cmpl-" + prepared.request_id.removeprefix("req_"),
+        "object": "text_completion",
+        "created": int(time.time()),
+        "model": prepared.model.id,
+        "system_fingerprint": SYSTEM_FINGERPRINT,
+    }
+    if include_usage:
+        base["usage"] = None
+
+    def chunk(index: int, text: str, logprobs: Any = None, finish_reason: str | None = None) -> bytes:
+        return sse({**base, "choices": [{"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}]})
+
+    error: BaseException | None = None
+    try:
+        async for prompt_index, output in outputs:
+            if output.error:
+                error = ChoiceFailed(output.error)
+                yield sse_error(500, f"generation failed: {output.error}", code="generation_failed")
+                return
+            for delta in output.choices:
+                index = prompt_index * n + delta.index
+                text = delta.text
+                logprobs = LegacyLogprobs(texts) if want_logprobs else None
+                if echo and not echoed[index]:
+                    echoed[index] = True
+                    text = echoes[prompt_index] + text
+                    if logprobs is not None and output.prompt_logprobs is not None:
+                        logprobs.add_prompt(prepared.prompts[prompt_index], output.prompt_logprobs)
+                if logprobs is not None and delta.logprobs:
+                    logprobs.add(delta.logprobs)
+                logprobs_body = logprobs.as_dict() if logprobs is not None and len(logprobs) else None
+                if text or logprobs_body:
+                    yield chunk(index, text, logprobs_body)
+                if delta.finish_reason is not None:
+                    yield chunk(index, "", finish_reason=delta.finish_reason)
+        if include_usage:
+            yield sse({**base, "choices": [], "usage": gen.usage()})
+        yield DONE
+    except (ApiError, EngineError) as exc:
+        error = exc
+        yield sse_error(getattr(exc, "status", 500), exc.message, code=exc.code)
+    except BaseException as exc:
+        error = exc
+        raise
+    finally:
+        await gen.close(error)

@@ -1,0 +1,278 @@
+"""One API request's life in the engine: admission, outputs, abort, accounting, metering.
+
+`Generation` owns everything that must happen exactly once per request:
+the in-flight slot, the rate-limit charge, the abort of unfinished engine
+requests (client gone, error), the metrics and the usage record.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import time
+from collections.abc import AsyncGenerator, Awaitable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from fastapi import Request
+from loraplex.engine.protocol import EngineRequest, FinishReason, RequestOutput
+from loraplex.platform.deps import Principal
+from loraplex.platform.errors import OverloadedError
+from loraplex.platform.extensions import PreparedRequest, RequestRecord, RequestStatus
+from loraplex.platform.metrics import TokenTimer
+from loraplex.platform.services import Services
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+class ClientDisconnected(Exception):
+    pass
+
+
+@dataclass(slots=True)
+class ChoiceCounts:
+    num_output_tokens: int = 0
+    num_reasoning_tokens: int = 0
+    finish_reason: str | None = None
+    stop_reason: str | int | None = None
+
+
+@dataclass(slots=True)
+class PromptCounts:
+    num_prompt_tokens: int = 0
+    num_cached_tokens: int = 0
+    finished: bool = False
+
+
+class Generation:
+    def __init__(self, services: Services, key: Principal, prepared: PreparedRequest) -> None:
+        self.services = services
+        self.key = key
+        self.prepared = prepared
+        self.started_at = time.time()
+        self._timer = TokenTimer(services.metrics, time.monotonic())
+        num_prompts = len(prepared.prompts)
+        self.choices = [ChoiceCounts() for _ in range(num_prompts * prepared.sampling.n)]
+        self.prompt_counts = [PromptCounts(num_prompt_tokens=len(p)) for p in prepared.prompts]
+        self.engine_request_ids = [
+            prepared.request_id if num_prompts == 1 else f"{prepared.request_id}-{i}" for i in range(num_prompts)
+        ]
+        self._started: set[int] = set()
+        self._admitted = False
+        self._closed = False
+        self._aborted = False
+
+    # -- admission --------------------------------------------------------------------------
+
+    async def admit(self) -> None:
+        services = self.services
+        if services.num_inflight >= services.settings.max_pending_requests:
+            raise OverloadedError(
+                f"the server is at its limit of {services.settings.max_pending_requests} concurrent requests; retry shortly"
+            )
+        num_prompt_tokens = sum(len(p) for p in self.prepared.prompts)
+        await services.rate_limiter.admit(self.key.key_id, self.key.limits, num_prompt_tokens=num_prompt_tokens)
+        services.num_inflight += 1
+        services.metrics.inflight.inc()
+        self._admitted = True
+
+    # -- outputs ----------------------------------------------------------------------------
+
+    def _engine_request(self, index: int) -> EngineRequest:
+        self._started.add(index)
+        prepared = self.prepared
+        return EngineRequest(
+            request_id=self.engine_request_ids[index],
+            prompt_token_ids=prepared.prompts[index],
+            sampling=prepared.sampling,
+            tenant_id=prepared.tenant_id,
+            adapter_id=prepared.model.adapter_id,
+            cache_salt=prepared.cache_salt,
+            grammar=prepared.grammar,
+            reasoning=prepared.reasoning,
+            session_id=prepared.session_id,
+        )
+
+    async def outputs(self) -> AsyncGenerator[tuple[int, RequestOutput], None]:
+        """(prompt index, output) as the engine produces them; counts are updated on the way."""
+        if len(self.prepared.prompts) == 1:
+            async for output in self.services.engine.generate(self._engine_request(0)):
+                self._account(0, output)
+                yield 0, output
+            return
+        queue: asyncio.Queue[tuple[int, RequestOutput | BaseException | None]] = asyncio.Queue()
+
+        async def pump(index: int) -> None:
+            try:
+                async for output in self.services.engine.generate(self._engine_request(index)):
+                    await queue.put((index, output))
+            except BaseException as exc:  # handed to the consumer, which re-raises it
+                await queue.put((index, exc))
+            else:
+                await queue.put((index, None))
+
+        tasks = [asyncio.create_task(pump(i)) for i in range(len(self.prepared.prompts))]
+        try:
+            remaining = len(tasks)
+            while remaining:
+                index, item = await queue.get()
+                if item is None:
+                    remaining -= 1
+                elif isinstance(item, BaseException):
+                    raise item
+                else:
+                    self._account(index, item)
+                    yield index, item
+        finally:
+            for task in tasks:
+                task.cancel()
+
+    def _account(self, prompt_index: int, output: RequestOutput) -> None:
+        self._timer.on_output()
+        counts = self.prompt_counts[prompt_index]
+        counts.num_prompt_tokens = output.num_prompt_tokens
+        counts.num_cached_tokens = output.num_cached_tokens
+        counts.finished = output.finished
+        n = self.prepared.sampling.n
+        for delta in output.choices:
+            choice = self.choices[prompt_index * n + delta.index]
+            choice.num_output_tokens = delta.num_output_tokens
+            choice.num_reasoning_tokens = delta.num_reasoning_tokens
+            if delta.finish_reason is not None:
+                choice.finish_reason = delta.finish_reason
+                choice.stop_reason = delta.stop_reason
+
+    # -- usage ------------------------------------------------------------------------------
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return sum(c.num_prompt_tokens for c in self.prompt_counts)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return sum(c.num_output_tokens for c in self.choices)
+
+    def usage(self) -> dict[str, Any]:
+        num_prompt = self.num_prompt_tokens
+        num_output = self.num_output_tokens
+        return {
+            "prompt_tokens": num_prompt,
+            "completion_tokens": num_output,
+            "total_tokens": num_prompt + num_output,
+            "prompt_tokens_details": {"cached_tokens": sum(c.num_cached_tokens for c in self.prompt_counts)},
+            "completion_tokens_details": {"reasoning_tokens": sum(c.num_reasoning_tokens for c in self.choices)},
+        }
+
+    # -- the end, exactly once ----------------------------------------------------------------
+
+    def mark_aborted(self) -> None:
+        self._aborted = True
+
+    def _status(self, error: BaseException | None) -> RequestStatus:
+        if self._aborted or isinstance(error, ClientDisconnected | asyncio.CancelledError | GeneratorExit):
+            return RequestStatus.ABORTED
+        if error is not None or any(c.finish_reason in (FinishReason.ERROR, None) for c in self.choices):
+            return RequestStatus.FAILED
+        if any(c.finish_reason == FinishReason.LENGTH for c in self.choices):
+            return RequestStatus.LENGTH
+        if any(c.finish_reason == FinishReason.STOP and isinstance(c.stop_reason, str) for c in self.choices):
+            return RequestStatus.STOPPED
+        return RequestStatus.COMPLETED
+
+    async def close(self, error: BaseException | None = None) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        services = self.services
+        for index, counts in enumerate(self.prompt_counts):
+            if index in self._started and not counts.finished:
+                await _maybe_await(services.engine.abort(self.engine_request_ids[index]))
+        if not self._admitted:
+            return
+        services.num_inflight -= 1
+        services.metrics.inflight.dec()
+        usage = self.usage()
+        services.metrics.tokens_in.inc(usage["prompt_tokens"])
+        services.metrics.tokens_cached.inc(usage["prompt_tokens_details"]["cached_tokens"])
+        services.metrics.tokens_out.inc(usage["completion_tokens"])
+        record = self._record(error)
+        try:
+            await services.rate_limiter.add_tokens(self.key.key_id, self.key.limits, usage["completion_tokens"])
+        except Exception:
+            log.exception("could not charge completion tokens to the rate limiter")
+        for recorder in [*services.extensions.usage_recorders]:
+            try:
+                await recorder.record(record)
+            except Exception:
+                log.exception("usage recorder %r failed for %s", recorder, record.request_id)
+        for hook in self.prepared.after_finish:
+            try:
+                await hook(record)
+            except Exception:
+                log.exception("after-finish hook failed for %s", record.request_id)
+
+    def _record(self, error: BaseException | None) -> RequestRecord:
+        usage = self.usage()
+        prepared = self.prepared
+        return RequestRecord(
+            request_id=prepared.request_id,
+            tenant_id=prepared.tenant_id,
+            key_id=prepared.key_id,
+            kind=prepared.kind,
+            model=prepared.model.id,
+            adapter_id=prepared.model.adapter_id,
+            session_id=prepared.session_id,
+            status=self._status(error),
+            num_prompt_tokens=usage["prompt_tokens"],
+            num_cached_tokens=usage["prompt_tokens_details"]["cached_tokens"],
+            num_output_tokens=usage["completion_tokens"],
+            num_reasoning_tokens=usage["completion_tokens_details"]["reasoning_tokens"],
+            started_at=self.started_at,
+            finished_at=time.time(),
+            time_to_first_token_s=self._timer.time_to_first_token_s,
+            error=None if error is None or isinstance(error, ClientDisconnected) else repr(error),
+        )
+
+
+async def _maybe_await(value: Any) -> None:
+    if inspect.isawaitable(value):
+        await value
+
+
+async def until_disconnected(request: Request) -> None:
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+async def unless_disconnected(request: Request, work: Awaitable[T]) -> T:
+    """Await `work`, but raise ClientDisconnected (cancelling it) the moment the client goes away."""
+    work_task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(until_disconnected(request))
+    try:
+        await asyncio.wait({work_task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+        if not work_task.done():
+            work_task.cancel()
+    if work_task.cancelled() or not work_task.done():
+        raise ClientDisconnected()
+    return work_task.result()
+
+
+async def prime(request: Request, outputs: AsyncGenerator[T, None]) -> AsyncGenerator[T, None]:
+    """Wait for the first output before answering 200, so submission errors keep their HTTP status."""
+    first = await unless_disconnected(request, anext(outputs))
+
+    async def chained() -> AsyncGenerator[T, None]:
+        try:
+            yield first
+            async for item in outputs:
+                yield item
+        finally:
+            await outputs.aclose()
+
+    return chained()

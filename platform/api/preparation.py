@@ -1,0 +1,171 @@
+"""From a validated body to `PreparedRequest`: model, sampling, preparers, chat template, token ids.
+
+The preparers registered by other domains (extensions.RequestPreparer) run
+after the model is resolved and before the chat template is applied.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from loraplex.engine.errors import InvalidRequestError, PromptTooLongError
+from loraplex.engine.protocol import SamplingParams
+from loraplex.platform.api.schemas import ChatCompletionRequest, ChatMessage, CompletionRequest
+from loraplex.platform.deps import Principal
+from loraplex.platform.extensions import PreparedRequest
+from loraplex.platform.services import Services
+
+# Tokenizing a long prompt on the event loop would stall every stream; short ones are cheaper inline.
+_INLINE_TOKENIZE_CHARS = 2_000
+
+
+def sampling_from(body: ChatCompletionRequest | CompletionRequest, *, max_tokens: int | None) -> SamplingParams:
+    stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
+    sampling = SamplingParams(
+        max_tokens=max_tokens if max_tokens is not None else 16,
+        temperature=1.0 if body.temperature is None else body.temperature,
+        top_p=1.0 if body.top_p is None else body.top_p,
+        top_k=-1 if body.top_k is None else body.top_k,
+        min_p=0.0 if body.min_p is None else body.min_p,
+        presence_penalty=body.presence_penalty,
+        frequency_penalty=body.frequency_penalty,
+        repetition_penalty=1.0 if body.repetition_penalty is None else body.repetition_penalty,
+        seed=body.seed,
+        n=body.n,
+        stop=stop,
+        ignore_eos=body.ignore_eos,
+    )
+    if isinstance(body, ChatCompletionRequest):
+        if body.top_logprobs is not None and not body.logprobs:
+            raise InvalidRequestError("top_logprobs requires logprobs=true", param="top_logprobs")
+        sampling.logprobs = (body.top_logprobs or 0) if body.logprobs else None
+    else:
+        sampling.logprobs = body.logprobs
+        if body.echo and body.logprobs is not None:
+            sampling.prompt_logprobs = body.logprobs
+    sampling.validate()
+    return sampling
+
+
+def chat_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
+    """Messages as the chat template takes them: text content only, tool fields kept."""
+    out: list[dict[str, Any]] = []
+    for i, message in enumerate(messages):
+        content = message.content
+        if isinstance(content, list):
+            texts = []
+            for j, part in enumerate(content):
+                if part.type != "text" or part.text is None:
+                    raise InvalidRequestError(
+                        f"content part type '{part.type}' is not supported; only 'text'",
+                        param=f"messages[{i}].content[{j}].type",
+                    )
+                texts.append(part.text)
+            content = "".join(texts)
+        entry: dict[str, Any] = {"role": "system" if message.role == "developer" else message.role, "content": content or ""}
+        if message.name:
+            entry["name"] = message.name
+        if message.tool_calls:
+            entry["tool_calls"] = message.tool_calls
+        if message.tool_call_id:
+            entry["tool_call_id"] = message.tool_call_id
+        out.append(entry)
+    return out
+
+
+async def prepare_chat(services: Services, key: Principal, body: ChatCompletionRequest, request_id: str) -> PreparedRequest:
+    model = await services.extensions.model_resolver.resolve(key.tenant_id, body.model)
+    max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
+    prepared = PreparedRequest(
+        request_id=request_id, kind="chat", tenant_id=key.tenant_id, key_id=key.key_id, body=body, model=model,
+        sampling=sampling_from(body, max_tokens=max_tokens), messages=chat_messages(body.messages),
+        session_id=body.session_id,
+    )
+    await _run_preparers(services, prepared)
+    tokens = await _maybe_off_loop(_apply_chat_template, services.tokenizer, prepared, size=_chat_size(prepared))
+    prepared.prompts = [tokens]
+    _fit_context(services, prepared, explicit_max_tokens=max_tokens is not None)
+    return prepared
+
+
+async def prepare_completion(
+    services: Services, key: Principal, body: CompletionRequest, request_id: str
+) -> PreparedRequest:
+    model = await services.extensions.model_resolver.resolve(key.tenant_id, body.model)
+    if body.suffix:
+        raise InvalidRequestError("suffix is not supported", param="suffix")
+    if body.best_of is not None and body.best_of != body.n:
+        raise InvalidRequestError("best_of other than n is not supported", param="best_of")
+    prepared = PreparedRequest(
+        request_id=request_id, kind="completion", tenant_id=key.tenant_id, key_id=key.key_id, body=body, model=model,
+        sampling=sampling_from(body, max_tokens=body.max_tokens),
+    )
+    await _run_preparers(services, prepared)
+    size = sum(len(p) for p in body.prompt if isinstance(p, str)) if isinstance(body.prompt, list) else len(body.prompt)
+    prepared.prompts = await _maybe_off_loop(_tokenize_prompts, services.tokenizer, body.prompt, size=size)
+    _fit_context(services, prepared, explicit_max_tokens=body.max_tokens is not None)
+    return prepared
+
+
+async def _run_preparers(services: Services, prepared: PreparedRequest) -> None:
+    for preparer in services.extensions.preparers:
+        await preparer(prepared)
+
+
+async def _maybe_off_loop(fn: Any, *args: Any, size: int) -> Any:
+    if size <= _INLINE_TOKENIZE_CHARS:
+        return fn(*args)
+    return await asyncio.to_thread(fn, *args)
+
+
+def _chat_size(prepared: PreparedRequest) -> int:
+    return sum(len(m.get("content") or "") for m in prepared.messages or [])
+
+
+def _apply_chat_template(tokenizer: Any, prepared: PreparedRequest) -> list[int]:
+    text = tokenizer.apply_chat_template(
+        prepared.messages, add_generation_prompt=True, tokenize=False, **prepared.template_kwargs
+    )
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def _tokenize_prompts(tokenizer: Any, prompt: str | list[str] | list[int] | list[list[int]]) -> list[list[int]]:
+    if isinstance(prompt, str):
+        raw: list[str | list[int]] = [prompt]
+    elif prompt and all(isinstance(t, int) for t in prompt):
+        raw = [list(prompt)]  # type: ignore[arg-type]
+    else:
+        raw = list(prompt)  # type: ignore[arg-type]
+    if not raw:
+        raise InvalidRequestError("prompt must not be empty", param="prompt")
+    vocab_size = len(tokenizer)
+    prompts: list[list[int]] = []
+    for i, item in enumerate(raw):
+        ids = list(tokenizer(item, add_special_tokens=False)["input_ids"]) if isinstance(item, str) else item
+        if not ids:
+            raise InvalidRequestError("prompt must not be empty", param="prompt" if len(raw) == 1 else f"prompt[{i}]")
+        if any(not 0 <= t < vocab_size for t in ids):
+            raise InvalidRequestError(f"token ids must be in [0, {vocab_size})", param="prompt")
+        prompts.append(ids)
+    return prompts
+
+
+def _fit_context(services: Services, prepared: PreparedRequest, *, explicit_max_tokens: bool) -> None:
+    """413 for a prompt that can never fit; an unset chat max_tokens takes what the context leaves."""
+    max_model_len = services.settings.max_model_len
+    longest = max(len(p) for p in prepared.prompts)
+    if longest >= max_model_len:
+        raise PromptTooLongError(
+            f"This model's maximum context length is {max_model_len} tokens; the prompt has {longest}",
+            param="messages" if prepared.kind == "chat" else "prompt",
+        )
+    room = max_model_len - longest
+    if not explicit_max_tokens:
+        prepared.sampling.max_tokens = room if prepared.kind == "chat" else min(prepared.sampling.max_tokens, room)
+    elif prepared.sampling.max_tokens > room:
+        raise PromptTooLongError(
+            f"This model's maximum context length is {max_model_len} tokens; the prompt has {longest} "
+            f"and max_tokens asks for {prepared.sampling.max_tokens} more",
+            param="max_tokens",
+        )

@@ -1,0 +1,44 @@
+"""The shared tail of both generation endpoints: admit, then answer whole or as a stream."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable, Coroutine
+from typing import Any
+
+from fastapi import Request, Response
+from fastapi.responses import JSONResponse
+from loraplex.engine.protocol import RequestOutput
+from loraplex.platform.api.generation import ClientDisconnected, Generation, prime, unless_disconnected
+from loraplex.platform.api.sse import EventStreamResponse
+
+# nginx's code for "client closed the request": nobody reads it, but logs and metrics do.
+CLIENT_CLOSED_REQUEST = 499
+
+Collector = Callable[[Generation], Coroutine[Any, Any, dict[str, Any]]]
+Streamer = Callable[[Generation, AsyncIterator[tuple[int, RequestOutput]]], AsyncIterator[bytes]]
+
+
+async def respond(request: Request, gen: Generation, *, stream: bool, collect: Collector, streamer: Streamer) -> Response:
+    await gen.admit()
+    if not stream:
+        try:
+            body = await unless_disconnected(request, collect(gen))
+        except ClientDisconnected as exc:
+            gen.mark_aborted()
+            await gen.close(exc)
+            return Response(status_code=CLIENT_CLOSED_REQUEST)
+        except BaseException as exc:
+            await gen.close(exc)
+            raise
+        await gen.close()
+        return JSONResponse(body)
+    try:
+        outputs = await prime(request, gen.outputs())
+    except ClientDisconnected as exc:
+        gen.mark_aborted()
+        await gen.close(exc)
+        return Response(status_code=CLIENT_CLOSED_REQUEST)
+    except BaseException as exc:
+        await gen.close(exc)
+        raise
+    return EventStreamResponse(streamer(gen, outputs))

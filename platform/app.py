@@ -1,0 +1,42 @@
+"""The FastAPI application factory."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI
+from loraplex.platform.errors import install_error_handlers
+from loraplex.platform.metrics import Metrics, RequestMetricsMiddleware
+from loraplex.platform.request_context import RequestIdMiddleware
+from loraplex.platform.routers import all_routers
+from loraplex.platform.settings import Settings
+from loraplex.platform.wiring import build_services, close_services
+
+
+def create_app(settings: Settings | None = None, engine: Any | None = None) -> FastAPI:
+    """An app serving `settings`' model, or `engine` when given (tests share one engine between apps).
+
+    The engine and database are set up at start-up (lifespan), not at import,
+    so `create_app()` is cheap and `loraplex serve` can report progress.
+    """
+    settings = settings or Settings()
+    metrics = Metrics()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        services = build_services(settings, engine, metrics=metrics)
+        app.state.services = services
+        try:
+            yield
+        finally:
+            await close_services(services)
+
+    app = FastAPI(title="loraplex", version="0.1.0", lifespan=lifespan)
+    install_error_handlers(app)
+    for router in all_routers():
+        app.include_router(router)
+    app.add_middleware(RequestMetricsMiddleware, metrics=metrics)
+    app.add_middleware(RequestIdMiddleware)
+    return app

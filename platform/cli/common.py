@@ -1,0 +1,31 @@
+"""What every CLI command shares: settings, a migrated database session, printing."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from loraplex.platform.db.session import make_db_engine, make_session_factory
+from loraplex.platform.settings import Settings
+from loraplex.platform.wiring import prepare_database
+from rich.console import Console
+from sqlalchemy.orm import Session
+
+console = Console()
+err_console = Console(stderr=True)
+
+
+def load_settings() -> Settings:
+    return Settings()
+
+
+@contextmanager
+def db_session(settings: Settings) -> Iterator[Session]:
+    """A session on the configured database, migrating the SQLite default first."""
+    prepare_database(settings)
+    engine = make_db_engine(settings.resolved_database_url)
+    try:
+        with make_session_factory(engine)() as session:
+            yield session
+    finally:
+        engine.dispose()

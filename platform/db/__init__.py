@@ -1,0 +1,1 @@
+"""The platform's tables (tenants, API keys) and database plumbing shared by all domains."""

@@ -1,0 +1,83 @@
+"""FastAPI dependencies as `Annotated` aliases: `DbSession`, `CurrentKey`, scope-checked keys.
+
+Routes declare what they need (`key: InferenceKey`, `db: DbSession`) and stay thin.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Annotated
+
+from fastapi import Depends, Request
+from loraplex.platform.auth.scopes import Scope
+from loraplex.platform.auth.store import authenticate
+from loraplex.platform.errors import AuthenticationError, PermissionDeniedError
+from loraplex.platform.ratelimit.limiter import Limits
+from loraplex.platform.services import Services
+from sqlalchemy.orm import Session
+
+
+@dataclass(slots=True, frozen=True)
+class Principal:
+    """Who is calling: a live API key of one tenant. Plain values, safe to keep past the DB session."""
+
+    key_id: str
+    tenant_id: str
+    scopes: frozenset[str]
+    limits: Limits
+
+
+def get_services(request: Request) -> Services:
+    return request.app.state.services
+
+
+AppServices = Annotated[Services, Depends(get_services)]
+
+
+def get_db(services: AppServices) -> Iterator[Session]:
+    with services.db_sessions() as session:
+        yield session
+
+
+# scope="function": the session closes when the route returns, not when a long stream ends.
+DbSession = Annotated[Session, Depends(get_db, scope="function")]
+
+
+def get_current_key(request: Request, services: AppServices) -> Principal:
+    header = request.headers.get("authorization", "")
+    scheme, _, token = header.partition(" ")
+    if not header:
+        raise AuthenticationError(
+            "missing API key: send it as 'Authorization: Bearer lpx_...'", code="missing_api_key"
+        )
+    if scheme.lower() != "bearer" or not token.strip():
+        raise AuthenticationError("malformed Authorization header: expected 'Bearer <API key>'")
+    settings = services.settings
+    with services.db_sessions() as db:
+        record = authenticate(db, key=token.strip(), last_used_resolution_s=settings.key_last_used_resolution_s)
+    if record is None:
+        raise AuthenticationError("invalid or revoked API key")
+    limits = Limits(
+        rpm=record.rpm_limit if record.rpm_limit is not None else settings.default_rpm,
+        tpm=record.tpm_limit if record.tpm_limit is not None else settings.default_tpm,
+    )
+    return Principal(key_id=record.id, tenant_id=record.tenant_id, scopes=record.scope_set, limits=limits)
+
+
+CurrentKey = Annotated[Principal, Depends(get_current_key)]
+
+
+def require_scope(scope: Scope) -> Callable[[Principal], Principal]:
+    def check(key: CurrentKey) -> Principal:
+        if scope.value not in key.scopes:
+            raise PermissionDeniedError(f"this API key lacks the '{scope.value}' scope")
+        return key
+
+    return check
+
+
+InferenceKey = Annotated[Principal, Depends(require_scope(Scope.INFERENCE))]
+AdaptersKey = Annotated[Principal, Depends(require_scope(Scope.ADAPTERS))]
+UsageKey = Annotated[Principal, Depends(require_scope(Scope.USAGE))]
+AdminKey = Annotated[Principal, Depends(require_scope(Scope.ADMIN))]

@@ -1,0 +1,155 @@
+"""Every failure leaves the API as an OpenAI error body with the right status.
+
+`{"error": {"message", "type", "param", "code"}}`: engine errors carry their
+own status (engine/errors.py), the platform's own ones are below, request
+validation becomes a 400 naming the field.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from loraplex.engine.errors import EngineError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+log = logging.getLogger(__name__)
+
+_TYPE_BY_STATUS = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    409: "invalid_request_error",
+    413: "invalid_request_error",
+    429: "rate_limit_error",
+    500: "server_error",
+    503: "server_error",
+}
+
+
+class ApiError(Exception):
+    status = 400
+    code: str | None = None
+
+    def __init__(self, message: str, *, param: str | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        if code is not None:
+            self.code = code
+
+    def headers(self) -> dict[str, str]:
+        return {}
+
+
+class AuthenticationError(ApiError):
+    status = 401
+    code = "invalid_api_key"
+
+    def headers(self) -> dict[str, str]:
+        return {"WWW-Authenticate": "Bearer"}
+
+
+class PermissionDeniedError(ApiError):
+    status = 403
+    code = "insufficient_scope"
+
+
+class NotFoundError(ApiError):
+    status = 404
+    code = "not_found"
+
+
+class ConflictError(ApiError):
+    status = 409
+    code = "conflict"
+
+
+class RateLimitedError(ApiError):
+    status = 429
+    code = "rate_limit_exceeded"
+
+    def __init__(self, message: str, *, retry_after_s: int, code: str | None = None) -> None:
+        super().__init__(message, code=code)
+        self.retry_after_s = max(1, retry_after_s)
+
+    def headers(self) -> dict[str, str]:
+        return {"Retry-After": str(self.retry_after_s)}
+
+
+class OverloadedError(ApiError):
+    status = 503
+    code = "overloaded"
+
+
+def error_body(status: int, message: str, *, param: str | None = None, code: str | None = None) -> dict[str, Any]:
+    return {
+        "error": {
+            "message": message,
+            "type": _TYPE_BY_STATUS.get(status, "server_error" if status >= 500 else "invalid_request_error"),
+            "param": param,
+            "code": code,
+        }
+    }
+
+
+def error_response(
+    status: int, message: str, *, param: str | None = None, code: str | None = None, headers: dict[str, str] | None = None
+) -> JSONResponse:
+    return JSONResponse(error_body(status, message, param=param, code=code), status_code=status, headers=headers)
+
+
+def response_for(exc: Exception) -> JSONResponse:
+    """The response for any exception raised while serving a request (also used mid-stream)."""
+    if isinstance(exc, ApiError):
+        return error_response(exc.status, exc.message, param=exc.param, code=exc.code, headers=exc.headers())
+    if isinstance(exc, EngineError):
+        return error_response(exc.status, exc.message, param=exc.param, code=exc.code)
+    log.exception("unhandled error", exc_info=exc)
+    return error_response(500, "internal server error", code="internal_error")
+
+
+def validation_param(errors: list[dict[str, Any]]) -> tuple[str | None, str]:
+    """(param, message) for the first pydantic error: `messages[0].content`, `temperature`, ..."""
+    if not errors:
+        return None, "invalid request"
+    first = errors[0]
+    loc = [part for part in first.get("loc", ()) if part != "body"]
+    # Pydantic adds the union member's type name to the location ("stop.str"); it is noise to a client.
+    param = ""
+    for part in loc:
+        if isinstance(part, int):
+            param += f"[{part}]"
+        elif isinstance(part, str) and part[:1].islower() and not _is_type_tag(part):
+            param += ("." if param else "") + part
+    message = first.get("msg", "invalid value")
+    if first.get("type") == "json_invalid":
+        return None, "the request body is not valid JSON"
+    return param or None, f"{param}: {message}" if param else message
+
+
+def _is_type_tag(part: str) -> bool:
+    return part in {"str", "int", "float", "bool", "list[str]", "list[int]", "list[list[int]]", "dict", "none"} or "[" in part
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    async def on_api_error(_request: Request, exc: Exception) -> JSONResponse:
+        return response_for(exc)
+
+    async def on_validation_error(_request: Request, exc: RequestValidationError) -> JSONResponse:
+        param, message = validation_param(list(exc.errors()))
+        return error_response(400, message, param=param, code="invalid_value")
+
+    async def on_http_error(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return error_response(exc.status_code, str(exc.detail), headers=getattr(exc, "headers", None))
+
+    app.add_exception_handler(ApiError, on_api_error)
+    app.add_exception_handler(EngineError, on_api_error)
+    app.add_exception_handler(RequestValidationError, on_validation_error)  # type: ignore[arg-type]
+    app.add_exception_handler(StarletteHTTPException, on_http_error)  # type: ignore[arg-type]
+    app.add_exception_handler(Exception, on_api_error)

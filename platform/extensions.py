@@ -1,0 +1,156 @@
+"""Where the other domains plug into a request, without the platform knowing them by name.
+
+The platform runs every chat/completions request as:
+
+    resolve model (ModelResolver) -> preparers (RequestPreparer, in order)
+    -> chat template + tokenize -> EngineRequest -> engine
+    -> MessageParser turns generated text into content / reasoning / tool calls
+    -> UsageRecorder.record(...) exactly once, in a `finally`, with the final counts
+
+`wiring.build_extensions` fills an `Extensions` for the app; adapters, grammar,
+sessions and billing add their objects there.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any, Protocol
+
+from loraplex.engine.protocol import ReasoningMarkers, SamplingParams
+from loraplex.platform.errors import NotFoundError
+
+
+@dataclass(slots=True, frozen=True)
+class ServedModel:
+    """One entry of /v1/models: the base model, or a tenant's adapter on top of it."""
+
+    id: str
+    adapter_id: str | None = None
+    owned_by: str = "loraplex"
+    created: int = field(default_factory=lambda: int(time.time()))
+
+
+class ModelResolver(Protocol):
+    async def list_models(self, tenant_id: str) -> list[ServedModel]: ...
+
+    async def resolve(self, tenant_id: str, model: str) -> ServedModel:
+        """The model a request named; raises NotFoundError for anything this tenant cannot see."""
+
+
+class BaseModelResolver:
+    """Serves only the base model; the adapters domain replaces it with one that knows adapters."""
+
+    def __init__(self, base_model_name: str) -> None:
+        self.base = ServedModel(id=base_model_name)
+
+    async def list_models(self, tenant_id: str) -> list[ServedModel]:
+        return [self.base]
+
+    async def resolve(self, tenant_id: str, model: str) -> ServedModel:
+        if model != self.base.id:
+            raise NotFoundError(f"The model '{model}' does not exist", param="model", code="model_not_found")
+        return self.base
+
+
+@dataclass(slots=True)
+class MessageDelta:
+    content: str = ""
+    reasoning_content: str = ""
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)  # OpenAI streaming tool_call deltas
+
+
+class MessageParser(Protocol):
+    """Splits one choice's generated text into message parts (grammar: reasoning, tool calls)."""
+
+    def feed(self, text: str) -> MessageDelta: ...
+
+    def finish(self, finish_reason: str) -> tuple[MessageDelta, str]:
+        """Flush what is left; returns the final finish_reason (e.g. 'tool_calls')."""
+
+
+class PlainTextParser:
+    def feed(self, text: str) -> MessageDelta:
+        return MessageDelta(content=text)
+
+    def finish(self, finish_reason: str) -> tuple[MessageDelta, str]:
+        return MessageDelta(), finish_reason
+
+
+@dataclass(slots=True)
+class PreparedRequest:
+    """Everything known about a request before it reaches the engine; preparers edit it in place.
+
+    `body` is the validated request (ChatCompletionRequest or CompletionRequest):
+    preparers read their fields from it (response_format, tools, session_id...).
+    """
+
+    request_id: str
+    kind: str                                   # "chat" | "completion"
+    tenant_id: str
+    key_id: str
+    body: Any
+    model: ServedModel
+    sampling: SamplingParams
+    messages: list[dict[str, Any]] | None = None  # chat only, as the chat template takes them
+    template_kwargs: dict[str, Any] = field(default_factory=dict)  # e.g. tools=[...] for the template
+    prompts: list[list[int]] = field(default_factory=list)  # token ids; filled after templating
+    grammar: Any = None                         # a CompiledGrammar (engine.interfaces)
+    reasoning: ReasoningMarkers | None = None
+    session_id: str | None = None
+    cache_salt: str = ""
+    parser_factory: Callable[[], MessageParser] = PlainTextParser
+    after_finish: list[Callable[[RequestRecord], Awaitable[None]]] = field(default_factory=list)
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+
+class RequestPreparer(Protocol):
+    """Runs before the chat template; may edit `prepared` or raise an ApiError/EngineError."""
+
+    async def __call__(self, prepared: PreparedRequest) -> None: ...
+
+
+class RequestStatus(StrEnum):
+    COMPLETED = "completed"  # every choice ended on EOS (or its grammar terminated)
+    STOPPED = "stopped"      # a stop string or stop token ended at least one choice
+    LENGTH = "length"        # max_tokens or the context ended at least one choice
+    ABORTED = "aborted"      # the client went away
+    FAILED = "failed"        # an error; some tokens may still have been processed
+
+
+@dataclass(slots=True)
+class RequestRecord:
+    """The final account of one API request (summed over its choices and prompts)."""
+
+    request_id: str
+    tenant_id: str
+    key_id: str
+    kind: str
+    model: str
+    adapter_id: str | None
+    session_id: str | None
+    status: RequestStatus
+    num_prompt_tokens: int
+    num_cached_tokens: int
+    num_output_tokens: int
+    num_reasoning_tokens: int
+    started_at: float                  # time.time()
+    finished_at: float
+    time_to_first_token_s: float | None
+    error: str | None = None
+
+
+class UsageRecorder(Protocol):
+    """Billing's meter. Called exactly once per request; must not raise (failures are logged)."""
+
+    async def record(self, record: RequestRecord) -> None: ...
+
+
+@dataclass(slots=True)
+class Extensions:
+    model_resolver: ModelResolver
+    preparers: list[RequestPreparer] = field(default_factory=list)
+    usage_recorders: list[UsageRecorder] = field(default_factory=list)
+    on_shutdown: list[Callable[[], Awaitable[None]]] = field(default_factory=list)

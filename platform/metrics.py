@@ -1,0 +1,106 @@
+"""Prometheus metrics for one app (its own registry, so several apps can live in one test process)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+_INTER_TOKEN_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
+
+# engine.stats() key -> (metric name, help). Read at scrape time, so the gauges are never stale.
+ENGINE_GAUGES = {
+    "num_waiting": ("loraplex_engine_queue_depth", "Requests waiting for admission into the batch"),
+    "num_running": ("loraplex_engine_running_requests", "Requests in the running batch"),
+    "num_used_blocks": ("loraplex_kv_blocks_used", "KV-cache blocks in use"),
+    "num_free_blocks": ("loraplex_kv_blocks_free", "KV-cache blocks free"),
+    "prefix_cache_hit_rate": ("loraplex_prefix_cache_hit_rate", "Prompt tokens served from the prefix cache / prompt tokens"),
+}
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.requests = Counter(
+            "loraplex_http_requests", "HTTP requests by route and status", ["route", "status"], registry=self.registry
+        )
+        self.time_to_first_token = Histogram(
+            "loraplex_time_to_first_token_seconds", "Arrival to first generated token",
+            buckets=_LATENCY_BUCKETS, registry=self.registry,
+        )
+        self.inter_token_latency = Histogram(
+            "loraplex_inter_token_latency_seconds", "Time between consecutive outputs of a request",
+            buckets=_INTER_TOKEN_BUCKETS, registry=self.registry,
+        )
+        self.tokens_in = Counter("loraplex_prompt_tokens", "Prompt tokens processed", registry=self.registry)
+        self.tokens_cached = Counter("loraplex_cached_prompt_tokens", "Prompt tokens from cache", registry=self.registry)
+        self.tokens_out = Counter("loraplex_completion_tokens", "Tokens generated", registry=self.registry)
+        self.inflight = Gauge("loraplex_api_inflight_requests", "Generation requests in the API", registry=self.registry)
+
+    def watch_engine(self, stats: Callable[[], dict[str, Any]]) -> None:
+        self.registry.register(_EngineCollector(stats))
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class _EngineCollector(Collector):
+    def __init__(self, stats: Callable[[], dict[str, Any]]) -> None:
+        self._stats = stats
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        stats = self._stats()
+        for key, (name, help_text) in ENGINE_GAUGES.items():
+            value = stats.get(key)
+            if isinstance(value, int | float):
+                yield GaugeMetricFamily(name, help_text, value=float(value))
+
+
+class RequestMetricsMiddleware:
+    """Counts every HTTP response by its route template (bounded labels) and status."""
+
+    def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        status = {"code": 500}
+
+        async def capture(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                status["code"] = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, capture)
+        finally:
+            route = getattr(scope.get("route"), "path", "unmatched")
+            self.metrics.requests.labels(route=route, status=str(status["code"])).inc()
+
+
+class TokenTimer:
+    """TTFT and inter-token latency of one request, observed as its outputs arrive."""
+
+    def __init__(self, metrics: Metrics, arrival: float) -> None:
+        self._metrics = metrics
+        self._arrival = arrival
+        self._last: float | None = None
+        self.time_to_first_token_s: float | None = None
+
+    def on_output(self) -> None:
+        now = time.monotonic()
+        if self._last is None:
+            self.time_to_first_token_s = now - self._arrival
+            self._metrics.time_to_first_token.observe(self.time_to_first_token_s)
+        else:
+            self._metrics.inter_token_latency.observe(now - self._last)
+        self._last = now

@@ -1,0 +1,1 @@
+"""Per-API-key request and token rate limits."""

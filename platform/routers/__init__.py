@@ -1,0 +1,11 @@
+"""HTTP routes. Other domains add their routers (adapters, sessions, usage) to `all_routers`."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+
+def all_routers() -> list[APIRouter]:
+    from loraplex.platform.routers import admin, health, openai_api
+
+    return [health.router, openai_api.router, admin.router]

@@ -1,0 +1,58 @@
+"""Bodies of the admin routes (tenants and API keys)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from loraplex.platform.auth.scopes import Scope, parse_scopes
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+
+class TenantCreate(BaseModel):
+    name: str = Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+
+class TenantPublic(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+    id: str
+    name: str
+    created_at: datetime
+
+
+class ApiKeyCreate(BaseModel):
+    name: str = Field(default="", max_length=200)
+    scopes: list[Scope] = Field(default_factory=lambda: [Scope.INFERENCE])
+    rpm_limit: int | None = Field(default=None, ge=0)
+    tpm_limit: int | None = Field(default=None, ge=0)
+
+    @field_validator("scopes", mode="before")
+    @classmethod
+    def _known_scopes(cls, value: object) -> object:
+        if isinstance(value, list | str):
+            return parse_scopes(value)  # type: ignore[arg-type]
+        return value
+
+
+class ApiKeyPublic(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+    id: str
+    tenant_id: str
+    name: str
+    key_prefix: str
+    scopes: list[str]
+    rpm_limit: int | None
+    tpm_limit: int | None
+    created_at: datetime
+    last_used_at: datetime | None
+    revoked_at: datetime | None
+
+    @field_validator("scopes", mode="before")
+    @classmethod
+    def _split(cls, value: object) -> object:
+        return value.split() if isinstance(value, str) else value
+
+
+class ApiKeyCreated(ApiKeyPublic):
+    key: str  # the only time the full key is ever returned

@@ -1,0 +1,56 @@
+"""OpenAI-compatible inference routes: /v1/models, /v1/chat/completions, /v1/completions."""
+
+from __future__ import annotations
+
+import time
+from functools import partial
+
+from fastapi import APIRouter, Request, Response
+from loraplex.platform.api.chat_response import collect_chat, stream_chat
+from loraplex.platform.api.completion_response import collect_completion, stream_completion
+from loraplex.platform.api.generation import Generation
+from loraplex.platform.api.preparation import prepare_chat, prepare_completion
+from loraplex.platform.api.respond import respond
+from loraplex.platform.api.schemas import ChatCompletionRequest, CompletionRequest
+from loraplex.platform.deps import AppServices, InferenceKey
+
+router = APIRouter(prefix="/v1", tags=["openai"])
+
+
+@router.get("/models")
+async def list_models(key: InferenceKey, services: AppServices) -> dict:
+    models = await services.extensions.model_resolver.list_models(key.tenant_id)
+    return {
+        "object": "list",
+        "data": [{"id": m.id, "object": "model", "created": m.created, "owned_by": m.owned_by} for m in models],
+    }
+
+
+@router.get("/models/{model_id:path}")
+async def retrieve_model(model_id: str, key: InferenceKey, services: AppServices) -> dict:
+    model = await services.extensions.model_resolver.resolve(key.tenant_id, model_id)
+    return {"id": model.id, "object": "model", "created": model.created, "owned_by": model.owned_by}
+
+
+@router.post("/chat/completions")
+async def create_chat_completion(
+    body: ChatCompletionRequest, key: InferenceKey, services: AppServices, request: Request
+) -> Response:
+    prepared = await prepare_chat(services, key, body, request.state.request_id)
+    gen = Generation(services, key, prepared)
+    return await respond(
+        request, gen, stream=body.stream,
+        collect=partial(collect_chat, texts=services.token_texts, created=int(time.time())),
+        streamer=partial(stream_chat, texts=services.token_texts),
+    )
+
+
+@router.post("/completions")
+async def create_completion(body: CompletionRequest, key: InferenceKey, services: AppServices, request: Request) -> Response:
+    prepared = await prepare_completion(services, key, body, request.state.request_id)
+    gen = Generation(services, key, prepared)
+    return await respond(
+        request, gen, stream=body.stream,
+        collect=partial(collect_completion, texts=services.token_texts, tokenizer=services.tokenizer),
+        streamer=partial(stream_completion, texts=services.token_texts, tokenizer=services.tokenizer),
+    )

@@ -1,0 +1,30 @@
+"""What one running API process holds (stored on `app.state.services`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from loraplex.platform.api.logprobs import TokenTexts
+from loraplex.platform.extensions import Extensions
+from loraplex.platform.metrics import Metrics
+from loraplex.platform.ratelimit.limiter import RateLimiter
+from loraplex.platform.settings import Settings
+from sqlalchemy import Engine
+from sqlalchemy.orm import Session, sessionmaker
+
+
+@dataclass(slots=True)
+class Services:
+    settings: Settings
+    db_engine: Engine
+    db_sessions: sessionmaker[Session]
+    rate_limiter: RateLimiter
+    engine: Any                      # loraplex.engine.async_engine.AsyncEngine
+    tokenizer: Any                   # the engine's Hugging Face tokenizer
+    token_texts: TokenTexts          # cached single-token decoding for logprobs
+    base_model_name: str
+    extensions: Extensions
+    metrics: Metrics
+    owns_engine: bool = True         # False when a test passed its own engine in
+    num_inflight: int = field(default=0)

@@ -1,0 +1,96 @@
+"""The one object that reads the environment (prefix `LORAPLEX_`).
+
+Every other module receives a `Settings` instance; none calls `os.environ`.
+Other domains add their knobs here (a field each, with a default that works
+on one machine).
+"""
+
+from __future__ import annotations
+
+from functools import cached_property
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="LORAPLEX_", env_file=None, extra="ignore")
+
+    # Storage
+    data_dir: Path = Path("./data")
+    database_url: str | None = None     # None: sqlite:///<data_dir>/loraplex.db
+    redis_url: str | None = None        # None: in-process rate limits, sessions and tasks
+    redis_key_prefix: str = "lpx:"      # lets several deployments (or test runs) share one Redis
+    migrate_on_start: bool = True       # only ever applied to SQLite; PostgreSQL is migrated explicitly
+
+    # Model and engine limits
+    model_path: Path | None = None      # None: the bundled SmolLM2, converted into <data_dir>/models
+    served_model_name: str | None = None  # None: the model folder's name
+    device: str = "auto"                # auto (cuda when available) | cpu | cuda
+    dtype: str = "auto"                 # auto (bfloat16 on cuda, float32 on cpu) | float32 | bfloat16 | float16
+    kv_cache_memory_mb: int = 256
+    num_kv_blocks: int | None = None    # overrides the memory budget (tests use tiny pools)
+    kv_block_size: int = 16
+    enable_prefix_caching: bool = True
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 512
+    max_model_len: int = 2048
+    max_pending_requests: int = 256     # requests admitted by the API at once; beyond: 503
+
+    # HTTP
+    host: str = "127.0.0.1"
+    port: int = 8000
+    log_level: str = "info"
+
+    # Rate limits per API key (a key may override them); 0 = unlimited
+    default_rpm: int = 600
+    default_tpm: int = 1_000_000
+    key_last_used_resolution_s: float = 60.0  # last_used_at is written at most this often per key
+
+    # Placeholders the other domains fill in
+    max_loras: int = 8                  # adapters resident on the device at once (slots)
+    max_cpu_loras: int = 32             # adapters kept in host memory
+    max_lora_rank: int = 64
+    adapter_storage_dir: Path | None = None  # None: <data_dir>/adapters
+    max_reasoning_tokens: int | None = None  # default thinking budget; None: unbounded
+    session_ttl_s: int = 3600
+    celery_always_eager: bool = Field(default=False, description="run tasks in-process (no worker)")
+
+    @cached_property
+    def resolved_database_url(self) -> str:
+        if self.database_url:
+            return self.database_url
+        return f"sqlite:///{(self.data_dir / 'loraplex.db').resolve()}"
+
+    @cached_property
+    def models_dir(self) -> Path:
+        return self.data_dir / "models"
+
+    @cached_property
+    def resolved_adapter_storage_dir(self) -> Path:
+        return self.adapter_storage_dir or self.data_dir / "adapters"
+
+    @property
+    def is_sqlite(self) -> bool:
+        return self.resolved_database_url.startswith("sqlite")
+
+    def resolve_device(self) -> str:
+        if self.device != "auto":
+            return self.device
+        import torch
+
+        return "cuda" if torch.cuda.is_available() else "cpu"
+
+    def resolve_dtype(self) -> str:
+        if self.dtype != "auto":
+            return self.dtype
+        return "bfloat16" if self.resolve_device() == "cuda" else "float32"
+
+    def resolve_model_path(self) -> Path:
+        """The model folder to serve; converts the bundled GGUF on first use (slow once)."""
+        if self.model_path is not None:
+            return self.model_path
+        from loraplex.engine.model.default_model import ensure_default_model
+
+        return ensure_default_model(self.models_dir)

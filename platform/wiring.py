@@ -1,0 +1,113 @@
+"""Builds what one API process runs on: database, rate limiter, engine, and every domain's extensions.
+
+This is the one place that knows all domains. Adapters, grammar, sessions
+and billing register here (see `build_extensions`); their code never
+imports the platform.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from loraplex.platform.api.logprobs import TokenTexts
+from loraplex.platform.db import migrate
+from loraplex.platform.db.session import make_db_engine, make_session_factory
+from loraplex.platform.extensions import BaseModelResolver, Extensions
+from loraplex.platform.metrics import Metrics
+from loraplex.platform.ratelimit.limiter import make_rate_limiter
+from loraplex.platform.services import Services
+from loraplex.platform.settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+def engine_config(settings: Settings) -> Any:
+    from loraplex.engine.config import EngineConfig
+
+    return EngineConfig(
+        block_size=settings.kv_block_size,
+        kv_cache_bytes=settings.kv_cache_memory_mb * 1024 * 1024,
+        num_blocks=settings.num_kv_blocks,
+        max_num_batched_tokens=settings.max_num_batched_tokens,
+        max_num_seqs=settings.max_num_seqs,
+        max_model_len=settings.max_model_len,
+        dtype=settings.resolve_dtype(),
+        device=settings.resolve_device(),
+        enable_prefix_caching=settings.enable_prefix_caching,
+    )
+
+
+def build_engine(settings: Settings) -> Any:
+    """The AsyncEngine for the configured model (converting the bundled GGUF on first use)."""
+    from loraplex.engine.async_engine import AsyncEngine
+
+    model_path = settings.resolve_model_path()
+    log.info("loading model %s", model_path)
+    return AsyncEngine.from_pretrained(model_path, engine_config(settings))
+
+
+def served_model_name(settings: Settings, engine: Any) -> str:
+    if settings.served_model_name:
+        return settings.served_model_name
+    name = getattr(engine, "model_name", None)
+    if name:
+        return str(name)
+    return settings.resolve_model_path().name
+
+
+def build_extensions(settings: Settings, *, base_model_name: str, engine: Any) -> Extensions:
+    """Every domain's hooks. Each domain adds its lines here:
+
+    - adapters: `extensions.model_resolver = <resolver that knows the tenant's adapters>`
+    - grammar:  `extensions.preparers.append(<response_format/tools preparer>)`
+    - sessions: `extensions.preparers.append(<session_id preparer>)`; closer in `on_shutdown`
+    - billing:  `extensions.usage_recorders.append(<meter>)`; quota check as a preparer (429)
+    """
+    return Extensions(model_resolver=BaseModelResolver(base_model_name))
+
+
+def prepare_database(settings: Settings) -> None:
+    """The SQLite default migrates itself; PostgreSQL is migrated explicitly (`loraplex db upgrade`)."""
+    if settings.is_sqlite and settings.migrate_on_start:
+        migrate.upgrade(settings.resolved_database_url)
+
+
+def build_services(settings: Settings, engine: Any | None = None, *, metrics: Metrics | None = None) -> Services:
+    prepare_database(settings)
+    owns_engine = engine is None
+    if engine is None:
+        engine = build_engine(settings)
+    db_engine = make_db_engine(settings.resolved_database_url)
+    base_model_name = served_model_name(settings, engine)
+    metrics = metrics or Metrics()
+    metrics.watch_engine(engine.stats)
+    return Services(
+        settings=settings,
+        db_engine=db_engine,
+        db_sessions=make_session_factory(db_engine),
+        rate_limiter=make_rate_limiter(settings.redis_url, prefix=settings.redis_key_prefix),
+        engine=engine,
+        tokenizer=engine.tokenizer,
+        token_texts=TokenTexts(engine.tokenizer),
+        base_model_name=base_model_name,
+        extensions=build_extensions(settings, base_model_name=base_model_name, engine=engine),
+        metrics=metrics,
+        owns_engine=owns_engine,
+    )
+
+
+async def close_services(services: Services) -> None:
+    for closer in services.extensions.on_shutdown:
+        try:
+            await closer()
+        except Exception:
+            log.exception("shutdown hook failed")
+    await services.rate_limiter.close()
+    if services.owns_engine:
+        shutdown = getattr(services.engine, "shutdown", None)
+        if shutdown is not None:
+            result = shutdown()
+            if hasattr(result, "__await__"):
+                await result
+    services.db_engine.dispose()

@@ -1,0 +1,70 @@
+"""The package layout: `platform/` never shadows the stdlib, every folder is packaged, every module imports."""
+
+from __future__ import annotations
+
+import importlib
+import subprocess
+import sys
+import sysconfig
+import tomllib
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+CODE_FOLDERS = ("platform", "engine", "adapters", "grammar", "sessions", "billing")
+
+
+def _pyproject() -> dict:
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())
+
+
+def _package_folders() -> dict[str, Path]:
+    """loraplex.X.Y -> folder, for every folder under the code folders that holds .py files."""
+    folders: dict[str, Path] = {}
+    for top in CODE_FOLDERS:
+        for path in sorted((ROOT / top).rglob("*.py")):
+            folder = path.parent
+            if "__pycache__" in folder.parts:
+                continue
+            relative = folder.relative_to(ROOT)
+            folders[".".join(("loraplex", *relative.parts))] = folder
+    return folders
+
+
+def _modules() -> list[str]:
+    names = []
+    for package, folder in _package_folders().items():
+        for path in sorted(folder.glob("*.py")):
+            names.append(package if path.stem == "__init__" else f"{package}.{path.stem}")
+    return names
+
+
+def test_stdlib_platform_is_not_shadowed_from_repo_root() -> None:
+    code = "import platform, sys; print(platform.__file__); print(platform.python_version())"
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    module_file, version = result.stdout.split()
+    assert Path(module_file).resolve().parent == Path(sysconfig.get_paths()["stdlib"]).resolve()
+    assert version == ".".join(map(str, sys.version_info[:3]))
+
+
+def test_no_init_in_top_level_folders() -> None:
+    for top in CODE_FOLDERS:
+        assert not (ROOT / top / "__init__.py").exists(), f"{top}/__init__.py would make it a top-level package"
+
+
+def test_every_code_folder_is_listed_in_packages() -> None:
+    declared = set(_pyproject()["tool"]["setuptools"]["packages"])
+    missing = sorted(set(_package_folders()) - declared)
+    assert not missing, f"add these to [tool.setuptools] packages in pyproject.toml: {missing}"
+
+
+def test_every_subpackage_has_init() -> None:
+    for package, folder in _package_folders().items():
+        if folder.parent != ROOT:
+            assert (folder / "__init__.py").is_file(), f"{package} ({folder}) needs an __init__.py"
+
+
+@pytest.mark.parametrize("module", _modules())
+def test_module_imports(module: str) -> None:
+    importlib.import_module(module)
