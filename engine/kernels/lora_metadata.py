@@ -113,10 +113,7 @@ def build_lora_metadata(
 
     packed_host = torch.from_numpy(host)
     device = torch.device(device)
-    if device.type == "cuda":
-        packed = packed_host.pin_memory().to(device, non_blocking=True)
-    else:
-        packed = packed_host
+    packed = packed_host.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else packed_host
     views = torch.split(packed, sizes)
     return LoRAMetadata(
         num_tokens=num_tokens,

@@ -25,7 +25,6 @@ from dataclasses import dataclass
 import torch
 import triton
 import triton.language as tl
-
 from loraplex.engine.kernels.lora_metadata import LoRAMetadata
 from loraplex.engine.kernels.lora_weights import LoRAStack
 
@@ -187,7 +186,7 @@ def _lora_kernel(
 ):
     pid = tl.program_id(0)
     num_shrink = max_tiles * K_SPLITS if DO_SHRINK else 0
-    if DO_SHRINK:
+    if DO_SHRINK:  # noqa: SIM102 (Triton cannot `and` a constexpr with a tensor)
         if pid < num_shrink:
             _shrink_program(
                 pid, x_ptr, a_ptr, ranks_ptr, shrunk_ptr, partial_ptr, sync_ptr,
@@ -195,7 +194,7 @@ def _lora_kernel(
                 in_features, stride_xm, stride_shrunk, shrunk_slice_stride, stride_as, stride_ai, stride_ar,
                 NUM_SLICES, R_PAD, RANK_COLS, BLOCK_M, BLOCK_K, SPLIT_K, K_SPLITS, DO_EXPAND, INPUT_PRECISION,
             )
-    if DO_EXPAND:
+    if DO_EXPAND:  # noqa: SIM102
         if pid >= num_shrink:
             _expand_program(
                 pid - num_shrink, y_ptr, b_ptr, ranks_ptr, scalings_ptr, shrunk_ptr, sync_ptr, max_tiles,

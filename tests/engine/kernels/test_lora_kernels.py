@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from loraplex.engine.kernels.lora_metadata import build_lora_metadata, build_lora_metadata_for_segments
 from loraplex.engine.kernels.lora_reference import add_lora_ref, lora_expand_ref, lora_shrink_ref
 from loraplex.engine.kernels.lora_triton import LoRAKernelConfig, add_lora, lora_expand, lora_shrink
