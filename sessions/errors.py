@@ -1,0 +1,46 @@
+"""Typed session errors; the API maps them to HTTP statuses like every EngineError."""
+
+from __future__ import annotations
+
+from loraplex.engine.errors import EngineError
+
+
+class SessionNotFoundError(EngineError):
+    """Unknown, expired, deleted, or another tenant's session (never say which)."""
+
+    status = 404
+    code = "session_not_found"
+
+    def __init__(self, session_id: str) -> None:
+        super().__init__(
+            f"Session {session_id!r} was not found: it never existed, expired, or was deleted. "
+            "Create a new session with POST /v1/sessions.",
+            param="session_id",
+        )
+        self.session_id = session_id
+
+
+class SessionBusyError(EngineError):
+    """Another turn of this session is running; turns are one at a time."""
+
+    status = 409
+    code = "session_busy"
+
+    def __init__(self, session_id: str) -> None:
+        super().__init__(
+            f"Session {session_id!r} is already running a turn; send the next turn after it completes.",
+            param="session_id",
+        )
+
+
+class SessionConflictError(EngineError):
+    """The turn's lease was lost (it ran past the lease time) and the session moved on without it."""
+
+    status = 409
+    code = "session_conflict"
+
+    def __init__(self, session_id: str) -> None:
+        super().__init__(
+            f"Session {session_id!r} changed while this turn ran (its lease expired); the turn was not recorded.",
+            param="session_id",
+        )

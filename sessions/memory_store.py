@@ -1,0 +1,116 @@
+"""The in-process session store: one process, no Redis; same semantics as the Redis store."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+from loraplex.sessions.errors import SessionBusyError, SessionConflictError, SessionNotFoundError
+from loraplex.sessions.store import KVState, SessionPage, SessionRecord, TurnLease, TurnResult, apply_turn
+
+
+class MemorySessionStore:
+    def __init__(self, *, clock: Callable[[], float] = time.time) -> None:
+        self._clock = clock
+        self._records: dict[str, SessionRecord] = {}
+        self._leases: dict[str, tuple[str, float]] = {}   # session id -> (token, lease expiry)
+        self._expired: list[str] = []
+        self._lock = threading.Lock()
+
+    def create(self, record: SessionRecord) -> SessionRecord:
+        with self._lock:
+            record.expires_at = self._clock() + record.ttl_seconds
+            self._records[record.id] = _copy(record)
+        return record
+
+    def get(self, tenant_id: str, session_id: str) -> SessionRecord:
+        with self._lock:
+            return _copy(self._live(tenant_id, session_id))
+
+    def list(self, tenant_id: str, *, limit: int = 20, after: str | None = None) -> SessionPage:
+        with self._lock:
+            self._expire()
+            mine = sorted(
+                (r for r in self._records.values() if r.tenant_id == tenant_id),
+                key=lambda r: (r.created_at, r.id),
+                reverse=True,
+            )
+        if after is not None:
+            ids = [r.id for r in mine]
+            mine = mine[ids.index(after) + 1:] if after in ids else []
+        return SessionPage(data=[_copy(r) for r in mine[:limit]], has_more=len(mine) > limit)
+
+    def delete(self, tenant_id: str, session_id: str) -> SessionRecord:
+        with self._lock:
+            record = self._live(tenant_id, session_id)
+            del self._records[session_id]
+            self._leases.pop(session_id, None)
+            return record
+
+    def begin_turn(self, tenant_id: str, session_id: str, *, lease_s: float = 600.0) -> TurnLease:
+        with self._lock:
+            record = self._live(tenant_id, session_id)
+            held = self._leases.get(session_id)
+            now = self._clock()
+            if held is not None and held[1] > now:
+                raise SessionBusyError(session_id)
+            lease = TurnLease(session=_copy(record))
+            self._leases[session_id] = (lease.token, now + lease_s)
+            return lease
+
+    def complete_turn(self, lease: TurnLease, result: TurnResult) -> SessionRecord:
+        session_id = lease.session.id
+        with self._lock:
+            record = self._live(lease.session.tenant_id, session_id)
+            if self._held_by_another(lease) or record.version != lease.session.version:
+                raise SessionConflictError(session_id)
+            updated = apply_turn(record, result, now=self._clock())
+            self._records[session_id] = updated
+            self._leases.pop(session_id, None)
+            return _copy(updated)
+
+    def abort_turn(self, lease: TurnLease) -> None:
+        with self._lock:
+            if not self._held_by_another(lease):
+                self._leases.pop(lease.session.id, None)
+            record = self._records.get(lease.session.id)
+            if record is not None:
+                record.expires_at = self._clock() + record.ttl_seconds
+
+    def set_kv_state(self, session_id: str, kv_state: str) -> None:
+        if kv_state not in KVState.ALL:
+            raise ValueError(f"unknown KV state {kv_state!r}")
+        with self._lock:
+            record = self._records.get(session_id)
+            if record is not None:
+                record.kv_state = kv_state
+
+    def pop_expired(self, *, now: float | None = None) -> list[str]:
+        with self._lock:
+            self._expire(now)
+            expired, self._expired = self._expired, []
+            return expired
+
+    def _held_by_another(self, lease: TurnLease) -> bool:
+        """A lease that ran out is still good unless another turn has taken the session since."""
+        held = self._leases.get(lease.session.id)
+        return held is not None and held[0] != lease.token and held[1] > self._clock()
+
+    def _live(self, tenant_id: str, session_id: str) -> SessionRecord:
+        self._expire()
+        record = self._records.get(session_id)
+        if record is None or record.tenant_id != tenant_id:
+            raise SessionNotFoundError(session_id)
+        return record
+
+    def _expire(self, now: float | None = None) -> None:
+        now = self._clock() if now is None else now
+        for session_id in [sid for sid, r in self._records.items() if r.expires_at <= now]:
+            del self._records[session_id]
+            self._leases.pop(session_id, None)
+            self._expired.append(session_id)
+
+
+def _copy(record: SessionRecord) -> SessionRecord:
+    return SessionRecord.from_json(record.to_json())

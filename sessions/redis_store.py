@@ -1,0 +1,212 @@
+"""The Redis session store, shared by every replica.
+
+Layout under the key prefix:
+  session:<id>          hash {tenant_id, version, data (record JSON), kv_state}, Redis TTL = the session's TTL
+  session:<id>:lease    the running turn's token (SET NX PX): one turn at a time
+  sessions:tenant:<t>   sorted set of the tenant's ids by creation time, for listing
+  sessions:expiry       sorted set of ids by expiry time, for releasing KV of expired sessions
+  sessions:owner        hash id -> tenant, to clean the tenant index after expiry
+Every check-then-write is one Lua script, so it is atomic across replicas.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from typing import Any
+
+from loraplex.sessions.errors import SessionBusyError, SessionConflictError, SessionNotFoundError
+from loraplex.sessions.store import KVState, SessionPage, SessionRecord, TurnLease, TurnResult, apply_turn
+
+_BEGIN = """
+local tenant = redis.call('HGET', KEYS[1], 'tenant_id')
+if not tenant or tenant ~= ARGV[1] then return {0} end
+if not redis.call('SET', KEYS[2], ARGV[2], 'NX', 'PX', ARGV[3]) then return {2} end
+return {1, redis.call('HGET', KEYS[1], 'data'), redis.call('HGET', KEYS[1], 'kv_state')}
+"""
+
+# A lease that ran out still completes its turn unless another turn took the session since.
+_COMPLETE = """
+local holder = redis.call('GET', KEYS[2])
+if holder and holder ~= ARGV[1] then return -1 end
+local version = redis.call('HGET', KEYS[1], 'version')
+if not version then return -2 end
+if version ~= ARGV[2] then return -1 end
+redis.call('HSET', KEYS[1], 'data', ARGV[3], 'version', ARGV[4], 'kv_state', ARGV[5])
+redis.call('EXPIRE', KEYS[1], ARGV[6])
+redis.call('ZADD', KEYS[3], ARGV[7], ARGV[8])
+redis.call('DEL', KEYS[2])
+return 1
+"""
+
+_ABORT = """
+if redis.call('GET', KEYS[2]) == ARGV[1] then redis.call('DEL', KEYS[2]) end
+if redis.call('EXPIRE', KEYS[1], ARGV[2]) == 1 then redis.call('ZADD', KEYS[3], ARGV[3], ARGV[4]) end
+return 1
+"""
+
+_DELETE = """
+local tenant = redis.call('HGET', KEYS[1], 'tenant_id')
+if not tenant or tenant ~= ARGV[1] then return false end
+local data = redis.call('HGET', KEYS[1], 'data')
+local kv_state = redis.call('HGET', KEYS[1], 'kv_state')
+redis.call('DEL', KEYS[1], KEYS[2])
+redis.call('ZREM', KEYS[3], ARGV[2])
+redis.call('ZREM', KEYS[4], ARGV[2])
+redis.call('HDEL', KEYS[5], ARGV[2])
+return {data, kv_state}
+"""
+
+_SET_KV_STATE = """
+if redis.call('EXISTS', KEYS[1]) == 1 then redis.call('HSET', KEYS[1], 'kv_state', ARGV[1]) end
+return 1
+"""
+
+
+class RedisSessionStore:
+    def __init__(self, client: Any, *, key_prefix: str = "lpx:") -> None:
+        self._redis = client
+        self._prefix = key_prefix
+        self._begin = client.register_script(_BEGIN)
+        self._complete = client.register_script(_COMPLETE)
+        self._abort = client.register_script(_ABORT)
+        self._delete = client.register_script(_DELETE)
+        self._set_kv_state = client.register_script(_SET_KV_STATE)
+
+    def create(self, record: SessionRecord) -> SessionRecord:
+        record.expires_at = time.time() + record.ttl_seconds
+        pipe = self._redis.pipeline(transaction=True)
+        pipe.hset(self._key(record.id), mapping={
+            "tenant_id": record.tenant_id, "version": record.version, "data": record.to_json(),
+            "kv_state": record.kv_state,
+        })
+        pipe.expire(self._key(record.id), record.ttl_seconds)
+        pipe.zadd(self._tenant_key(record.tenant_id), {record.id: record.created_at})
+        pipe.zadd(self._expiry_key, {record.id: record.expires_at})
+        pipe.hset(self._owner_key, record.id, record.tenant_id)
+        pipe.execute()
+        return record
+
+    def get(self, tenant_id: str, session_id: str) -> SessionRecord:
+        tenant, data, kv_state = self._redis.hmget(self._key(session_id), "tenant_id", "data", "kv_state")
+        if tenant is None or _text(tenant) != tenant_id:
+            raise SessionNotFoundError(session_id)
+        return self._record(data, kv_state, self._redis.pttl(self._key(session_id)))
+
+    def list(self, tenant_id: str, *, limit: int = 20, after: str | None = None) -> SessionPage:
+        index = self._tenant_key(tenant_id)
+        start = 0
+        if after is not None:
+            rank = self._redis.zrevrank(index, after)
+            if rank is None:
+                return SessionPage(data=[], has_more=False)
+            start = rank + 1
+        found: list[SessionRecord] = []
+        while True:
+            ids = [_text(i) for i in self._redis.zrevrange(index, start, start + limit)]  # one extra: has_more
+            if not ids:
+                return SessionPage(data=found, has_more=False)
+            pipe = self._redis.pipeline(transaction=False)
+            for session_id in ids:
+                pipe.hmget(self._key(session_id), "data", "kv_state")
+            gone = []
+            for session_id, (data, kv_state) in zip(ids, pipe.execute(), strict=True):
+                if data is None:
+                    gone.append(session_id)  # expired: drop it from the index lazily
+                elif len(found) == limit:
+                    return SessionPage(data=found, has_more=True)
+                else:
+                    found.append(self._record(data, kv_state))
+            if gone:
+                self._redis.zrem(index, *gone)
+            start += len(ids) - len(gone)
+
+    def delete(self, tenant_id: str, session_id: str) -> SessionRecord:
+        keys = [self._key(session_id), self._lease_key(session_id), self._tenant_key(tenant_id),
+                self._expiry_key, self._owner_key]
+        removed = self._delete(keys=keys, args=[tenant_id, session_id])
+        if not removed:
+            raise SessionNotFoundError(session_id)
+        return self._record(removed[0], removed[1])
+
+    def begin_turn(self, tenant_id: str, session_id: str, *, lease_s: float = 600.0) -> TurnLease:
+        lease_token = secrets.token_hex(16)
+        reply = self._begin(
+            keys=[self._key(session_id), self._lease_key(session_id)],
+            args=[tenant_id, lease_token, int(lease_s * 1000)],
+        )
+        if reply[0] == 0:
+            raise SessionNotFoundError(session_id)
+        if reply[0] == 2:
+            raise SessionBusyError(session_id)
+        return TurnLease(session=self._record(reply[1], reply[2]), token=lease_token)
+
+    def complete_turn(self, lease: TurnLease, result: TurnResult) -> SessionRecord:
+        session = lease.session
+        updated = apply_turn(session, result, now=time.time())
+        outcome = self._complete(
+            keys=[self._key(session.id), self._lease_key(session.id), self._expiry_key],
+            args=[lease.token, session.version, updated.to_json(), updated.version, updated.kv_state,
+                  updated.ttl_seconds, updated.expires_at, session.id],
+        )
+        if outcome == -2:
+            raise SessionNotFoundError(session.id)
+        if outcome == -1:
+            raise SessionConflictError(session.id)
+        return updated
+
+    def abort_turn(self, lease: TurnLease) -> None:
+        session = lease.session
+        self._abort(
+            keys=[self._key(session.id), self._lease_key(session.id), self._expiry_key],
+            args=[lease.token, session.ttl_seconds, time.time() + session.ttl_seconds, session.id],
+        )
+
+    def set_kv_state(self, session_id: str, kv_state: str) -> None:
+        if kv_state not in KVState.ALL:
+            raise ValueError(f"unknown KV state {kv_state!r}")
+        self._set_kv_state(keys=[self._key(session_id)], args=[kv_state])
+
+    def pop_expired(self, *, now: float | None = None) -> list[str]:
+        now = time.time() if now is None else now
+        candidates = [_text(i) for i in self._redis.zrangebyscore(self._expiry_key, "-inf", now)]
+        expired = []
+        for session_id in candidates:
+            if self._redis.exists(self._key(session_id)):
+                continue  # Redis has not expired it yet (clocks); next sweep
+            if self._redis.zrem(self._expiry_key, session_id):  # 0 if another sweeper took it first
+                tenant = self._redis.hget(self._owner_key, session_id)
+                if tenant is not None:
+                    self._redis.zrem(self._tenant_key(_text(tenant)), session_id)
+                    self._redis.hdel(self._owner_key, session_id)
+                expired.append(session_id)
+        return expired
+
+    def _record(self, data: bytes | str, kv_state: bytes | str | None, ttl_ms: int | None = None) -> SessionRecord:
+        record = SessionRecord.from_json(data)
+        if kv_state is not None:
+            record.kv_state = _text(kv_state)
+        if ttl_ms is not None and ttl_ms >= 0:
+            record.expires_at = time.time() + ttl_ms / 1000  # Redis's TTL is the truth for expiry
+        return record
+
+    def _key(self, session_id: str) -> str:
+        return f"{self._prefix}session:{session_id}"
+
+    def _lease_key(self, session_id: str) -> str:
+        return f"{self._prefix}session:{session_id}:lease"
+
+    def _tenant_key(self, tenant_id: str) -> str:
+        return f"{self._prefix}sessions:tenant:{tenant_id}"
+
+    @property
+    def _expiry_key(self) -> str:
+        return f"{self._prefix}sessions:expiry"
+
+    @property
+    def _owner_key(self) -> str:
+        return f"{self._prefix}sessions:owner"
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
