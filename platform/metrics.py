@@ -16,11 +16,12 @@ _INTER_TOKEN_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
 
 # engine.stats() key -> (metric name, help). Read at scrape time, so the gauges are never stale.
 ENGINE_GAUGES = {
-    "num_waiting": ("loraplex_engine_queue_depth", "Requests waiting for admission into the batch"),
-    "num_running": ("loraplex_engine_running_requests", "Requests in the running batch"),
-    "num_used_blocks": ("loraplex_kv_blocks_used", "KV-cache blocks in use"),
-    "num_free_blocks": ("loraplex_kv_blocks_free", "KV-cache blocks free"),
-    "prefix_cache_hit_rate": ("loraplex_prefix_cache_hit_rate", "Prompt tokens served from the prefix cache / prompt tokens"),
+    "num_waiting": ("loraplex_engine_queue_depth", "Sequences waiting for admission into the batch"),
+    "num_running": ("loraplex_engine_running_requests", "Sequences in the running batch"),
+    "num_blocks_used": ("loraplex_kv_blocks_used", "KV-cache blocks in use"),
+    "num_blocks_free": ("loraplex_kv_blocks_free", "KV-cache blocks free"),
+    "num_blocks_pinned": ("loraplex_kv_blocks_pinned", "KV-cache blocks pinned by sessions"),
+    "num_preemptions": ("loraplex_engine_preemptions", "Sequences preempted (recomputed) since start"),
 }
 
 
@@ -60,6 +61,12 @@ class _EngineCollector(Collector):
             value = stats.get(key)
             if isinstance(value, int | float):
                 yield GaugeMetricFamily(name, help_text, value=float(value))
+        queries = stats.get("prefix_cache_queries") or 0
+        hits = stats.get("prefix_cache_hits") or 0
+        yield GaugeMetricFamily(
+            "loraplex_prefix_cache_hit_rate", "Prefix-cache block hits / lookups since start",
+            value=hits / queries if queries else 0.0,
+        )
 
 
 class RequestMetricsMiddleware:

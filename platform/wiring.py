@@ -44,15 +44,12 @@ def build_engine(settings: Settings) -> Any:
 
     model_path = settings.resolve_model_path()
     log.info("loading model %s", model_path)
-    return AsyncEngine.from_pretrained(model_path, engine_config(settings))
+    return AsyncEngine.from_model_path(model_path, engine_config(settings))
 
 
-def served_model_name(settings: Settings, engine: Any) -> str:
+def served_model_name(settings: Settings) -> str:
     if settings.served_model_name:
         return settings.served_model_name
-    name = getattr(engine, "model_name", None)
-    if name:
-        return str(name)
     return settings.resolve_model_path().name
 
 
@@ -79,7 +76,7 @@ def build_services(settings: Settings, engine: Any | None = None, *, metrics: Me
     if engine is None:
         engine = build_engine(settings)
     db_engine = make_db_engine(settings.resolved_database_url)
-    base_model_name = served_model_name(settings, engine)
+    base_model_name = served_model_name(settings)
     metrics = metrics or Metrics()
     metrics.watch_engine(engine.stats)
     return Services(

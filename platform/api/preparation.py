@@ -153,7 +153,7 @@ def _tokenize_prompts(tokenizer: Any, prompt: str | list[str] | list[int] | list
 
 def _fit_context(services: Services, prepared: PreparedRequest, *, explicit_max_tokens: bool) -> None:
     """413 for a prompt that can never fit; an unset chat max_tokens takes what the context leaves."""
-    max_model_len = services.settings.max_model_len
+    max_model_len = services.engine.max_model_len
     longest = max(len(p) for p in prepared.prompts)
     if longest >= max_model_len:
         raise PromptTooLongError(

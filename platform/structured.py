@@ -1,0 +1,92 @@
+"""Structured output on the API: `response_format`, `tools`, `tool_choice`, `parallel_tool_calls`.
+
+`StructuredOutputPreparer` is one of the platform's request preparers
+(extensions.RequestPreparer): it validates the fields (400 naming the field),
+puts the tools in front of the model (chat template or a system prompt),
+compiles the grammar off the engine thread (cached by content) and sets a
+message parser that turns the model's tool-call text into OpenAI `tool_calls`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from loraplex.grammar.compiler import GrammarCompilerService, GrammarLimits
+from loraplex.grammar.spec import GrammarSpec
+from loraplex.grammar.tool_parser import ToolCallStreamParser
+from loraplex.grammar.tools import content_format_for, messages_with_tools, template_supports_tools, tool_call_spec
+from loraplex.grammar.validation import ToolRequest, parse_tools, response_format_spec
+from loraplex.platform.extensions import MessageDelta, MessageParser, PreparedRequest
+
+
+class ToolCallMessageParser:
+    """Wraps the request's other parser (e.g. reasoning): its content is searched for tool calls."""
+
+    def __init__(self, inner: MessageParser) -> None:
+        self._inner = inner
+        self._calls = ToolCallStreamParser()
+
+    def feed(self, text: str) -> MessageDelta:
+        return self._split(self._inner.feed(text), final=False)
+
+    def finish(self, finish_reason: str) -> tuple[MessageDelta, str]:
+        rest, finish_reason = self._inner.finish(finish_reason)
+        delta = self._split(rest, final=True)
+        if self._calls.calls and finish_reason == "stop":
+            finish_reason = "tool_calls"
+        return delta, finish_reason
+
+    def _split(self, delta: MessageDelta, *, final: bool) -> MessageDelta:
+        parsed = self._calls.feed(delta.content)
+        content, calls = parsed.content, parsed.tool_calls
+        if final:
+            tail = self._calls.finish()
+            content += tail.content
+            calls += tail.tool_calls
+        return MessageDelta(
+            content=content,
+            reasoning_content=delta.reasoning_content,
+            tool_calls=[*delta.tool_calls, *(c.as_openai() for c in calls)],
+        )
+
+
+class StructuredOutputPreparer:
+    """extensions.RequestPreparer for response_format and tools (chat and completions)."""
+
+    def __init__(self, compiler: GrammarCompilerService, chat_template: str | None) -> None:
+        self.compiler = compiler
+        self.template_has_tools = template_supports_tools(chat_template)
+
+    async def __call__(self, prepared: PreparedRequest) -> None:
+        body = prepared.body
+        spec = response_format_spec(getattr(body, "response_format", None))
+        if prepared.kind == "chat":
+            tools = parse_tools(body.tools, body.tool_choice, body.parallel_tool_calls)
+            if tools is not None:
+                spec = self._prepare_tools(prepared, tools, spec)
+        if spec is not None:
+            prepared.grammar = await self.compiler.compile(spec)
+            prepared.metadata["grammar"] = spec.kind
+
+    def _prepare_tools(self, prepared: PreparedRequest, tools: ToolRequest, spec: GrammarSpec | None) -> GrammarSpec | None:
+        prepared.messages = messages_with_tools(
+            prepared.messages or [], tools, template_has_tools=self.template_has_tools
+        )
+        if tools.mode == "none":
+            return spec  # the tools are not offered; any response_format still applies
+        if self.template_has_tools:
+            prepared.template_kwargs["tools"] = [t.as_openai() for t in tools.offered]
+        inner_factory = prepared.parser_factory
+        prepared.parser_factory = _tool_parser_factory(inner_factory)
+        return tool_call_spec(tools, content_format_for(spec))
+
+
+def _tool_parser_factory(inner: Callable[[], MessageParser]) -> Callable[[], MessageParser]:
+    return lambda: ToolCallMessageParser(inner())
+
+
+def build_structured_output(tokenizer: Any, vocab_size: int, limits: GrammarLimits | None = None) -> StructuredOutputPreparer:
+    """The preparer for one served model; `vocab_size` is the model's logits width (bitmask width)."""
+    compiler = GrammarCompilerService(tokenizer, vocab_size, limits)
+    return StructuredOutputPreparer(compiler, getattr(tokenizer, "chat_template", None))

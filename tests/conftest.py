@@ -1,0 +1,226 @@
+"""Fixtures shared by every test folder.
+
+- `postgres_url`: a freshly created PostgreSQL database for this test run (dropped at the end).
+- `redis_url` + `redis_prefix`: the shared Redis with a key prefix unique to this run (keys deleted after).
+- `smollm_path` / `smollm_engine`: the bundled SmolLM2-135M-Instruct (converted once into data/models)
+  and one session-wide AsyncEngine over it.
+- `start_server`: a real uvicorn server on a free port (a thread of this process, sharing an engine).
+- `api_server`: one such server with two tenants and keys of every scope; `openai_client` calls it.
+
+Tests marked `gpu` are skipped when CUDA is absent (they run through the device tool).
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+MODELS_DIR = REPO_ROOT / "data" / "models"
+PG_ADMIN_DSN = os.environ.get("LORAPLEX_TEST_PG_ADMIN_DSN", "host=127.0.0.1 port=5432 user=postgres dbname=postgres")
+PG_URL_TEMPLATE = os.environ.get("LORAPLEX_TEST_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/{name}")
+REDIS_TEST_URL = os.environ.get("LORAPLEX_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU (run through the device tool)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+# ---- databases --------------------------------------------------------------------------------
+
+@contextmanager
+def fresh_postgres_database(prefix: str = "loraplex_test") -> Iterator[str]:
+    """Create an empty database on the test server; drop it (forcibly) afterwards."""
+    import psycopg
+
+    name = f"{prefix}_{secrets.token_hex(5)}"
+    with psycopg.connect(PG_ADMIN_DSN, autocommit=True) as admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield PG_URL_TEMPLATE.format(name=name)
+    finally:
+        with psycopg.connect(PG_ADMIN_DSN, autocommit=True) as admin:
+            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture(scope="session")
+def postgres_url() -> Iterator[str]:
+    with fresh_postgres_database() as url:
+        yield url
+
+
+@pytest.fixture(scope="session")
+def redis_url() -> str:
+    import redis
+
+    client = redis.Redis.from_url(REDIS_TEST_URL)
+    client.ping()
+    client.close()
+    return REDIS_TEST_URL
+
+
+@pytest.fixture(scope="session")
+def redis_prefix(redis_url: str) -> Iterator[str]:
+    """A key prefix no other test run uses; every key under it is deleted at the end."""
+    import redis
+
+    prefix = f"lpxtest:{secrets.token_hex(4)}:"
+    yield prefix
+    client = redis.Redis.from_url(redis_url)
+    keys = list(client.scan_iter(match=prefix + "*", count=1000))
+    if keys:
+        client.delete(*keys)
+    client.close()
+
+
+# ---- model and engine ---------------------------------------------------------------------------
+
+@pytest.fixture(scope="session")
+def smollm_path() -> Path:
+    from loraplex.engine.model.default_model import ensure_default_model
+
+    return ensure_default_model(MODELS_DIR)
+
+
+TEST_ENGINE_CONFIG = {
+    "kv_cache_bytes": 128 * 1024 * 1024,
+    "max_num_seqs": 32,
+    "max_num_batched_tokens": 512,
+    "max_model_len": 2048,
+    "dtype": "float32",
+    "device": "cpu",
+}
+
+
+@pytest.fixture(scope="session")
+def smollm_engine(smollm_path: Path) -> Iterator[Any]:
+    from loraplex.engine.async_engine import AsyncEngine
+    from loraplex.engine.config import EngineConfig
+
+    engine = AsyncEngine.from_model_path(smollm_path, EngineConfig(**TEST_ENGINE_CONFIG))
+    yield engine
+    engine.shutdown()
+
+
+# ---- servers ------------------------------------------------------------------------------------
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@dataclass
+class RunningServer:
+    base_url: str
+    app: Any
+    settings: Any
+    keys: dict[str, str] = field(default_factory=dict)       # label -> full API key
+    key_ids: dict[str, str] = field(default_factory=dict)    # label -> key id
+    tenants: dict[str, str] = field(default_factory=dict)    # name -> tenant id
+
+    @property
+    def services(self) -> Any:
+        return self.app.state.services
+
+    def client(self, key_label: str = "all", **kwargs: Any) -> Any:
+        import openai
+
+        return openai.OpenAI(base_url=self.base_url + "/v1", api_key=self.keys[key_label], max_retries=0, **kwargs)
+
+
+@contextmanager
+def serve_in_thread(app: Any, port: int) -> Iterator[str]:
+    """uvicorn in a background thread with its own event loop; yields the base URL once it accepts."""
+    import uvicorn
+
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on"))
+    thread = threading.Thread(target=server.run, name=f"uvicorn-{port}", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 120
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise RuntimeError(f"uvicorn on port {port} did not start")
+        time.sleep(0.02)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+
+
+def seed_tenants(database_url: str) -> tuple[dict[str, str], dict[str, str], dict[str, str]]:
+    """Tenants `acme` and `globex`; acme gets a key per scope, one with all, and a revoked one."""
+    from loraplex.platform.auth import store
+    from loraplex.platform.auth.scopes import Scope
+    from loraplex.platform.db.session import make_db_engine, make_session_factory
+
+    engine = make_db_engine(database_url)
+    keys: dict[str, str] = {}
+    key_ids: dict[str, str] = {}
+    with make_session_factory(engine)() as db:
+        acme = store.create_tenant(db, name="acme")
+        globex = store.create_tenant(db, name="globex")
+        wanted = {scope.value: (acme, [scope]) for scope in Scope}
+        wanted["all"] = (acme, list(Scope))
+        wanted["revoked"] = (acme, list(Scope))
+        wanted["globex"] = (globex, [Scope.INFERENCE, Scope.ADAPTERS, Scope.USAGE])
+        for label, (tenant, scopes) in wanted.items():
+            created = store.create_api_key(db, tenant=tenant, scopes=scopes, name=label)
+            keys[label], key_ids[label] = created.key, created.record.id
+        store.revoke_api_key(db, key_id=key_ids["revoked"])
+        tenants = {"acme": acme.id, "globex": globex.id}
+    engine.dispose()
+    return keys, key_ids, tenants
+
+
+ServerFactory = Callable[..., Any]
+
+
+@pytest.fixture(scope="session")
+def start_server(smollm_engine: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerFactory]:
+    """`with start_server(**settings_overrides) as server:` a fresh app (own SQLite DB) on the shared engine."""
+    from loraplex.platform.app import create_app
+    from loraplex.platform.db import migrate
+    from loraplex.platform.settings import Settings
+
+    @contextmanager
+    def start(**overrides: Any) -> Iterator[RunningServer]:
+        data_dir = tmp_path_factory.mktemp("server")
+        values = {"data_dir": data_dir, "model_path": None, "migrate_on_start": True, **overrides}
+        settings = Settings(**values)
+        migrate.upgrade(settings.resolved_database_url)
+        keys, key_ids, tenants = seed_tenants(settings.resolved_database_url)
+        app = create_app(settings, engine=smollm_engine)
+        with serve_in_thread(app, free_port()) as base_url:
+            yield RunningServer(base_url=base_url, app=app, settings=settings, keys=keys, key_ids=key_ids, tenants=tenants)
+
+    yield start
+
+
+@pytest.fixture(scope="session")
+def api_server(start_server: ServerFactory) -> Iterator[RunningServer]:
+    with start_server() as server:
+        yield server
+
+
+@pytest.fixture
+def openai_client(api_server: RunningServer) -> Any:
+    return api_server.client("all")
