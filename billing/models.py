@@ -11,7 +11,7 @@ from __future__ import annotations
 from datetime import date, datetime
 from typing import Any, ClassVar
 
-from sqlalchemy import BigInteger, Date, DateTime, Index, Integer, MetaData, String, UniqueConstraint
+from sqlalchemy import BigInteger, Date, DateTime, Float, Index, Integer, MetaData, String, UniqueConstraint
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 # Deterministic constraint names for Alembic (same convention as the platform's base).
@@ -32,7 +32,9 @@ NONE_KEY = ""
 
 class BillingBase(DeclarativeBase):
     metadata = MetaData(naming_convention=NAMING_CONVENTION)
-    type_annotation_map: ClassVar[dict[Any, Any]] = {datetime: DateTime(timezone=True), int: Integer(), date: Date()}
+    type_annotation_map: ClassVar[dict[Any, Any]] = {
+        datetime: DateTime(timezone=True), int: Integer(), date: Date(), float: Float(),
+    }
 
 
 class UsageEventRow(BillingBase):

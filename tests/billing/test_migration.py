@@ -1,0 +1,36 @@
+"""Migration 0003_billing builds exactly the schema of billing.models, and downgrades cleanly."""
+
+from __future__ import annotations
+
+from alembic.autogenerate import compare_metadata
+from alembic.runtime.migration import MigrationContext
+from loraplex.billing.models import BillingBase
+from loraplex.platform.db import migrate
+from sqlalchemy import create_engine, inspect
+
+
+def test_upgrade_matches_models_and_downgrade_removes_tables(db_url):
+    migrate.upgrade(db_url, "head")
+    engine = create_engine(db_url)
+    try:
+        with engine.connect() as conn:
+            context = MigrationContext.configure(conn, opts={"compare_type": True})
+            diff = [d for d in compare_metadata(context, BillingBase.metadata)
+                    if _table_of(d) is None or _table_of(d).startswith("billing_")]
+        assert diff == []
+        migrate.downgrade(db_url, "0002_adapters")
+        assert not [t for t in inspect(engine).get_table_names() if t.startswith("billing_")]
+    finally:
+        engine.dispose()
+
+
+def _table_of(diff) -> str | None:
+    """The table a diff entry is about (only billing tables are ours to check)."""
+    op, *rest = diff[0] if isinstance(diff, list) else diff
+    if op.endswith("_table"):
+        return rest[0].name
+    if op.endswith(("_index", "_constraint")):
+        return rest[0].table.name
+    if op.endswith("_column") or op.startswith("modify_"):
+        return rest[1]
+    return None
