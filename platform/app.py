@@ -9,6 +9,7 @@ from typing import Any
 from fastapi import FastAPI
 from loraplex.platform.errors import install_error_handlers
 from loraplex.platform.metrics import Metrics, RequestMetricsMiddleware
+from loraplex.platform.portal import build_portal_router
 from loraplex.platform.request_context import RequestIdMiddleware
 from loraplex.platform.routers import all_routers
 from loraplex.platform.settings import Settings
@@ -37,6 +38,7 @@ def create_app(settings: Settings | None = None, engine: Any | None = None) -> F
     install_error_handlers(app)
     for router in all_routers():
         app.include_router(router)
+    app.include_router(build_portal_router())  # the tenant portal: /portal pages and /portal/static
     app.add_middleware(RequestMetricsMiddleware, metrics=metrics)
     app.add_middleware(RequestIdMiddleware)
     return app

@@ -111,6 +111,7 @@ function setFiles(files) {
   fileList.replaceChildren(...files.map((f) =>
     h("li", {}, h("span", { class: "file-name" }, f.name), h("span", { class: "muted" }, formatBytes(f.size)))));
   clearError(uploadError);
+  if (files.length) progressBox.hidden = true;
   // a name taken from the archive saves typing; the user can still change it
   if (!nameInput.value && files.length === 1) {
     nameInput.value = files[0].name.replace(/\.(zip|tar\.gz|tgz)$/i, "").replace(/[^A-Za-z0-9._-]+/g, "-");

@@ -1,5 +1,5 @@
 // Checks the pasted key against the API before keeping it.
-import { apiUrl, authHeaders, errorFromBody } from "./api.js";
+import { ApiError, apiUrl, authHeaders, errorFromBody } from "./api.js";
 import { clearError, showError } from "./dom.js";
 import { getApiKey, root, setApiKey } from "./session.js";
 
@@ -17,7 +17,12 @@ function nextPage() {
 // 401 is a bad key; any other answer (even 403 for a key without the
 // inference scope) proves the key is live, and each page shows what it may do.
 async function checkKey(key) {
-  const response = await fetch(apiUrl("/v1/models"), { headers: authHeaders(key) });
+  let response;
+  try {
+    response = await fetch(apiUrl("/v1/models"), { headers: authHeaders(key) });
+  } catch {
+    throw new ApiError(0, "Cannot reach the server. Check your connection and try again.");
+  }
   if (response.status === 401) throw errorFromBody(401, await response.text());
   if (response.status >= 500) throw errorFromBody(response.status, await response.text());
 }
@@ -44,7 +49,7 @@ form.addEventListener("submit", async (event) => {
     window.location.assign(nextPage());
   } catch (err) {
     const message = err.status === 401 ? `This key was not accepted: ${err.message}` : err.message;
-    showError(errorEl, message || "Cannot reach the server.");
+    showError(errorEl, message);
     submit.disabled = false;
     submit.textContent = "Sign in";
   }
