@@ -1,0 +1,185 @@
+"""AsyncEngine: the engine loop in its own thread, `generate()` as an async iterator.
+
+Callers on any asyncio loop submit requests; the engine thread applies
+commands (add / abort / release_session) between steps and pushes each
+request's outputs back onto the caller's loop. Input is validated before
+anything is queued, so bad input raises at once and never hangs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import queue
+import threading
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import torch
+from loraplex.engine.config import EngineConfig, ModelConfig
+from loraplex.engine.errors import DuplicateRequestError, EngineDeadError
+from loraplex.engine.llm_engine import LLMEngine
+from loraplex.engine.protocol import EngineRequest, RequestOutput
+
+logger = logging.getLogger(__name__)
+
+_STOP = object()
+
+
+class _Stream:
+    """Delivers one request's outputs from the engine thread to its asyncio loop."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.queue: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
+
+    def put(self, item: RequestOutput | BaseException) -> None:
+        # RuntimeError: the caller's loop is closed; nobody is listening.
+        with contextlib.suppress(RuntimeError):
+            self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
+
+
+class AsyncEngine:
+    def __init__(self, engine: LLMEngine, num_threads: int | None = None) -> None:
+        self.engine = engine
+        self.tokenizer = engine.tokenizer
+        self.model_config = engine.model_config
+        self.max_model_len = engine.max_model_len
+        self._commands: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
+        self._wakeup = threading.Event()
+        self._streams: dict[str, _Stream] = {}
+        self._lock = threading.Lock()
+        self._stats: dict[str, int] = engine.stats()
+        self._dead: BaseException | None = None
+        self._num_threads = num_threads
+        self._thread = threading.Thread(target=self._run, name="loraplex-engine", daemon=True)
+        self._thread.start()
+
+    # ---- constructors ---------------------------------------------------------------------
+    @classmethod
+    def from_model_path(cls, path: str | Path, config: EngineConfig | None = None, **kwargs: Any) -> AsyncEngine:
+        return cls(LLMEngine.from_model_path(path, config or EngineConfig(), **kwargs))
+
+    @classmethod
+    def from_random(
+        cls, model_config: ModelConfig, config: EngineConfig, tokenizer: Any, seed: int = 0, **kwargs: Any
+    ) -> AsyncEngine:
+        return cls(LLMEngine.from_random(model_config, config, tokenizer, seed, **kwargs))
+
+    # ---- public API -----------------------------------------------------------------------
+    async def generate(self, request: EngineRequest) -> AsyncIterator[RequestOutput]:
+        """Stream the request's outputs (deltas); the last one has `finished=True`.
+
+        Raises a typed `EngineError` before queueing anything if the input is bad.
+        Stopping the iteration early (or cancelling it) aborts the request.
+        """
+        if self._dead is not None:
+            raise EngineDeadError(f"the engine loop has stopped: {self._dead}")
+        self.engine.validate(request)
+        stream = _Stream(asyncio.get_running_loop())
+        with self._lock:
+            if request.request_id in self._streams:
+                raise DuplicateRequestError(
+                    f"request id {request.request_id!r} is already running", param="request_id"
+                )
+            self._streams[request.request_id] = stream
+        self._send("add", request)
+        finished = False
+        try:
+            while True:
+                item = await stream.queue.get()
+                if isinstance(item, BaseException):
+                    raise item
+                finished = item.finished
+                yield item
+                if finished:
+                    return
+        finally:
+            if not finished:
+                self.abort(request.request_id)
+
+    def abort(self, request_id: str) -> None:
+        """Free every block of the request at the next loop turn (immediately if idle)."""
+        self._send("abort", request_id)
+
+    def release_session(self, key: str) -> None:
+        self._send("release_session", key)
+
+    def stats(self) -> dict[str, int]:
+        """A snapshot taken by the engine thread after its latest step."""
+        return dict(self._stats)
+
+    def shutdown(self) -> None:
+        self._commands.put(("stop", None))
+        self._wakeup.set()
+        self._thread.join(timeout=30)
+
+    @property
+    def is_alive(self) -> bool:
+        return self._thread.is_alive()
+
+    # ---- the engine thread ----------------------------------------------------------------
+    def _send(self, kind: str, payload: Any) -> None:
+        self._commands.put((kind, payload))
+        self._wakeup.set()
+
+    def _run(self) -> None:
+        if self._num_threads:
+            torch.set_num_threads(self._num_threads)
+        try:
+            while True:
+                if not self._apply_commands():
+                    return
+                if not self.engine.has_unfinished_requests():
+                    self._stats = self.engine.stats()
+                    self._wakeup.wait()
+                    self._wakeup.clear()
+                    continue
+                outputs = self.engine.step()
+                self._stats = self.engine.stats()
+                for out in outputs:
+                    self._deliver(out)
+        except BaseException as exc:  # the loop itself broke: fail every caller, never hang them
+            logger.exception("engine loop died")
+            self._dead = exc
+            with self._lock:
+                streams = list(self._streams.values())
+                self._streams.clear()
+            for stream in streams:
+                stream.put(EngineDeadError(f"the engine loop has stopped: {exc}"))
+
+    def _apply_commands(self) -> bool:
+        while True:
+            try:
+                kind, payload = self._commands.get_nowait()
+            except queue.Empty:
+                return True
+            if kind == "stop":
+                return False
+            if kind == "add":
+                self._add(payload)
+            elif kind == "abort":
+                out = self.engine.abort(payload)
+                if out is not None:
+                    self._deliver(out)
+            elif kind == "release_session":
+                self.engine.release_session(payload)
+
+    def _add(self, request: EngineRequest) -> None:
+        try:
+            self.engine.add_request(request)
+        except Exception as exc:
+            with self._lock:
+                stream = self._streams.pop(request.request_id, None)
+            if stream is not None:
+                stream.put(exc)
+
+    def _deliver(self, out: RequestOutput) -> None:
+        with self._lock:
+            stream = self._streams.get(out.request_id)
+            if out.finished:
+                self._streams.pop(out.request_id, None)
+        if stream is not None:
+            stream.put(out)

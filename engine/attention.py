@@ -1,0 +1,51 @@
+"""Paged attention in plain PyTorch (the CPU path).
+
+Each layer's cache is a pair of tensors `[num_blocks * block_size, kv_heads,
+head_dim]`; a token's slot is `block_id * block_size + offset`.
+Decodes run as ONE masked SDPA over K/V gathered by block table; prefill
+chunks run one SDPA each (causal, or masked over a cached prefix).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from loraplex.engine.context import AttentionMetadata
+
+
+def paged_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    meta: AttentionMetadata,
+    scale: float,
+) -> torch.Tensor:
+    """q: [T, heads, D]; k, v: [T, kv_heads, D] for the step's new tokens. Returns [T, heads * D]."""
+    k_cache.index_copy_(0, meta.slot_mapping, k)
+    v_cache.index_copy_(0, meta.slot_mapping, v)
+    num_tokens, num_heads, head_dim = q.shape
+    out = q.new_empty(num_tokens, num_heads, head_dim)
+    gqa = num_heads != k.shape[1]
+    nd = meta.num_decode_tokens
+    if nd:
+        kd = k_cache[meta.decode_slots].transpose(1, 2)  # [B, kv_heads, S, D]
+        vd = v_cache[meta.decode_slots].transpose(1, 2)
+        qd = q[:nd].unsqueeze(2)                          # [B, heads, 1, D]
+        od = F.scaled_dot_product_attention(
+            qd, kd, vd, attn_mask=meta.decode_mask, scale=scale, enable_gqa=gqa
+        )
+        out[:nd] = od.squeeze(2)
+    for span in meta.prefills:
+        qs = q[span.start : span.end].transpose(0, 1).unsqueeze(0)  # [1, heads, L, D]
+        if span.context_slots is None:
+            ks = k[span.start : span.end].transpose(0, 1).unsqueeze(0)
+            vs = v[span.start : span.end].transpose(0, 1).unsqueeze(0)
+            os_ = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, scale=scale, enable_gqa=gqa)
+        else:
+            ks = k_cache[span.context_slots].transpose(0, 1).unsqueeze(0)
+            vs = v_cache[span.context_slots].transpose(0, 1).unsqueeze(0)
+            os_ = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=span.mask, scale=scale, enable_gqa=gqa)
+        out[span.start : span.end] = os_.squeeze(0).transpose(0, 1)
+    return out.view(num_tokens, num_heads * head_dim)

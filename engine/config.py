@@ -1,0 +1,152 @@
+"""Model and engine configuration.
+
+`ModelConfig` is read from a Hugging Face `config.json` (Llama, Mistral,
+Qwen2, Qwen3, SmolLM2); `EngineConfig` holds the serving knobs.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+
+
+@dataclass(slots=True)
+class ModelConfig:
+    model_type: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    max_position_embeddings: int
+    rope_scaling: dict[str, Any] | None = None
+    tie_word_embeddings: bool = False
+    qkv_bias: bool = False
+    qk_norm: bool = False
+    hidden_act: str = "silu"
+    bos_token_id: int | None = None
+    eos_token_ids: list[int] = field(default_factory=list)
+
+    @classmethod
+    def from_hf_dict(cls, raw: dict[str, Any]) -> ModelConfig:
+        model_type = raw.get("model_type", "llama")
+        if model_type not in SUPPORTED_MODEL_TYPES:
+            raise ValueError(f"unsupported model_type {model_type!r}; supported: {SUPPORTED_MODEL_TYPES}")
+        num_heads = raw["num_attention_heads"]
+        # transformers 5 keeps theta and scaling in `rope_parameters`; older configs
+        # use `rope_theta` + `rope_scaling`.
+        rope_params = dict(raw.get("rope_parameters") or {})
+        rope_scaling = raw.get("rope_scaling") or None
+        theta = rope_params.pop("rope_theta", raw.get("rope_theta", 10000.0))
+        if rope_scaling is None and rope_params.get("rope_type", "default") != "default":
+            rope_scaling = rope_params
+        eos = raw.get("eos_token_id")
+        eos_ids = [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
+        qkv_bias = bool(raw.get("attention_bias", model_type == "qwen2"))
+        return cls(
+            model_type=model_type,
+            vocab_size=raw["vocab_size"],
+            hidden_size=raw["hidden_size"],
+            intermediate_size=raw["intermediate_size"],
+            num_hidden_layers=raw["num_hidden_layers"],
+            num_attention_heads=num_heads,
+            num_key_value_heads=raw.get("num_key_value_heads") or num_heads,
+            head_dim=raw.get("head_dim") or raw["hidden_size"] // num_heads,
+            rms_norm_eps=raw.get("rms_norm_eps", 1e-6),
+            rope_theta=float(theta),
+            max_position_embeddings=raw.get("max_position_embeddings", 2048),
+            rope_scaling=rope_scaling,
+            tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
+            qkv_bias=qkv_bias,
+            qk_norm=model_type == "qwen3",
+            hidden_act=raw.get("hidden_act", "silu"),
+            bos_token_id=raw.get("bos_token_id"),
+            eos_token_ids=eos_ids,
+        )
+
+    @classmethod
+    def from_pretrained(cls, model_dir: str | Path) -> ModelConfig:
+        return cls.from_hf_dict(json.loads((Path(model_dir) / "config.json").read_text()))
+
+
+def rope_inv_freq(config: ModelConfig, max_model_len: int) -> tuple[torch.Tensor, float]:
+    """Inverse frequencies and attention scaling, as transformers computes them.
+
+    `dynamic` NTK scaling is applied statically for `max_model_len` when that
+    exceeds the trained length (as vLLM does), since paged K/V are stored
+    already rotated.
+    """
+    dim = config.head_dim
+    base = config.rope_theta
+    scaling = config.rope_scaling or {}
+    rope_type = scaling.get("rope_type", scaling.get("type", "default"))
+    if rope_type == "dynamic":
+        factor = scaling["factor"]
+        original = config.max_position_embeddings
+        if max_model_len > original:
+            base = base * ((factor * max_model_len / original) - (factor - 1)) ** (dim / (dim - 2))
+    inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+    if rope_type == "linear":
+        inv_freq = inv_freq / scaling["factor"]
+    elif rope_type == "llama3":
+        inv_freq = _llama3_inv_freq(inv_freq, scaling)
+    elif rope_type not in ("default", "dynamic"):
+        raise ValueError(f"unsupported rope scaling type {rope_type!r}")
+    return inv_freq, 1.0
+
+
+def _llama3_inv_freq(inv_freq: torch.Tensor, scaling: dict[str, Any]) -> torch.Tensor:
+    factor = scaling["factor"]
+    low_freq_factor = scaling["low_freq_factor"]
+    high_freq_factor = scaling["high_freq_factor"]
+    old_context_len = scaling["original_max_position_embeddings"]
+    low_freq_wavelen = old_context_len / low_freq_factor
+    high_freq_wavelen = old_context_len / high_freq_factor
+    wavelen = 2 * math.pi / inv_freq
+    inv_freq_llama = torch.where(wavelen > low_freq_wavelen, inv_freq / factor, inv_freq)
+    smooth = (old_context_len / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
+    smoothed = (1 - smooth) * inv_freq_llama / factor + smooth * inv_freq_llama
+    is_medium = ~(wavelen < high_freq_wavelen) * ~(wavelen > low_freq_wavelen)
+    return torch.where(is_medium, smoothed, inv_freq_llama)
+
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass(slots=True)
+class EngineConfig:
+    block_size: int = 16
+    kv_cache_bytes: int = 256 * 1024 * 1024  # memory budget for the KV pool
+    num_blocks: int | None = None            # overrides the budget (tests use tiny pools)
+    max_num_batched_tokens: int = 512        # per-step token budget (prefill chunks + decodes)
+    max_num_seqs: int = 64
+    max_model_len: int | None = None         # None: the model's max_position_embeddings
+    dtype: str = "float32"
+    device: str = "cpu"
+    enable_prefix_caching: bool = True
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return _DTYPES[self.dtype]
+
+    def resolve_max_model_len(self, model: ModelConfig) -> int:
+        return self.max_model_len or model.max_position_embeddings
+
+    def resolve_num_blocks(self, model: ModelConfig) -> int:
+        if self.num_blocks is not None:
+            return self.num_blocks
+        element = torch.tensor([], dtype=self.torch_dtype).element_size()
+        per_block = 2 * model.num_hidden_layers * self.block_size * model.num_key_value_heads
+        per_block *= model.head_dim * element
+        return max(1, self.kv_cache_bytes // per_block)

@@ -1,0 +1,59 @@
+"""The per-step context passed explicitly through the model's forward.
+
+There is no global mutable context: the runner builds one `StepContext`
+per step and hands it to `model(input_ids, positions, ctx)`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import torch
+
+
+class LoRAStepContext(Protocol):
+    """What the LoRA engineer's step object provides (see `LoRALinear`)."""
+
+    def apply(
+        self,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        layer_index: int,
+        slices: tuple[tuple[str, int, int], ...],
+    ) -> None: ...
+
+
+class LoRAStepBuilder(Protocol):
+    """Given the step's sequences (batch order) and tokens per sequence, build the LoRA context."""
+
+    def build(self, seqs_in_batch_order: list, token_counts: list[int]) -> LoRAStepContext | None: ...
+
+
+@dataclass(slots=True)
+class PrefillSpan:
+    """One sequence's chunk of new tokens, rows [start, end) of the step."""
+
+    start: int
+    end: int
+    # Flat KV-cache slots of the whole context (cached prefix + this chunk) and the
+    # causal mask over it; both None when the chunk is the sequence's whole context.
+    context_slots: torch.Tensor | None = None
+    mask: torch.Tensor | None = None
+
+
+@dataclass(slots=True)
+class AttentionMetadata:
+    slot_mapping: torch.Tensor                # [T] flat cache slot each new token's K/V goes to
+    num_decode_tokens: int = 0                # decodes are rows [0, num_decode_tokens)
+    decode_slots: torch.Tensor | None = None  # [B_decode, max_context] flat slots to gather
+    decode_mask: torch.Tensor | None = None   # [B_decode, 1, 1, max_context] True = attend
+    prefills: list[PrefillSpan] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class StepContext:
+    attention: AttentionMetadata
+    cos: torch.Tensor                         # [T, 1, head_dim]
+    sin: torch.Tensor
+    lora: LoRAStepContext | None = None

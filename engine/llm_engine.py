@@ -1,0 +1,234 @@
+"""The synchronous engine: add_request / step / abort.
+
+`step()` is the whole loop body: schedule -> execute -> update outputs.
+The async front (`AsyncEngine`) drives it from its own thread.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from loraplex.engine.config import EngineConfig, ModelConfig
+from loraplex.engine.context import LoRAStepBuilder
+from loraplex.engine.errors import DuplicateRequestError, InvalidRequestError, PromptTooLongError
+from loraplex.engine.kv.block_manager import BlockManager
+from loraplex.engine.model.llama import LlamaForCausalLM
+from loraplex.engine.model.loader import load_model, random_model
+from loraplex.engine.output.processor import RequestState
+from loraplex.engine.protocol import EngineRequest, FinishReason, RequestOutput
+from loraplex.engine.runner import ModelRunner, StepResult
+from loraplex.engine.sampler import new_generator
+from loraplex.engine.scheduler import Scheduler, SchedulerOutput
+from loraplex.engine.sequence import Sequence
+
+logger = logging.getLogger(__name__)
+
+
+class LLMEngine:
+    def __init__(
+        self,
+        model: LlamaForCausalLM,
+        model_config: ModelConfig,
+        engine_config: EngineConfig,
+        tokenizer: Any,
+        lora: LoRAStepBuilder | None = None,
+        adapter_ready: Callable[[str], bool] | None = None,
+    ) -> None:
+        self.model_config = model_config
+        self.config = engine_config
+        self.tokenizer = tokenizer
+        self.max_model_len = engine_config.resolve_max_model_len(model_config)
+        self.num_blocks = engine_config.resolve_num_blocks(model_config)
+        self.block_manager = BlockManager(self.num_blocks, engine_config.block_size, engine_config.enable_prefix_caching)
+        self.scheduler = Scheduler(
+            self.block_manager, engine_config.max_num_batched_tokens, engine_config.max_num_seqs, adapter_ready
+        )
+        self.runner = ModelRunner(model, model_config, engine_config, self.num_blocks, len(tokenizer), lora)
+        self.eos_token_ids = set(model_config.eos_token_ids)
+        if getattr(tokenizer, "eos_token_id", None) is not None:
+            self.eos_token_ids.add(tokenizer.eos_token_id)
+        self.requests: dict[str, RequestState] = {}
+        self.num_prompt_tokens_total = 0
+        self.num_generation_tokens_total = 0
+
+    # ---- constructors ---------------------------------------------------------------------
+    @classmethod
+    def from_model_path(cls, path: str | Path, engine_config: EngineConfig, **kwargs: Any) -> LLMEngine:
+        from transformers import AutoTokenizer
+
+        model_config = ModelConfig.from_pretrained(path)
+        max_len = engine_config.resolve_max_model_len(model_config)
+        model = load_model(path, max_len, engine_config.torch_dtype, engine_config.device)
+        return cls(model, model_config, engine_config, AutoTokenizer.from_pretrained(path), **kwargs)
+
+    @classmethod
+    def from_random(
+        cls, model_config: ModelConfig, engine_config: EngineConfig, tokenizer: Any, seed: int = 0, **kwargs: Any
+    ) -> LLMEngine:
+        max_len = engine_config.resolve_max_model_len(model_config)
+        model = random_model(model_config, max_len, seed, engine_config.torch_dtype, engine_config.device)
+        return cls(model, model_config, engine_config, tokenizer, **kwargs)
+
+    # ---- requests -------------------------------------------------------------------------
+    def validate(self, request: EngineRequest) -> None:
+        """Raise a typed error for input that can never run; nothing is queued."""
+        if not isinstance(request.request_id, str) or not request.request_id:
+            raise InvalidRequestError("request_id must be a non-empty string", param="request_id")
+        prompt = request.prompt_token_ids
+        if not prompt:
+            raise InvalidRequestError("the prompt is empty", param="prompt")
+        vocab = self.model_config.vocab_size
+        if any(not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < vocab for t in prompt):
+            raise InvalidRequestError(f"prompt holds token ids outside [0, {vocab})", param="prompt")
+        sampling = request.sampling
+        sampling.validate()
+        total = len(prompt) + sampling.max_tokens
+        if total > self.max_model_len:
+            raise PromptTooLongError(
+                f"prompt ({len(prompt)} tokens) plus max_tokens ({sampling.max_tokens}) exceeds the "
+                f"context length {self.max_model_len}", param="max_tokens",
+            )
+        bm = self.block_manager
+        needed = bm.blocks_needed(total) + (sampling.n - 1) * (bm.blocks_needed(sampling.max_tokens) + 1)
+        if needed > self.num_blocks:
+            raise PromptTooLongError(
+                f"the request needs {needed} KV blocks; the pool holds {self.num_blocks}", param="max_tokens"
+            )
+
+    def add_request(self, request: EngineRequest) -> None:
+        if request.request_id in self.requests:
+            raise DuplicateRequestError(f"request id {request.request_id!r} is already running", param="request_id")
+        self.validate(request)
+        sampling = request.sampling
+        salt = (request.tenant_id, request.adapter_id, request.cache_salt)
+        seqs = []
+        for index in range(sampling.n):
+            seq = Sequence(request.request_id, index, request.prompt_token_ids, sampling, request.tenant_id,
+                           request.adapter_id, salt, request.arrival_time)
+            if sampling.temperature > 0:
+                seq.generator = new_generator(sampling.seed, index)
+            if request.grammar is not None:
+                seq.matcher = request.grammar.new_matcher()
+            if request.reasoning is not None:
+                seq.reasoning_inside = request.reasoning.starts_inside
+            seqs.append(seq)
+        seqs[0].wants_prompt_logprobs = sampling.prompt_logprobs is not None
+        self.requests[request.request_id] = RequestState(
+            request, seqs, self.tokenizer, self.eos_token_ids, self.max_model_len
+        )
+        self.scheduler.add(seqs[0], seqs[1:])
+        self.num_prompt_tokens_total += len(request.prompt_token_ids)
+
+    def abort(self, request_id: str) -> RequestOutput | None:
+        """Free every block of the request now; returns its final output (None if unknown)."""
+        state = self.requests.get(request_id)
+        if state is None:
+            return None
+        state.finish_all(FinishReason.ABORT)
+        return self._retire(state)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.requests)
+
+    def release_session(self, key: str) -> bool:
+        return self.block_manager.unpin(key)
+
+    # ---- the loop body --------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        scheduled = self.scheduler.schedule()
+        if scheduled.is_empty:
+            return []
+        try:
+            result = self.runner.execute(scheduled)
+        except Exception as exc:
+            logger.exception("model step failed; failing the requests of this batch")
+            return self._fail_batch(scheduled, exc)
+        return self._update(scheduled, result)
+
+    def _update(self, scheduled: SchedulerOutput, result: StepResult) -> list[RequestOutput]:
+        touched: dict[str, RequestState] = {}
+        for seq, num_new in zip(scheduled.seqs, scheduled.num_new_tokens, strict=True):
+            seq.num_computed_tokens += num_new
+            seq.parent = None
+            state = self.requests[seq.request_id]
+            if seq.is_finished:
+                continue
+            touched[seq.request_id] = state
+            try:
+                self._update_seq(state, seq, result)
+            except Exception as exc:
+                logger.exception("request %s failed", seq.request_id)
+                state.finish_all(FinishReason.ERROR, f"{type(exc).__name__}: {exc}")
+        outputs = []
+        for state in touched.values():
+            if state.finished:
+                outputs.append(self._retire(state))
+            else:
+                out = state.take_output(state.seqs[0].num_cached_tokens)
+                if out is not None:
+                    outputs.append(out)
+        return outputs
+
+    def _update_seq(self, state: RequestState, seq: Sequence, result: StepResult) -> None:
+        self.block_manager.cache_blocks(seq)
+        if seq.seq_id in result.errors:
+            raise result.errors[seq.seq_id]
+        chunk_logprobs = result.prompt_logprobs.get(seq.seq_id)
+        if chunk_logprobs is not None and state.prompt_logprobs is not None:
+            state.prompt_logprobs.extend(chunk_logprobs)
+        token = result.sampled.get(seq.seq_id)
+        if token is None:
+            return
+        seq.wants_prompt_logprobs = False
+        self.num_generation_tokens_total += 1
+        if state.add_token(seq, token, result.logprobs.get(seq.seq_id)):
+            self._finish_seq(state, seq)
+
+    def _finish_seq(self, state: RequestState, seq: Sequence) -> None:
+        request = state.request
+        choice = state.choices[seq.index]
+        if (request.session_id and seq.index == 0
+                and choice.finish_reason in (FinishReason.STOP, FinishReason.LENGTH)):
+            self.block_manager.pin(request.session_id, seq)
+        self.scheduler.finish(seq)
+
+    def _retire(self, state: RequestState) -> RequestOutput:
+        for seq in state.seqs:
+            if not seq.is_finished:
+                self.scheduler.finish(seq)
+        del self.requests[state.request.request_id]
+        out = state.take_output(max(state.seqs[0].num_cached_tokens, 0))
+        if out is None:  # nothing new since the last output: still tell the caller it is done
+            out = RequestOutput(state.request.request_id, [], True, len(state.request.prompt_token_ids),
+                                max(state.seqs[0].num_cached_tokens, 0), error=state.error)
+        return out
+
+    def _fail_batch(self, scheduled: SchedulerOutput, exc: Exception) -> list[RequestOutput]:
+        outputs = []
+        for request_id in {seq.request_id for seq in scheduled.seqs}:
+            state = self.requests.get(request_id)
+            if state is not None:
+                state.finish_all(FinishReason.ERROR, f"{type(exc).__name__}: {exc}")
+                outputs.append(self._retire(state))
+        return outputs
+
+    # ---- metrics --------------------------------------------------------------------------
+    def stats(self) -> dict[str, int]:
+        bm = self.block_manager
+        return {
+            "num_blocks_total": bm.num_blocks,
+            "num_blocks_free": bm.num_free_blocks,
+            "num_blocks_used": bm.num_blocks - bm.num_free_blocks,
+            "num_blocks_cached": bm.num_cached_blocks,
+            "num_blocks_pinned": bm.num_pinned_blocks,
+            "num_running": self.scheduler.num_running,
+            "num_waiting": self.scheduler.num_waiting,
+            "prefix_cache_queries": bm.num_prefix_queries,
+            "prefix_cache_hits": bm.num_prefix_hits,
+            "prompt_tokens_total": self.num_prompt_tokens_total,
+            "generation_tokens_total": self.num_generation_tokens_total,
+            "num_preemptions": self.scheduler.num_preemptions,
+        }

@@ -1,0 +1,113 @@
+"""The Llama family (Llama, Mistral, Qwen2 with qkv bias, Qwen3 with q/k norm, SmolLM2).
+
+Tokens of every sequence in a step are flattened into one `[T]` batch;
+attention reads and writes the paged KV cache through the step context.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from loraplex.engine.attention import paged_attention
+from loraplex.engine.config import ModelConfig, rope_inv_freq
+from loraplex.engine.context import StepContext
+from loraplex.engine.model.layers import LoRALinear, RMSNorm, RotaryEmbedding, apply_rotary
+from torch import nn
+
+
+class Attention(nn.Module):
+    def __init__(self, config: ModelConfig, layer_index: int) -> None:
+        super().__init__()
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.head_dim = config.head_dim
+        self.q_size = self.num_heads * self.head_dim
+        self.kv_size = self.num_kv_heads * self.head_dim
+        self.scale = self.head_dim**-0.5
+        self.qkv_proj = LoRALinear(
+            config.hidden_size,
+            [("q_proj", self.q_size), ("k_proj", self.kv_size), ("v_proj", self.kv_size)],
+            layer_index,
+            bias=config.qkv_bias,
+        )
+        self.o_proj = LoRALinear(self.q_size, [("o_proj", config.hidden_size)], layer_index)
+        self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if config.qk_norm else None
+        self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if config.qk_norm else None
+
+    def forward(
+        self, hidden: torch.Tensor, ctx: StepContext, kv_cache: tuple[torch.Tensor, torch.Tensor]
+    ) -> torch.Tensor:
+        qkv = self.qkv_proj(hidden, ctx)
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.view(-1, self.num_heads, self.head_dim)
+        k = k.view(-1, self.num_kv_heads, self.head_dim)
+        v = v.view(-1, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            q = self.q_norm(q)
+            k = self.k_norm(k)
+        q = apply_rotary(q, ctx.cos, ctx.sin)
+        k = apply_rotary(k, ctx.cos, ctx.sin)
+        out = paged_attention(q, k, v, kv_cache[0], kv_cache[1], ctx.attention, self.scale)
+        return self.o_proj(out, ctx)
+
+
+class MLP(nn.Module):
+    def __init__(self, config: ModelConfig, layer_index: int) -> None:
+        super().__init__()
+        if config.hidden_act != "silu":
+            raise ValueError(f"unsupported hidden_act {config.hidden_act!r}")
+        self.intermediate = config.intermediate_size
+        self.gate_up_proj = LoRALinear(
+            config.hidden_size,
+            [("gate_proj", config.intermediate_size), ("up_proj", config.intermediate_size)],
+            layer_index,
+        )
+        self.down_proj = LoRALinear(config.intermediate_size, [("down_proj", config.hidden_size)], layer_index)
+
+    def forward(self, x: torch.Tensor, ctx: StepContext) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x, ctx).split([self.intermediate, self.intermediate], dim=-1)
+        return self.down_proj(F.silu(gate) * up, ctx)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config: ModelConfig, layer_index: int) -> None:
+        super().__init__()
+        self.self_attn = Attention(config, layer_index)
+        self.mlp = MLP(config, layer_index)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(
+        self, hidden: torch.Tensor, ctx: StepContext, kv_cache: tuple[torch.Tensor, torch.Tensor]
+    ) -> torch.Tensor:
+        hidden = hidden + self.self_attn(self.input_layernorm(hidden), ctx, kv_cache)
+        return hidden + self.mlp(self.post_attention_layernorm(hidden), ctx)
+
+
+class LlamaForCausalLM(nn.Module):
+    def __init__(self, config: ModelConfig, max_model_len: int) -> None:
+        super().__init__()
+        self.config = config
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_hidden_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        if config.tie_word_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+        inv_freq, attention_scaling = rope_inv_freq(config, max_model_len)
+        self.rotary = RotaryEmbedding(inv_freq, max(max_model_len, config.max_position_embeddings), attention_scaling)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        ctx: StepContext,
+        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+    ) -> torch.Tensor:
+        """[T] token ids -> [T, hidden] final hidden states (normed)."""
+        hidden = self.embed_tokens(input_ids)
+        for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
+            hidden = layer(hidden, ctx, kv_cache)
+        return self.norm(hidden)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(hidden)

@@ -1,0 +1,100 @@
+"""Build a model from a local Hugging Face folder (safetensors) or at random."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import torch
+from loraplex.engine.config import ModelConfig, rope_inv_freq
+from loraplex.engine.model.layers import RotaryEmbedding
+from loraplex.engine.model.llama import LlamaForCausalLM
+from safetensors import safe_open
+
+# HF projection name -> (our merged module, slice name inside it)
+_MERGED = {
+    "self_attn.q_proj": ("self_attn.qkv_proj", "q_proj"),
+    "self_attn.k_proj": ("self_attn.qkv_proj", "k_proj"),
+    "self_attn.v_proj": ("self_attn.qkv_proj", "v_proj"),
+    "self_attn.o_proj": ("self_attn.o_proj", "o_proj"),
+    "mlp.gate_proj": ("mlp.gate_up_proj", "gate_proj"),
+    "mlp.up_proj": ("mlp.gate_up_proj", "up_proj"),
+    "mlp.down_proj": ("mlp.down_proj", "down_proj"),
+}
+_LAYER_KEY = re.compile(r"^model\.layers\.(\d+)\.(.+)\.(weight|bias)$")
+
+
+def load_model(
+    model_dir: str | Path, max_model_len: int, dtype: torch.dtype = torch.float32, device: str = "cpu"
+) -> LlamaForCausalLM:
+    model_dir = Path(model_dir)
+    config = ModelConfig.from_pretrained(model_dir)
+    with torch.device("meta"):
+        model = LlamaForCausalLM(config, max_model_len)
+    model = model.to_empty(device=device).to(dtype)
+    # Buffers (rotary tables) were created on meta; rebuild them for real.
+    model.rotary = _fresh_rotary(config, max_model_len, device)
+    params = dict(model.named_parameters())
+    seen: set[str] = set()
+    files = sorted(model_dir.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no .safetensors files in {model_dir}")
+    with torch.no_grad():
+        for file in files:
+            with safe_open(str(file), framework="pt") as handle:
+                for name in handle.keys():  # noqa: SIM118 - safe_open is not a dict
+                    target, rows = _target_of(name, model)
+                    if target is None:
+                        continue
+                    param = params[target]
+                    tensor = handle.get_tensor(name).to(dtype)
+                    if rows is None:
+                        param.copy_(tensor)
+                    else:
+                        param[rows[0] : rows[1]].copy_(tensor)
+                    seen.add(target)
+    if config.tie_word_embeddings:
+        model.lm_head.weight = model.embed_tokens.weight
+        seen.add("lm_head.weight")
+    missing = sorted(set(params) - seen)
+    if missing:
+        raise ValueError(f"{model_dir}: weights missing from the checkpoint: {missing[:5]}")
+    return model.eval()
+
+
+def _fresh_rotary(config: ModelConfig, max_model_len: int, device: str) -> RotaryEmbedding:
+    inv_freq, scaling = rope_inv_freq(config, max_model_len)
+    return RotaryEmbedding(inv_freq, max(max_model_len, config.max_position_embeddings), scaling).to(device)
+
+
+def _target_of(hf_name: str, model: LlamaForCausalLM) -> tuple[str | None, tuple[int, int] | None]:
+    if hf_name == "model.embed_tokens.weight":
+        return "embed_tokens.weight", None
+    if hf_name == "model.norm.weight":
+        return "norm.weight", None
+    if hf_name == "lm_head.weight":
+        return (None, None) if model.config.tie_word_embeddings else ("lm_head.weight", None)
+    match = _LAYER_KEY.match(hf_name)
+    if match is None:
+        return None, None  # e.g. rotary inv_freq buffers in old checkpoints
+    layer, module, kind = match.groups()
+    if module in _MERGED:
+        ours, slice_name = _MERGED[module]
+        linear = model.layers[int(layer)].get_submodule(ours)
+        return f"layers.{layer}.{ours}.{kind}", linear.slice_of(slice_name)
+    return f"layers.{layer}.{module}.{kind}", None
+
+
+def random_model(
+    config: ModelConfig, max_model_len: int, seed: int = 0, dtype: torch.dtype = torch.float32, device: str = "cpu"
+) -> LlamaForCausalLM:
+    """Random weights (normal, std 0.02; norms at one) for tests and benchmarks."""
+    generator = torch.Generator().manual_seed(seed)
+    model = LlamaForCausalLM(config, max_model_len)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("norm.weight"):
+                param.fill_(1.0)
+            else:
+                param.normal_(0.0, 0.02, generator=generator)
+    return model.to(device=device, dtype=dtype).eval()

@@ -1,0 +1,46 @@
+"""Incremental detokenization that never emits a broken UTF-8 sequence.
+
+Decodes a short window of recent tokens twice, with and without the new
+ones, and emits the difference once it no longer ends in U+FFFD (a byte
+sequence cut in the middle of a character, as BPE byte tokens do for
+emoji and CJK). The window starts a few tokens back so word-boundary
+rules of BPE/SentencePiece decoders (a leading space, a merged prefix)
+apply as they would to the whole text.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+_CONTEXT_TOKENS = 5
+
+
+class IncrementalDetokenizer:
+    def __init__(self, tokenizer: Any, prompt_token_ids: list[int], skip_special_tokens: bool = True) -> None:
+        self.tokenizer = tokenizer
+        self.skip_special_tokens = skip_special_tokens
+        self.token_ids = list(prompt_token_ids[-_CONTEXT_TOKENS:])
+        self.prefix_offset = 0
+        self.read_offset = len(self.token_ids)
+        self.text = ""
+
+    def add(self, token_id: int) -> str:
+        """Append one token; return the newly complete text (maybe empty)."""
+        self.token_ids.append(token_id)
+        prefix_text = self._decode(self.token_ids[self.prefix_offset : self.read_offset])
+        full_text = self._decode(self.token_ids[self.prefix_offset :])
+        if len(full_text) <= len(prefix_text) or full_text.endswith("\ufffd"):
+            return ""
+        delta = full_text[len(prefix_text) :]
+        self.prefix_offset = self.read_offset
+        self.read_offset = len(self.token_ids)
+        if self.prefix_offset > 64:  # keep the list short; only the window is ever decoded
+            drop = self.prefix_offset
+            self.token_ids = self.token_ids[drop:]
+            self.prefix_offset -= drop
+            self.read_offset -= drop
+        self.text += delta
+        return delta
+
+    def _decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens)

@@ -1,0 +1,165 @@
+"""Per-request output state: detokenization, stop conditions, reasoning budget, deltas.
+
+The engine hands every sampled token to `RequestState.add_token`; the
+state decides whether the choice finished and what text is new.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from loraplex.engine.output.detokenizer import IncrementalDetokenizer
+from loraplex.engine.output.stop_strings import StopStringMatcher
+from loraplex.engine.protocol import ChoiceDelta, EngineRequest, FinishReason, RequestOutput, TokenLogprob
+from loraplex.engine.sequence import Sequence
+
+
+@dataclass(slots=True)
+class ChoiceState:
+    seq: Sequence
+    detokenizer: IncrementalDetokenizer
+    stop_strings: StopStringMatcher
+    finish_reason: str | None = None
+    stop_reason: str | int | None = None
+    pending_text: str = ""
+    pending_token_ids: list[int] = field(default_factory=list)
+    pending_logprobs: list[TokenLogprob] = field(default_factory=list)
+    has_news: bool = False
+
+
+class RequestState:
+    def __init__(
+        self, request: EngineRequest, seqs: list[Sequence], tokenizer: Any, eos_token_ids: set[int],
+        max_model_len: int,
+    ) -> None:
+        self.request = request
+        self.eos_token_ids = eos_token_ids
+        self.max_model_len = max_model_len
+        self.choices = [
+            ChoiceState(seq, IncrementalDetokenizer(tokenizer, request.prompt_token_ids),
+                        StopStringMatcher(request.sampling.stop))
+            for seq in seqs
+        ]
+        self.prompt_logprobs: list[TokenLogprob | None] | None = (
+            [None] if request.sampling.prompt_logprobs is not None else None
+        )
+        self.prompt_logprobs_sent = False
+        self.error: str | None = None
+        for choice in self.choices:
+            self._check_reasoning_budget(choice.seq)
+
+    @property
+    def seqs(self) -> list[Sequence]:
+        return [c.seq for c in self.choices]
+
+    @property
+    def finished(self) -> bool:
+        return all(c.finish_reason is not None for c in self.choices)
+
+    def add_token(self, seq: Sequence, token: int, logprob: TokenLogprob | None) -> bool:
+        """Record one sampled token of `seq`; True if that choice is now finished."""
+        choice = self.choices[seq.index]
+        sampling = self.request.sampling
+        seq.token_ids.append(token)
+        if seq.forced_token_ids:
+            seq.forced_token_ids.pop(0)
+        choice.has_news = True
+        choice.pending_token_ids.append(token)
+        if logprob is not None:
+            choice.pending_logprobs.append(logprob)
+        self._track_reasoning(seq)
+        if seq.matcher is not None and not seq.matcher.accept_token(token):
+            self._finish(choice, FinishReason.ERROR, None)
+            self.error = f"choice {seq.index}: token {token} rejected by the grammar"
+            return True
+        if token in self.eos_token_ids and not sampling.ignore_eos:
+            self._finish(choice, FinishReason.STOP, None)
+        elif token in sampling.stop_token_ids:
+            self._finish(choice, FinishReason.STOP, token)
+        else:
+            choice.pending_text += choice.stop_strings.feed(choice.detokenizer.add(token))
+            if choice.stop_strings.matched is not None:
+                self._finish(choice, FinishReason.STOP, choice.stop_strings.matched)
+            elif seq.matcher is not None and seq.matcher.is_terminated():
+                self._finish(choice, FinishReason.STOP, None)
+            elif seq.num_output_tokens >= sampling.max_tokens or len(seq.token_ids) >= self.max_model_len:
+                self._finish(choice, FinishReason.LENGTH, None)
+        if choice.finish_reason is not None:
+            choice.pending_text += choice.stop_strings.flush()
+            return True
+        self._check_reasoning_budget(seq)
+        return False
+
+    def _finish(self, choice: ChoiceState, reason: str, stop_reason: str | int | None) -> None:
+        if choice.finish_reason is None:
+            choice.finish_reason = reason
+            choice.stop_reason = stop_reason
+            choice.has_news = True
+
+    def finish_all(self, reason: str, error: str | None = None) -> None:
+        for choice in self.choices:
+            self._finish(choice, reason, None)
+        if error is not None:
+            self.error = error
+
+    # ---- reasoning budget -----------------------------------------------------------------
+    def _track_reasoning(self, seq: Sequence) -> None:
+        markers = self.request.reasoning
+        if markers is None:
+            return
+        output = seq.output_token_ids
+        if seq.reasoning_inside:
+            seq.num_reasoning_tokens += 1
+            end = markers.end_token_ids
+            if end and output[-len(end) :] == end:
+                seq.reasoning_inside = False
+        else:
+            start = markers.start_token_ids
+            if start and output[-len(start) :] == start:
+                seq.reasoning_inside = True
+                seq.num_reasoning_tokens += len(start)
+
+    def _check_reasoning_budget(self, seq: Sequence) -> None:
+        """Once the budget is spent inside the segment, force the end marker."""
+        markers = self.request.reasoning
+        budget = self.request.sampling.max_reasoning_tokens
+        if markers is None or budget is None or not seq.reasoning_inside or seq.forced_token_ids:
+            return
+        if seq.num_reasoning_tokens >= budget:
+            seq.forced_token_ids = list(markers.end_token_ids)
+
+    # ---- deltas ---------------------------------------------------------------------------
+    def take_output(self, num_cached_tokens: int) -> RequestOutput | None:
+        """The news since the last call, or None if nothing is new."""
+        deltas: list[ChoiceDelta] = []
+        for i, choice in enumerate(self.choices):
+            if not choice.has_news:
+                continue
+            deltas.append(ChoiceDelta(
+                index=i,
+                text=choice.pending_text,
+                token_ids=choice.pending_token_ids,
+                logprobs=choice.pending_logprobs if self.request.sampling.logprobs is not None else None,
+                finish_reason=choice.finish_reason,
+                stop_reason=choice.stop_reason,
+                num_reasoning_tokens=choice.seq.num_reasoning_tokens,
+                num_output_tokens=choice.seq.num_output_tokens,
+            ))
+            choice.pending_text, choice.pending_token_ids, choice.pending_logprobs = "", [], []
+            choice.has_news = False
+        if not deltas:
+            return None
+        prompt_logprobs = None
+        if self.prompt_logprobs is not None and not self.prompt_logprobs_sent:
+            prompt_logprobs = self.prompt_logprobs
+            self.prompt_logprobs_sent = True
+        return RequestOutput(
+            request_id=self.request.request_id,
+            choices=deltas,
+            finished=self.finished,
+            num_prompt_tokens=len(self.request.prompt_token_ids),
+            num_cached_tokens=num_cached_tokens,
+            prompt_logprobs=prompt_logprobs,
+            error=self.error,
+        )

@@ -1,0 +1,158 @@
+"""ModelRunner: turns a scheduled step into tensors, runs the model, samples.
+
+Row order inside a step: every one-token query (decodes) first, so they
+share one batched attention call, then each prefill chunk. Step tensors
+are built once per step with vectorised index arithmetic.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from loraplex.engine.config import EngineConfig, ModelConfig
+from loraplex.engine.context import AttentionMetadata, LoRAStepBuilder, PrefillSpan, StepContext
+from loraplex.engine.model.llama import LlamaForCausalLM
+from loraplex.engine.protocol import TokenLogprob
+from loraplex.engine.sampler import Sampler
+from loraplex.engine.scheduler import SchedulerOutput
+from loraplex.engine.sequence import Sequence
+
+
+@dataclass(slots=True)
+class StepResult:
+    """Per sampled sequence: the next token (and its logprob entry)."""
+
+    sampled: dict[int, int] = field(default_factory=dict)                 # seq_id -> token
+    logprobs: dict[int, TokenLogprob] = field(default_factory=dict)       # seq_id -> entry
+    prompt_logprobs: dict[int, list[TokenLogprob]] = field(default_factory=dict)  # seq_id -> this chunk's
+    errors: dict[int, Exception] = field(default_factory=dict)            # seq_id -> per-request failure
+
+
+class ModelRunner:
+    def __init__(
+        self,
+        model: LlamaForCausalLM,
+        model_config: ModelConfig,
+        engine_config: EngineConfig,
+        num_blocks: int,
+        tokenizer_vocab_size: int,
+        lora: LoRAStepBuilder | None = None,
+    ) -> None:
+        self.model = model
+        self.block_size = engine_config.block_size
+        self.device = torch.device(engine_config.device)
+        self.lora = lora
+        self.sampler = Sampler(model_config.vocab_size, tokenizer_vocab_size)
+        slots = num_blocks * self.block_size
+        shape = (slots, model_config.num_key_value_heads, model_config.head_dim)
+        dtype = engine_config.torch_dtype
+        self.kv_caches = [
+            (torch.zeros(shape, dtype=dtype, device=self.device), torch.zeros(shape, dtype=dtype, device=self.device))
+            for _ in range(model_config.num_hidden_layers)
+        ]
+
+    @torch.inference_mode()
+    def execute(self, step: SchedulerOutput) -> StepResult:
+        self._copy_blocks(step.blocks_to_copy)
+        decodes = [(s, n) for s, n in zip(step.seqs, step.num_new_tokens, strict=True) if n == 1]
+        prefills = [(s, n) for s, n in zip(step.seqs, step.num_new_tokens, strict=True) if n > 1]
+        forks = [s for s, n in zip(step.seqs, step.num_new_tokens, strict=True) if n == 0]
+        ordered = decodes + prefills
+        input_ids, ctx, last_row = self._prepare(decodes, prefills)
+        if self.lora is not None:
+            ctx.lora = self.lora.build([s for s, _ in ordered], [n for _, n in ordered])
+        hidden = self.model(input_ids, ctx, self.kv_caches)
+
+        result = StepResult()
+        sample_seqs = [s for s, n in ordered if s.num_computed_tokens + n == len(s.token_ids)]
+        sample_seqs += forks
+        rows = [last_row[s.seq_id] for s in sample_seqs[: len(sample_seqs) - len(forks)]]
+        rows += [last_row[s.parent.seq_id] for s in forks]
+        if sample_seqs:
+            logits = self.model.compute_logits(hidden[torch.tensor(rows, dtype=torch.long)])
+            self.sampler.sample(logits, sample_seqs, result)
+        self._prompt_logprobs(hidden, ordered, last_row, result)
+        return result
+
+    def _prepare(
+        self, decodes: list[tuple[Sequence, int]], prefills: list[tuple[Sequence, int]]
+    ) -> tuple[torch.Tensor, StepContext, dict[int, int]]:
+        bs = self.block_size
+        ids: list[int] = []
+        pos_chunks: list[torch.Tensor] = []
+        slot_chunks: list[torch.Tensor] = []
+        last_row: dict[int, int] = {}
+        meta = AttentionMetadata(slot_mapping=torch.empty(0, dtype=torch.long))
+        if decodes:
+            seqs = [s for s, _ in decodes]
+            lengths = torch.tensor([s.num_computed_tokens + 1 for s in seqs], dtype=torch.long)
+            max_len = int(lengths.max())
+            max_blocks = (max_len + bs - 1) // bs
+            table = torch.tensor([s.block_table[:max_blocks] + [0] * (max_blocks - len(s.block_table[:max_blocks]))
+                                  for s in seqs], dtype=torch.long)
+            slots = (table.unsqueeze(-1) * bs + torch.arange(bs)).view(len(seqs), -1)[:, :max_len]
+            meta.num_decode_tokens = len(seqs)
+            meta.decode_slots = slots
+            meta.decode_mask = (torch.arange(max_len) < lengths.unsqueeze(1)).view(len(seqs), 1, 1, max_len)
+            ids.extend(s.token_ids[s.num_computed_tokens] for s in seqs)
+            pos_chunks.append(lengths - 1)
+            slot_chunks.append(slots.gather(1, (lengths - 1).unsqueeze(1)).squeeze(1))
+            for i, s in enumerate(seqs):
+                last_row[s.seq_id] = i
+        row = len(ids)
+        for seq, n in prefills:
+            start = seq.num_computed_tokens
+            end = start + n
+            ids.extend(seq.token_ids[start:end])
+            context = self._slots(seq.block_table, end)
+            positions = torch.arange(start, end)
+            pos_chunks.append(positions)
+            slot_chunks.append(context[start:end])
+            span = PrefillSpan(row, row + n)
+            if start > 0:
+                span.context_slots = context
+                span.mask = torch.arange(end).unsqueeze(0) <= positions.unsqueeze(1)
+            meta.prefills.append(span)
+            row += n
+            last_row[seq.seq_id] = row - 1
+        positions = torch.cat(pos_chunks)
+        meta.slot_mapping = torch.cat(slot_chunks)
+        cos, sin = self.model.rotary.cos_sin(positions)
+        input_ids = torch.tensor(ids, dtype=torch.long)
+        return input_ids, StepContext(attention=meta, cos=cos, sin=sin), last_row
+
+    def _slots(self, block_table: list[int], num_tokens: int) -> torch.Tensor:
+        bs = self.block_size
+        num_blocks = (num_tokens + bs - 1) // bs
+        table = torch.tensor(block_table[:num_blocks], dtype=torch.long)
+        return (table.unsqueeze(-1) * bs + torch.arange(bs)).view(-1)[:num_tokens]
+
+    def _copy_blocks(self, copies: list[tuple[int, int]]) -> None:
+        if not copies:
+            return
+        bs = self.block_size
+        src = torch.cat([torch.arange(s * bs, (s + 1) * bs) for s, _ in copies])
+        dst = torch.cat([torch.arange(d * bs, (d + 1) * bs) for _, d in copies])
+        for k_cache, v_cache in self.kv_caches:
+            k_cache[dst] = k_cache[src]
+            v_cache[dst] = v_cache[src]
+
+    def _prompt_logprobs(
+        self, hidden: torch.Tensor, ordered: list[tuple[Sequence, int]], last_row: dict[int, int],
+        result: StepResult,
+    ) -> None:
+        """Logprob of each prompt token given the tokens before it, chunk by chunk."""
+        for seq, n in ordered:
+            if not seq.wants_prompt_logprobs:
+                continue
+            start = seq.num_computed_tokens
+            end = min(start + n, seq.num_prompt_tokens - 1)  # the last prompt row predicts output
+            if end <= start:
+                continue
+            first_row = last_row[seq.seq_id] - n + 1
+            logits = self.model.compute_logits(hidden[first_row : first_row + end - start])
+            targets = seq.token_ids[start + 1 : end + 1]
+            result.prompt_logprobs[seq.seq_id] = self.sampler.logprob_entries(
+                logits, targets, seq.sampling.prompt_logprobs or 0
+            )

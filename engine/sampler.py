@@ -1,0 +1,149 @@
+"""From logits to tokens: grammar mask, penalties, temperature/top-k/top-p/min-p, seeded draws.
+
+Every random row draws from its own `torch.Generator`, so a seeded
+request's tokens do not depend on its batch mates. Logprobs are those of
+the model's raw distribution.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import TYPE_CHECKING
+
+import torch
+from loraplex.engine.protocol import TokenLogprob
+from loraplex.engine.sequence import Sequence
+
+if TYPE_CHECKING:
+    from loraplex.engine.runner import StepResult
+
+_BIT_POSITIONS = torch.arange(32, dtype=torch.int32)
+
+
+def new_generator(seed: int | None, choice_index: int) -> torch.Generator:
+    if seed is None:
+        seed = random.getrandbits(62)
+    elif choice_index:
+        seed = hash((seed, choice_index)) & ((1 << 62) - 1)
+    return torch.Generator().manual_seed(seed)
+
+
+def apply_token_bitmask(logits: torch.Tensor, bitmask: torch.Tensor) -> None:
+    """Set logits of tokens whose bit is 0 to -inf (xgrammar packing: bit j of word i = token 32i+j)."""
+    vocab = logits.shape[-1]
+    bits = (bitmask.unsqueeze(-1) >> _BIT_POSITIONS) & 1
+    allowed = bits.view(bitmask.shape[0], -1)[:, :vocab].bool()
+    logits.masked_fill_(~allowed, float("-inf"))
+
+
+class Sampler:
+    def __init__(self, vocab_size: int, tokenizer_vocab_size: int) -> None:
+        self.vocab_size = vocab_size
+        self.tokenizer_vocab_size = min(tokenizer_vocab_size, vocab_size)
+
+    def sample(self, logits: torch.Tensor, seqs: list[Sequence], result: StepResult) -> None:
+        """logits: [rows, vocab] float, row i for seqs[i]. Fills result.sampled / logprobs / errors."""
+        logits = logits.float()
+        raw_logprobs = None
+        if any(s.sampling.logprobs is not None for s in seqs):
+            raw_logprobs = torch.log_softmax(logits, dim=-1)
+        self._apply_grammar(logits, seqs, result)
+        self._apply_penalties(logits, seqs)
+        tokens = self._draw(logits, seqs)
+        for i, seq in enumerate(seqs):
+            token = seq.forced_token_ids[0] if seq.forced_token_ids else tokens[i]
+            result.sampled[seq.seq_id] = token
+            if raw_logprobs is not None and seq.sampling.logprobs is not None:
+                result.logprobs[seq.seq_id] = self._entry(raw_logprobs[i], token, seq.sampling.logprobs)
+
+    # ---- grammar --------------------------------------------------------------------------
+    def _apply_grammar(self, logits: torch.Tensor, seqs: list[Sequence], result: StepResult) -> None:
+        rows = [i for i, s in enumerate(seqs) if s.matcher is not None and not s.forced_token_ids]
+        if not rows:
+            return
+        words = (self.vocab_size + 31) // 32
+        bitmask = torch.full((len(seqs), words), -1, dtype=torch.int32)
+        for i in rows:
+            try:
+                seqs[i].matcher.fill_bitmask(bitmask, i)
+            except Exception as exc:  # one request's grammar failing must not stop the batch
+                result.errors[seqs[i].seq_id] = exc
+        index = torch.tensor(rows, dtype=torch.long)
+        sub = logits[index]
+        apply_token_bitmask(sub, bitmask[index])
+        # Ids past the tokenizer's vocabulary are padding rows of the embedding: never emit them.
+        sub[:, self.tokenizer_vocab_size :] = float("-inf")
+        logits[index] = sub
+
+    # ---- penalties ------------------------------------------------------------------------
+    def _apply_penalties(self, logits: torch.Tensor, seqs: list[Sequence]) -> None:
+        rows = [
+            i for i, s in enumerate(seqs)
+            if s.sampling.presence_penalty or s.sampling.frequency_penalty or s.sampling.repetition_penalty != 1.0
+        ]
+        if not rows:
+            return
+        index = torch.tensor(rows, dtype=torch.long)
+        sub = logits[index]
+        vocab = sub.shape[-1]
+        counts = torch.zeros_like(sub)
+        seen = torch.zeros_like(sub, dtype=torch.bool)
+        for j, i in enumerate(rows):
+            seq = seqs[i]
+            out = torch.tensor(seq.output_token_ids, dtype=torch.long)
+            if len(out):
+                counts[j].scatter_add_(0, out, torch.ones(len(out)))
+            seen[j, torch.tensor(seq.token_ids, dtype=torch.long).clamp_(max=vocab - 1)] = True
+        rep = torch.tensor([seqs[i].sampling.repetition_penalty for i in rows]).unsqueeze(1)
+        penalised = torch.where(sub > 0, sub / rep, sub * rep)
+        sub = torch.where(seen, penalised, sub)
+        freq = torch.tensor([seqs[i].sampling.frequency_penalty for i in rows]).unsqueeze(1)
+        pres = torch.tensor([seqs[i].sampling.presence_penalty for i in rows]).unsqueeze(1)
+        sub = sub - freq * counts - pres * (counts > 0).float()
+        logits[index] = sub
+
+    # ---- drawing --------------------------------------------------------------------------
+    def _draw(self, logits: torch.Tensor, seqs: list[Sequence]) -> list[int]:
+        tokens = logits.argmax(dim=-1).tolist()
+        random_rows = [i for i, s in enumerate(seqs) if s.sampling.temperature > 0 and s.sampling.top_k != 1]
+        if not random_rows:
+            return tokens
+        index = torch.tensor(random_rows, dtype=torch.long)
+        sub = logits[index]
+        temps = torch.tensor([seqs[i].sampling.temperature for i in random_rows]).unsqueeze(1)
+        sub = sub / temps
+        top_ks = [seqs[i].sampling.top_k for i in random_rows]
+        if any(k > 0 for k in top_ks):
+            k_tensor = torch.tensor([k if k > 0 else sub.shape[-1] for k in top_ks]).clamp_(max=sub.shape[-1])
+            sorted_desc = sub.sort(dim=-1, descending=True).values
+            kth = sorted_desc.gather(1, (k_tensor - 1).unsqueeze(1))
+            sub = sub.masked_fill(sub < kth, float("-inf"))
+        top_ps = torch.tensor([seqs[i].sampling.top_p for i in random_rows]).unsqueeze(1)
+        if bool((top_ps < 1.0).any()):
+            sorted_logits, order = sub.sort(dim=-1, descending=True)
+            probs_sorted = sorted_logits.softmax(dim=-1)
+            before = probs_sorted.cumsum(dim=-1) - probs_sorted  # mass strictly above each token
+            drop_sorted = before >= top_ps
+            drop = torch.zeros_like(drop_sorted).scatter_(1, order, drop_sorted)
+            sub = sub.masked_fill(drop, float("-inf"))
+        probs = sub.softmax(dim=-1)
+        min_ps = torch.tensor([seqs[i].sampling.min_p for i in random_rows]).unsqueeze(1)
+        if bool((min_ps > 0).any()):
+            probs = probs.masked_fill(probs < min_ps * probs.max(dim=-1, keepdim=True).values, 0.0)
+        for j, i in enumerate(random_rows):
+            noise = torch.empty(probs.shape[-1]).exponential_(generator=seqs[i].generator)
+            tokens[i] = int((probs[j] / noise).argmax())
+        return tokens
+
+    # ---- logprobs -------------------------------------------------------------------------
+    @staticmethod
+    def _entry(logprobs: torch.Tensor, token: int, k: int) -> TokenLogprob:
+        top: list[tuple[int, float]] = []
+        if k > 0:
+            values, ids = logprobs.topk(k)
+            top = list(zip(ids.tolist(), values.tolist(), strict=True))
+        return TokenLogprob(token_id=token, logprob=float(logprobs[token]), top=top)
+
+    def logprob_entries(self, logits: torch.Tensor, targets: list[int], k: int) -> list[TokenLogprob]:
+        logprobs = torch.log_softmax(logits.float(), dim=-1)
+        return [self._entry(logprobs[i], t, k) for i, t in enumerate(targets)]

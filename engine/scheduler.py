@@ -1,0 +1,192 @@
+"""Which sequences run this step, and how many of their tokens.
+
+One token budget per step, no prefill/decode phases (as vLLM v1): each
+running sequence's computed tokens catch up with its tokens. Decodes are
+scheduled first so a long prompt, prefilled in chunks, never stalls them.
+When blocks run out the newest running sequence is preempted (its blocks
+freed, recomputed later). New work is admitted tenant-fairly: the tenant
+with the least recent service goes first. Never touches a tensor.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from loraplex.engine.kv.block_manager import BlockManager
+from loraplex.engine.sequence import Sequence, SequenceStatus
+
+SERVICE_DECAY = 0.9  # per step: "recent" service fades, so a tenant's past burst is forgotten
+
+
+@dataclass(slots=True)
+class SchedulerOutput:
+    seqs: list[Sequence] = field(default_factory=list)
+    num_new_tokens: list[int] = field(default_factory=list)  # 0 for a fork child sampling its parent's row
+    blocks_to_copy: list[tuple[int, int]] = field(default_factory=list)
+    num_preempted: int = 0
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.seqs
+
+
+class Scheduler:
+    def __init__(
+        self,
+        block_manager: BlockManager,
+        max_num_batched_tokens: int,
+        max_num_seqs: int,
+        adapter_ready: Callable[[str], bool] | None = None,
+    ) -> None:
+        self.block_manager = block_manager
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.max_num_seqs = max_num_seqs
+        self.adapter_ready = adapter_ready
+        self.waiting: dict[str, deque[Sequence]] = {}
+        self.preempted: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.pending_forks: dict[int, list[Sequence]] = {}
+        self.tenant_service: dict[str, float] = {}
+        self.num_preemptions = 0
+
+    # ---- queue management -----------------------------------------------------------------
+    def add(self, seq: Sequence, fork_children: list[Sequence] | None = None) -> None:
+        self.waiting.setdefault(seq.tenant_id, deque()).append(seq)
+        if fork_children:
+            self.pending_forks[seq.seq_id] = fork_children
+
+    @property
+    def num_waiting(self) -> int:
+        return sum(len(q) for q in self.waiting.values()) + len(self.preempted)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    def has_work(self) -> bool:
+        return bool(self.running) or self.num_waiting > 0
+
+    def finish(self, seq: Sequence) -> None:
+        """Remove `seq` wherever it is and free its blocks."""
+        if seq.status is SequenceStatus.RUNNING:
+            self.running.remove(seq)
+        elif seq.status is SequenceStatus.WAITING:
+            queue = self.waiting.get(seq.tenant_id)
+            if queue is not None and seq in queue:
+                queue.remove(seq)
+            elif seq in self.preempted:
+                self.preempted.remove(seq)
+        for child in self.pending_forks.pop(seq.seq_id, []):
+            child.status = SequenceStatus.FINISHED
+        seq.status = SequenceStatus.FINISHED
+        self.block_manager.deallocate(seq)
+
+    # ---- the step -------------------------------------------------------------------------
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput()
+        for tenant in self.tenant_service:
+            self.tenant_service[tenant] *= SERVICE_DECAY
+        budget = self.max_num_batched_tokens
+        # Decodes first, then prefill chunks, each group in admission order.
+        order = sorted(self.running, key=lambda s: s.num_uncomputed_tokens > 1)
+        for seq in order:
+            if budget == 0:
+                break
+            if seq.status is not SequenceStatus.RUNNING:
+                continue  # preempted earlier in this loop
+            num_new = min(seq.num_uncomputed_tokens, budget)
+            if not self._make_room(seq, num_new, out):
+                continue
+            budget -= self._schedule_seq(seq, num_new, out)
+        if out.num_preempted == 0:
+            self._admit(budget, out)
+        return out
+
+    def _make_room(self, seq: Sequence, num_new: int, out: SchedulerOutput) -> bool:
+        while not self.block_manager.can_append(seq, num_new):
+            victim = self.running[-1]
+            self._preempt(victim, out)
+            if victim is seq:
+                return False
+        return True
+
+    def _schedule_seq(self, seq: Sequence, num_new: int, out: SchedulerOutput) -> int:
+        out.blocks_to_copy.extend(self.block_manager.may_append(seq, num_new))
+        out.seqs.append(seq)
+        out.num_new_tokens.append(num_new)
+        self.tenant_service[seq.tenant_id] = self.tenant_service.get(seq.tenant_id, 0.0) + num_new
+        if seq.num_computed_tokens + num_new == len(seq.token_ids):
+            for child in self.pending_forks.pop(seq.seq_id, []):
+                self._fork(seq, child, num_new, out)
+        return num_new
+
+    def _fork(self, parent: Sequence, child: Sequence, num_new: int, out: SchedulerOutput) -> None:
+        """The child shares every block; its K/V are written by the parent's chunk this step."""
+        self.block_manager.fork(parent, child)
+        child.num_computed_tokens = parent.num_computed_tokens + num_new
+        child.num_cached_tokens = parent.num_cached_tokens
+        child.parent = parent
+        child.status = SequenceStatus.RUNNING
+        self.running.append(child)
+        out.seqs.append(child)
+        out.num_new_tokens.append(0)
+
+    def _preempt(self, seq: Sequence, out: SchedulerOutput) -> None:
+        self.running.remove(seq)
+        self.block_manager.deallocate(seq)
+        seq.status = SequenceStatus.WAITING
+        self.preempted.appendleft(seq)
+        self.num_preemptions += 1
+        out.num_preempted += 1
+        if seq in out.seqs:
+            i = out.seqs.index(seq)
+            del out.seqs[i], out.num_new_tokens[i]
+
+    def _admit(self, budget: int, out: SchedulerOutput) -> None:
+        while budget > 0 and len(self.running) < self.max_num_seqs:
+            seq = self._next_waiting()
+            if seq is None:
+                return
+            first_time = seq.num_cached_tokens < 0
+            self.block_manager.allocate(seq)
+            num_new = min(seq.num_uncomputed_tokens, budget)
+            if not self.block_manager.can_append(seq, num_new):
+                self.block_manager.deallocate(seq)
+                return
+            self._take_from_queue(seq)
+            if first_time:
+                seq.num_cached_tokens = seq.num_computed_tokens
+                self.block_manager.num_prefix_queries += seq.num_prompt_tokens
+                self.block_manager.num_prefix_hits += seq.num_computed_tokens
+            seq.status = SequenceStatus.RUNNING
+            self.running.append(seq)
+            budget -= self._schedule_seq(seq, num_new, out)
+
+    def _next_waiting(self) -> Sequence | None:
+        for seq in self.preempted:
+            if self._is_ready(seq):
+                return seq
+        best: Sequence | None = None
+        best_key: tuple[float, float] | None = None
+        for tenant, queue in self.waiting.items():
+            candidate = next((s for s in queue if self._is_ready(s)), None)
+            if candidate is None:
+                continue
+            key = (self.tenant_service.get(tenant, 0.0), candidate.arrival_time)
+            if best_key is None or key < best_key:
+                best, best_key = candidate, key
+        return best
+
+    def _is_ready(self, seq: Sequence) -> bool:
+        return seq.adapter_id is None or self.adapter_ready is None or self.adapter_ready(seq.adapter_id)
+
+    def _take_from_queue(self, seq: Sequence) -> None:
+        if self.preempted and seq in self.preempted:
+            self.preempted.remove(seq)
+            return
+        queue = self.waiting[seq.tenant_id]
+        queue.remove(seq)
+        if not queue:
+            del self.waiting[seq.tenant_id]

@@ -1,0 +1,111 @@
+"""One choice of one request, as the scheduler and block manager see it."""
+
+from __future__ import annotations
+
+import itertools
+from enum import Enum, auto
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+    from loraplex.engine.interfaces import GrammarMatcher
+    from loraplex.engine.protocol import SamplingParams
+
+
+class SequenceStatus(Enum):
+    WAITING = auto()
+    RUNNING = auto()
+    FINISHED = auto()
+
+
+_seq_counter = itertools.count()
+
+
+class Sequence:
+    """Token ids (prompt then output), progress of their K/V, and the block table.
+
+    A sequence "needs a token" when all of its tokens have K/V computed: then
+    the step that computed the last of them samples the next one.
+    """
+
+    __slots__ = (
+        "adapter_id",
+        "arrival_time",
+        "block_hashes",
+        "block_table",
+        "forced_token_ids",
+        "generator",
+        "index",
+        "matcher",
+        "num_cached_tokens",
+        "num_computed_tokens",
+        "num_prompt_tokens",
+        "num_reasoning_tokens",
+        "parent",
+        "reasoning_inside",
+        "request_id",
+        "salt",
+        "sampling",
+        "seq_id",
+        "status",
+        "tenant_id",
+        "token_ids",
+        "wants_prompt_logprobs",
+    )
+
+    def __init__(
+        self,
+        request_id: str,
+        index: int,
+        token_ids: list[int],
+        sampling: SamplingParams,
+        tenant_id: str,
+        adapter_id: str | None,
+        salt: tuple,
+        arrival_time: float,
+    ) -> None:
+        self.seq_id = next(_seq_counter)
+        self.request_id = request_id
+        self.index = index
+        self.token_ids = list(token_ids)
+        self.num_prompt_tokens = len(token_ids)
+        self.num_computed_tokens = 0
+        self.num_cached_tokens = -1  # prompt tokens served from the cache; -1 until first scheduled
+        self.block_table: list[int] = []
+        self.block_hashes: list[bytes] = []
+        self.status = SequenceStatus.WAITING
+        self.sampling = sampling
+        self.tenant_id = tenant_id
+        self.adapter_id = adapter_id
+        self.salt = salt
+        self.arrival_time = arrival_time
+        self.generator: torch.Generator | None = None
+        self.matcher: GrammarMatcher | None = None
+        self.forced_token_ids: list[int] = []
+        self.num_reasoning_tokens = 0
+        self.reasoning_inside = False
+        self.parent: Sequence | None = None  # set on a fork child until its parent's prefill ends
+        self.wants_prompt_logprobs = False
+
+    def __len__(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens :]
+
+    @property
+    def num_uncomputed_tokens(self) -> int:
+        return len(self.token_ids) - self.num_computed_tokens
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is SequenceStatus.FINISHED
+
+    def __repr__(self) -> str:
+        extra: Any = (self.request_id, self.index, len(self.token_ids), self.num_computed_tokens)
+        return f"Sequence{extra}"
