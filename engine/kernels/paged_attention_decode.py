@@ -31,7 +31,6 @@ def _decode_split_kernel(
     partial_lse_ptr,
     scale_log2,
     head_dim,
-    block_size,
     query_seq_stride,
     query_head_stride,
     out_seq_stride,
@@ -40,6 +39,7 @@ def _decode_split_kernel(
     cache_block_stride,
     cache_slot_stride,
     cache_head_stride,
+    PAGE_SIZE: tl.constexpr,
     QUERIES_PER_KV: tl.constexpr,
     BLOCK_G: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -73,8 +73,8 @@ def _decode_split_kernel(
     for first_token in range(start, end, BLOCK_N):
         tokens = first_token + tl.arange(0, BLOCK_N)
         token_mask = tokens < end
-        blocks = tl.load(block_table + tokens // block_size, mask=token_mask, other=0).to(tl.int64)
-        rows = blocks * cache_block_stride + (tokens % block_size) * cache_slot_stride + head_offset
+        blocks = tl.load(block_table + tokens // PAGE_SIZE, mask=token_mask, other=0).to(tl.int64)
+        rows = blocks * cache_block_stride + (tokens % PAGE_SIZE) * cache_slot_stride + head_offset
         kv_mask = token_mask[:, None] & (dims < head_dim)[None, :]
         key = tl.load(key_cache_ptr + rows[:, None] + dims[None, :], mask=kv_mask, other=0.0)
         value = tl.load(value_cache_ptr + rows[:, None] + dims[None, :], mask=kv_mask, other=0.0)
@@ -207,7 +207,6 @@ def paged_decode_attention(
         partial_lse,
         scale * LOG2_E,
         head_dim,
-        block_size,
         query.stride(0),
         query.stride(1),
         out.stride(0),
@@ -216,6 +215,7 @@ def paged_decode_attention(
         key_cache.stride(0),
         key_cache.stride(1),
         key_cache.stride(2),
+        PAGE_SIZE=block_size,
         QUERIES_PER_KV=queries_per_kv,
         BLOCK_G=max(16, triton.next_power_of_2(queries_per_kv)),
         BLOCK_D=block_d,

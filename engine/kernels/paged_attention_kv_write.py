@@ -37,9 +37,9 @@ def _write_kv_cache_kernel(
             + heads * cache_head_stride
             + dims
         )
-        token = token.to(tl.int64)
-        key = tl.load(key_ptr + token * key_token_stride + heads * key_head_stride + dims, mask=mask)
-        value = tl.load(value_ptr + token * value_token_stride + heads * value_head_stride + dims, mask=mask)
+        row = token.to(tl.int64)
+        key = tl.load(key_ptr + row * key_token_stride + heads * key_head_stride + dims, mask=mask)
+        value = tl.load(value_ptr + row * value_token_stride + heads * value_head_stride + dims, mask=mask)
         tl.store(key_cache_ptr + cache_offsets, key.to(key_cache_ptr.dtype.element_ty), mask=mask)
         tl.store(value_cache_ptr + cache_offsets, value.to(value_cache_ptr.dtype.element_ty), mask=mask)
 

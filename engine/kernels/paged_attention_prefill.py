@@ -44,30 +44,34 @@ def _attend_tiles(
     head_offset,
     first_token,
     last_token,
-    block_size,
     head_dim,
     cache_block_stride,
     cache_slot_stride,
     scale_log2,
     CAUSAL: tl.constexpr,
+    PAGE_SIZE: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
+    """Online-softmax over keys [first_token, last_token). Without CAUSAL the range must be whole
+    tiles visible to every row, so no token masking is needed."""
     dims = tl.arange(0, BLOCK_D)
     for tile_start in range(first_token, last_token, BLOCK_N):
         tokens = tile_start + tl.arange(0, BLOCK_N)
-        token_mask = tokens < last_token
-        blocks = tl.load(block_table + tokens // block_size, mask=token_mask, other=0).to(tl.int64)
-        rows = blocks * cache_block_stride + (tokens % block_size) * cache_slot_stride + head_offset
-        kv_mask = token_mask[:, None] & (dims < head_dim)[None, :]
+        if CAUSAL:
+            token_mask = tokens < last_token
+            blocks = tl.load(block_table + tokens // PAGE_SIZE, mask=token_mask, other=0).to(tl.int64)
+            kv_mask = token_mask[:, None] & (dims < head_dim)[None, :]
+        else:
+            blocks = tl.load(block_table + tokens // PAGE_SIZE).to(tl.int64)
+            kv_mask = (dims < head_dim)[None, :]
+        rows = blocks * cache_block_stride + (tokens % PAGE_SIZE) * cache_slot_stride + head_offset
         key = tl.load(key_cache_ptr + rows[:, None] + dims[None, :], mask=kv_mask, other=0.0)
         scores = tl.dot(query, tl.trans(key), input_precision=DOT_PRECISION) * scale_log2
         if CAUSAL:
             visible = (tokens[None, :] <= positions[:, None]) & token_mask[None, :]
             scores = tl.where(visible, scores, float("-inf"))
-        else:
-            scores = tl.where(token_mask[None, :], scores, float("-inf"))
         new_max = tl.maximum(running_max, tl.max(scores, axis=1))
         rescale = tl.exp2(running_max - new_max)
         probs = tl.exp2(scores - new_max[:, None])
@@ -90,7 +94,6 @@ def _prefill_kernel(
     scale_log2,
     num_seqs,
     head_dim,
-    block_size,
     query_token_stride,
     query_head_stride,
     out_token_stride,
@@ -99,6 +102,7 @@ def _prefill_kernel(
     cache_block_stride,
     cache_slot_stride,
     cache_head_stride,
+    PAGE_SIZE: tl.constexpr,
     QUERIES_PER_KV: tl.constexpr,
     BLOCK_G: tl.constexpr,
     BLOCK_Q: tl.constexpr,
@@ -141,13 +145,13 @@ def _prefill_kernel(
         visible_end = tl.minimum(seq_len, num_cached + first_q + BLOCK_Q)
         acc, running_max, running_sum = _attend_tiles(
             acc, running_max, running_sum, query, positions, key_cache_ptr, value_cache_ptr, block_table,
-            head_offset, 0, unmasked_end, block_size, head_dim, cache_block_stride, cache_slot_stride,
-            scale_log2, False, BLOCK_N, BLOCK_D, DOT_PRECISION,
+            head_offset, 0, unmasked_end, head_dim, cache_block_stride, cache_slot_stride,
+            scale_log2, False, PAGE_SIZE, BLOCK_N, BLOCK_D, DOT_PRECISION,
         )  # fmt: skip
         acc, running_max, running_sum = _attend_tiles(
             acc, running_max, running_sum, query, positions, key_cache_ptr, value_cache_ptr, block_table,
-            head_offset, unmasked_end, visible_end, block_size, head_dim, cache_block_stride, cache_slot_stride,
-            scale_log2, True, BLOCK_N, BLOCK_D, DOT_PRECISION,
+            head_offset, unmasked_end, visible_end, head_dim, cache_block_stride, cache_slot_stride,
+            scale_log2, True, PAGE_SIZE, BLOCK_N, BLOCK_D, DOT_PRECISION,
         )  # fmt: skip
         safe_sum = tl.where(running_sum > 0, running_sum, 1.0)
         tl.store(
@@ -201,7 +205,6 @@ def paged_prefill_attention(
         scale * LOG2_E,
         num_seqs,
         head_dim,
-        block_size,
         query.stride(0),
         query.stride(1),
         out.stride(0),
@@ -210,6 +213,7 @@ def paged_prefill_attention(
         key_cache.stride(0),
         key_cache.stride(1),
         key_cache.stride(2),
+        PAGE_SIZE=block_size,
         QUERIES_PER_KV=queries_per_kv,
         BLOCK_G=block_g,
         BLOCK_Q=block_q,

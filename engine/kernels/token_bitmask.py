@@ -9,9 +9,9 @@ Unlike xgrammar's op, logits columns past ``32 * bitmask.shape[1]`` are masked t
 padded vocabulary ids no grammar can produce, and leaving them open would let a constrained
 request sample them.
 
-The Triton kernel only stores ``-inf`` where a bit is clear and never reads the logits, so it
-moves the bitmask plus the disallowed logits once; its grid depends only on tensor shapes, so
-it can be captured in a CUDA graph.
+The Triton kernel reads logits only in words that mix allowed and disallowed tokens and writes
+only words that are not fully allowed; its grid depends only on tensor shapes, so it can be
+captured in a CUDA graph.
 """
 
 import torch
@@ -61,6 +61,7 @@ def _apply_token_bitmask_kernel(
     bitmask_row_stride,
     HAS_INDICES: tl.constexpr,
     WORDS_PER_PROGRAM: tl.constexpr,
+    WHOLE_WORDS: tl.constexpr,
 ):
     slot = tl.program_id(0)
     row = slot
@@ -73,12 +74,17 @@ def _apply_token_bitmask_kernel(
         bits = tl.arange(0, 32)
         disallowed = ((words[:, None] >> bits[None, :]) & 1) == 0
         token_ids = word_ids[:, None] * 32 + bits[None, :]
-        # A 2-D store keeps each word's 32 tokens contiguous without a reshape.
-        tl.store(
-            logits_ptr + row.to(tl.int64) * logits_row_stride + token_ids,
-            float("-inf"),
-            mask=disallowed & (token_ids < vocab_size),
-        )
+        # 2-D [word, bit] tiles keep each word's 32 tokens contiguous without a reshape.
+        pointers = logits_ptr + row.to(tl.int64) * logits_row_stride + token_ids
+        in_vocab = token_ids < vocab_size
+        if WHOLE_WORDS:
+            # Masks constant across a word let loads and stores vectorise: read only words with
+            # both allowed and disallowed bits, write every word that is not fully allowed.
+            mixed = (words != 0) & (words != -1)
+            kept = tl.load(pointers, mask=mixed[:, None] & in_vocab, other=float("-inf"))
+            tl.store(pointers, tl.where(disallowed, float("-inf"), kept), mask=(words != -1)[:, None] & in_vocab)
+        else:
+            tl.store(pointers, float("-inf"), mask=disallowed & in_vocab)
 
 
 def _words_per_program(num_rows: int, vocab_size: int) -> int:
@@ -92,12 +98,15 @@ def apply_token_bitmask(
     logits: torch.Tensor,
     bitmask: torch.Tensor,
     indices: torch.Tensor | list[int] | None = None,
+    *,
+    whole_words: bool = True,
 ) -> None:
     """Set logits of tokens the bitmask disallows to -inf, in place, on the rows in ``indices``.
 
     logits: [B, V] float (contiguous rows); bitmask: [B', ceil(V/32)] int32 with B' >= every
     masked row; indices: int tensor on the logits' device (or a list) of rows to mask, or None
-    for all rows.
+    for all rows. ``whole_words`` picks the vectorised read-where-write variant over per-token
+    masked stores (a tuning knob; both compute the same).
     """
     if logits.stride(1) != 1 or bitmask.stride(1) != 1:
         raise ValueError("apply_token_bitmask needs logits and bitmask with contiguous rows")
@@ -118,5 +127,6 @@ def apply_token_bitmask(
         bitmask.stride(0),
         HAS_INDICES=rows is not None,
         WORDS_PER_PROGRAM=words_per_program,
+        WHOLE_WORDS=whole_words,
         num_warps=4,
     )

@@ -20,26 +20,30 @@ def random_logits(num_rows: int, vocab_size: int, dtype: torch.dtype, generator:
     return torch.randn(num_rows, vocab_size, generator=generator).to(dtype)
 
 
-def run_both(logits, bitmask, indices, device=DEVICE):
+def run_both(logits, bitmask, indices, device=DEVICE, whole_words=True):
     ours = logits.clone().to(device)
     mask = bitmask.to(device)
     index = indices if not isinstance(indices, torch.Tensor) else indices.to(device)
-    apply_token_bitmask(ours, mask, index)
+    apply_token_bitmask(ours, mask, index, whole_words=whole_words)
     expected = logits.clone()
     apply_token_bitmask_reference(expected, bitmask, indices)
     return ours.cpu(), expected
 
 
+@pytest.mark.parametrize("whole_words", [True, False])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 @pytest.mark.parametrize(
     ("num_rows", "vocab_size", "num_words"),
     [(1, 32, 1), (3, 1000, 32), (4, 4099, 129), (2, 4000, 130), (5, 257, 8)],
 )
-def test_kernel_matches_reference(dtype, num_rows, vocab_size, num_words):
+def test_kernel_matches_reference(whole_words, dtype, num_rows, vocab_size, num_words):
     generator = torch.Generator().manual_seed(num_rows * 1000 + vocab_size)
     logits = random_logits(num_rows, vocab_size, dtype, generator)
     bitmask = random_bitmask(num_rows, num_words, 0.3, generator)
-    ours, expected = run_both(logits, bitmask, None)
+    # Whole words of each kind, as grammar masks have them: all allowed and all disallowed.
+    bitmask[:, 2::5] = -1
+    bitmask[:, 3::5] = 0
+    ours, expected = run_both(logits, bitmask, None, whole_words=whole_words)
     assert torch.equal(ours, expected)
     assert torch.isinf(ours).any() and torch.isfinite(ours).any()
 
@@ -106,10 +110,12 @@ def test_gpu_large_vocab_matches_reference(dtype, num_rows):
     vocab_size = 128_256
     logits = random_logits(num_rows, vocab_size, dtype, generator)
     bitmask = random_bitmask(num_rows, triton.cdiv(vocab_size, 32), 0.01, generator)
+    bitmask[:, ::3] = 0
     indices = torch.arange(0, num_rows, 2, dtype=torch.int32)
     for index in (None, indices):
-        ours, expected = run_both(logits, bitmask, index, device="cuda")
-        assert torch.equal(ours, expected)
+        for whole_words in (True, False):
+            ours, expected = run_both(logits, bitmask, index, device="cuda", whole_words=whole_words)
+            assert torch.equal(ours, expected)
 
 
 @pytest.mark.gpu
