@@ -50,6 +50,21 @@ def _rank_pad(max_rank: int) -> int:
 
 
 @triton.jit
+def _publish(probe, FENCE: tl.constexpr):
+    """Make this program's stores visible GPU-wide before one thread signals a counter.
+
+    A barrier orders the threads of one program only at block scope, so every thread
+    fences its own stores first (the split-K race NVIDIA/Fuser#2391 fixed the same way).
+    ``probe`` is any small tensor: an elementwise op on it runs in every thread.
+    """
+    if FENCE:
+        tl.inline_asm_elementwise(
+            "fence.acq_rel.gpu;\n\tmov.u32 $0, $1;", "=r,r", [probe], dtype=tl.int32, is_pure=False, pack=1
+        )
+    tl.debug_barrier()
+
+
+@triton.jit
 def _shrink_program(
     pid, x_ptr, a_ptr, ranks_ptr, shrunk_ptr, partial_ptr, sync_ptr,
     token_ids_ptr, tile_slots_ptr, tile_starts_ptr, tile_lens_ptr,
@@ -57,7 +72,7 @@ def _shrink_program(
     stride_as, stride_ai, stride_ar,
     NUM_SLICES: tl.constexpr, R_PAD: tl.constexpr, RANK_COLS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, K_SPLITS: tl.constexpr,
-    SIGNAL: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+    SIGNAL: tl.constexpr, FENCE: tl.constexpr, INPUT_PRECISION: tl.constexpr,
 ):
     tile = pid // K_SPLITS
     k_split = pid % K_SPLITS
@@ -92,12 +107,12 @@ def _shrink_program(
         if K_SPLITS == 1:
             tl.store(out_ptrs, acc, mask=out_mask)
             if SIGNAL:
-                tl.debug_barrier()
+                _publish(offs_m, FENCE)
                 tl.atomic_add(sync_ptr + tile, 1, sem="release")
         else:
             offs_p = (tile * K_SPLITS * BLOCK_M + offs_m[:, None]) * RANK_COLS + offs_c[None, :]
             tl.store(partial_ptr + offs_p + k_split * BLOCK_M * RANK_COLS, acc)
-            tl.debug_barrier()
+            _publish(offs_m, FENCE)
             ticket = tl.atomic_add(sync_ptr + tile, 1, sem="acq_rel")
             if ticket == K_SPLITS - 1:
                 total = tl.zeros([BLOCK_M, RANK_COLS], dtype=tl.float32)
@@ -105,7 +120,7 @@ def _shrink_program(
                     # .cg: other programs wrote these; L1 is not coherent across SMs.
                     total += tl.load(partial_ptr + offs_p + s * BLOCK_M * RANK_COLS, cache_modifier=".cg")
                 tl.store(out_ptrs, total, mask=out_mask)
-                tl.debug_barrier()
+                _publish(offs_m, FENCE)
                 if SIGNAL:
                     tl.atomic_add(sync_ptr + tile, 1, sem="release")
                 else:
@@ -120,7 +135,7 @@ def _expand_program(
     NUM_SLICES: tl.constexpr, OUT0: tl.constexpr, OUT1: tl.constexpr, OUT2: tl.constexpr,
     TILES0: tl.constexpr, TILES1: tl.constexpr, N_TILES: tl.constexpr,
     R_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    WAIT: tl.constexpr, READY: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+    WAIT: tl.constexpr, READY: tl.constexpr, FENCE: tl.constexpr, INPUT_PRECISION: tl.constexpr,
 ):
     tile = pid // N_TILES
     j = pid % N_TILES
@@ -154,7 +169,7 @@ def _expand_program(
         if WAIT:
             while tl.atomic_add(sync_ptr + tile, 0, sem="acquire") < READY:
                 pass
-            tl.debug_barrier()
+            _publish(offs_m, FENCE)
         s = tl.load(
             shrunk_ptr + tokens[:, None] * stride_shrunk + (sl * shrunk_slice_stride + offs_r)[None, :],
             mask=m_mask[:, None] & r_mask[None, :], other=0.0, cache_modifier=".cg",
@@ -163,7 +178,7 @@ def _expand_program(
         acc = tl.dot(s, b_tile, input_precision=INPUT_PRECISION)
         tl.store(y_ptrs, (y_tile.to(tl.float32) + acc).to(y_ptr.dtype.element_ty), mask=y_mask)
         if WAIT:
-            tl.debug_barrier()
+            _publish(offs_m, FENCE)
             ticket = tl.atomic_add(sync_ptr + max_tiles + tile, 1, sem="acq_rel")
             if ticket == N_TILES - 1:
                 tl.atomic_xchg(sync_ptr + tile, 0)
@@ -182,7 +197,7 @@ def _lora_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     SPLIT_K: tl.constexpr, K_SPLITS: tl.constexpr,
     DO_SHRINK: tl.constexpr, DO_EXPAND: tl.constexpr, READY: tl.constexpr,
-    INPUT_PRECISION: tl.constexpr,
+    FENCE: tl.constexpr, INPUT_PRECISION: tl.constexpr,
 ):
     pid = tl.program_id(0)
     num_shrink = max_tiles * K_SPLITS if DO_SHRINK else 0
@@ -192,7 +207,8 @@ def _lora_kernel(
                 pid, x_ptr, a_ptr, ranks_ptr, shrunk_ptr, partial_ptr, sync_ptr,
                 token_ids_ptr, tile_slots_ptr, tile_starts_ptr, tile_lens_ptr,
                 in_features, stride_xm, stride_shrunk, shrunk_slice_stride, stride_as, stride_ai, stride_ar,
-                NUM_SLICES, R_PAD, RANK_COLS, BLOCK_M, BLOCK_K, SPLIT_K, K_SPLITS, DO_EXPAND, INPUT_PRECISION,
+                NUM_SLICES, R_PAD, RANK_COLS, BLOCK_M, BLOCK_K, SPLIT_K, K_SPLITS, DO_EXPAND, FENCE,
+                INPUT_PRECISION,
             )
     if DO_EXPAND:  # noqa: SIM102
         if pid >= num_shrink:
@@ -201,7 +217,7 @@ def _lora_kernel(
                 token_ids_ptr, tile_slots_ptr, tile_starts_ptr, tile_lens_ptr,
                 stride_ym, stride_shrunk, shrunk_slice_stride, stride_bs, stride_bn,
                 NUM_SLICES, OUT0, OUT1, OUT2, TILES0, TILES1, N_TILES, R_PAD, BLOCK_M, BLOCK_N,
-                DO_SHRINK, READY, INPUT_PRECISION,
+                DO_SHRINK, READY, FENCE, INPUT_PRECISION,
             )
 
 
@@ -243,6 +259,7 @@ def _launch(
         BLOCK_M=meta.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
         SPLIT_K=config.split_k, K_SPLITS=k_splits,
         DO_SHRINK=do_shrink, DO_EXPAND=do_expand, READY=k_splits + 1 if k_splits > 1 else 1,
+        FENCE=shrunk.is_cuda,  # the interpreter runs programs one by one and has no inline PTX
         INPUT_PRECISION=precision, num_warps=config.num_warps,
     )
 

@@ -238,3 +238,33 @@ def test_gpu_cuda_graph_replays_with_new_metadata() -> None:
         add_lora_ref(expected, x, stack, fresh)
         assert rel_error(y, expected) < 2e-2, trial
         assert not static_meta.sync.any()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("num_tokens", [1, 64, 256])
+def test_gpu_cross_program_handoff_is_race_free(num_tokens: int) -> None:
+    """Many K splits and narrow expand programs: the most programs racing on each tile's counters."""
+    config = LoRAKernelConfig(block_n=64, split_k=256, block_k=128, num_warps=4)
+    for seed in range(8):
+        gen = torch.Generator().manual_seed(seed)
+        slots = torch.randint(-1, 6, (num_tokens,), generator=gen).tolist()
+        run_case(
+            in_features=4096, out_sizes=(4096,), max_rank=16, ranks=[[16], [8], [16], [1], [16], [4]],
+            token_slots=slots, dtype=torch.bfloat16, config=config, tol=2e-2, seed=seed,
+        )
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "two_launches"])
+@pytest.mark.parametrize("block_n", [64, 128, 256])
+@pytest.mark.parametrize("split_k", [256, 512, 4096])
+@pytest.mark.parametrize("num_tokens", [1, 6])
+def test_gpu_configs_many_slots(fused: bool, block_n: int, split_k: int, num_tokens: int) -> None:
+    """128 resident slots (the benchmark's pool) under every configuration the benchmark sweeps."""
+    gen = torch.Generator().manual_seed(block_n + split_k)
+    slots = torch.randint(0, 128, (num_tokens,), generator=gen).tolist()
+    run_case(
+        in_features=4096, out_sizes=(4096,), max_rank=16, ranks=[[16 - (s % 3)] for s in range(128)],
+        token_slots=slots, dtype=torch.bfloat16, tol=2e-2,
+        config=LoRAKernelConfig(block_n=block_n, split_k=split_k, block_k=128, num_warps=4, fused=fused),
+    )
