@@ -30,10 +30,12 @@ if not torch.cuda.is_available():
 import torch.nn.functional as F
 import triton
 from loraplex.engine.kernels.paged_attention_decode import paged_decode_attention
+from loraplex.engine.kernels.paged_attention_kv_write import write_kv_cache
 from loraplex.engine.kernels.paged_attention_prefill import paged_prefill_attention
 from loraplex.engine.kernels.paged_attention_reference import (
     paged_decode_attention_reference,
     paged_prefill_attention_reference,
+    write_kv_cache_reference,
 )
 from loraplex.engine.kernels.token_bitmask import apply_token_bitmask, apply_token_bitmask_reference
 
@@ -54,6 +56,31 @@ def copy_bandwidth_gbps(num_bytes: int = 2 << 30, repeats: int = 20) -> float:
     target = torch.empty_like(source)
     microseconds = time_graph_us(lambda: target.copy_(source), repeats=repeats, calls_per_graph=1)
     return 2 * num_bytes / microseconds / 1e3
+
+
+def read_bandwidth_gbps(num_bytes: int = 4 << 30, repeats: int = 20) -> float:
+    """Device read rate through a full reduction (GB/s): the ceiling of a read-only kernel."""
+    source = torch.randn(num_bytes // 4, device="cuda")
+    total = torch.empty((), device="cuda")
+    microseconds = time_graph_us(lambda: torch.sum(source, out=total), repeats=repeats, calls_per_graph=1)
+    return num_bytes / microseconds / 1e3
+
+
+def kv_write_us(num_tokens: int, num_kv_heads: int = 8, head_dim: int = 128, block_size: int = 16) -> dict:
+    """write_kv_cache for one step's new tokens into shuffled slots, checked against the reference."""
+    num_blocks = max(4 * num_tokens // block_size, 64)
+    key_cache = torch.randn(num_blocks, block_size, num_kv_heads, head_dim, device="cuda", dtype=torch.bfloat16)
+    value_cache = torch.randn_like(key_cache)
+    key = torch.randn(num_tokens, num_kv_heads, head_dim, device="cuda", dtype=torch.bfloat16)
+    value = torch.randn_like(key)
+    slots = torch.randperm(num_blocks * block_size, device="cuda")[:num_tokens].to(torch.int32)
+    expected = [key_cache.clone(), value_cache.clone()]
+    write_kv_cache_reference(key, value, *expected, slots)
+    write_kv_cache(key, value, key_cache, value_cache, slots)
+    if not (torch.equal(key_cache, expected[0]) and torch.equal(value_cache, expected[1])):
+        raise AssertionError("write_kv_cache wrong")
+    microseconds = time_graph_us(lambda: write_kv_cache(key, value, key_cache, value_cache, slots))
+    return {"num_tokens": num_tokens, "us": microseconds, "bytes": 4 * key.numel() * 2}
 
 
 def time_graph_us(fn, repeats: int = 30, calls_per_graph: int = 10) -> float:
@@ -277,6 +304,8 @@ def main() -> None:
         quick_cpu_check()
         return
     copy_gbps = copy_bandwidth_gbps()
+    read_gbps = read_bandwidth_gbps()
+    kv_writes = [kv_write_us(64), kv_write_us(16384)]
     variants = DECODE_VARIANTS[:2] if options.quick else DECODE_VARIANTS
     decode = decode_attention_bandwidth(copy_gbps, variants=variants)
     best = min(decode["variants"], key=lambda row: row["us"])
@@ -298,6 +327,9 @@ def main() -> None:
                    "bitmask": "vocab 128256, fp32 logits, random masks with 1% and 50% allowed"},
         "metrics": {
             "copy_bandwidth_gbps": copy_gbps,
+            "read_bandwidth_gbps": read_gbps,
+            "attention_fraction_of_read_bw": best["gbps"] / read_gbps,
+            "kv_write": kv_writes,
             "attention_bw_fraction": best["bw_fraction"],
             "attention_bw_fraction_default_config": default["bw_fraction"],
             "decode_us": best["us"], "decode_floor_us": decode["floor_us"],
@@ -314,7 +346,9 @@ def main() -> None:
     }
     options.output.parent.mkdir(parents=True, exist_ok=True)
     options.output.write_text(json.dumps(result, indent=2))
-    print(f"card {properties.name}: copy {copy_gbps:.0f} GB/s")
+    print(f"card {properties.name}: copy {copy_gbps:.0f} GB/s, read {read_gbps:.0f} GB/s")
+    for row in kv_writes:
+        print(f"write_kv_cache {row['num_tokens']} tokens: {row['us']:.1f} us ({row['bytes'] / row['us'] / 1e3:.0f} GB/s)")
     print(f"decode b64 ctx2k: best {best['us']:.1f} us = {best['bw_fraction']:.2%} of copy bw  {best}")
     print(f"decode default config: {default['us']:.1f} us = {default['bw_fraction']:.2%}; "
           f"page 32: {page32['us']:.1f} us = {page32['bw_fraction']:.2%}")
