@@ -68,13 +68,14 @@ def _attend_tiles(
             kv_mask = (dims < head_dim)[None, :]
         rows = blocks * cache_block_stride + (tokens % PAGE_SIZE) * cache_slot_stride + head_offset
         key = tl.load(key_cache_ptr + rows[:, None] + dims[None, :], mask=kv_mask, other=0.0)
-        scores = tl.dot(query, tl.trans(key), input_precision=DOT_PRECISION) * scale_log2
+        scores = tl.dot(query, tl.trans(key), input_precision=DOT_PRECISION)
         if CAUSAL:
             visible = (tokens[None, :] <= positions[:, None]) & token_mask[None, :]
             scores = tl.where(visible, scores, float("-inf"))
-        new_max = tl.maximum(running_max, tl.max(scores, axis=1))
+        # Scale inside the exponent so that scaling and max-subtraction fuse into one FMA.
+        new_max = tl.maximum(running_max, tl.max(scores, axis=1) * scale_log2)
         rescale = tl.exp2(running_max - new_max)
-        probs = tl.exp2(scores - new_max[:, None])
+        probs = tl.exp2(scores * scale_log2 - new_max[:, None])
         running_sum = running_sum * rescale + tl.sum(probs, axis=1)
         value = tl.load(value_cache_ptr + rows[:, None] + dims[None, :], mask=kv_mask, other=0.0)
         acc = acc * rescale[:, None] + tl.dot(probs.to(value.dtype), value, input_precision=DOT_PRECISION)

@@ -2,7 +2,9 @@
 
 Paged KV layout, per layer: ``key_cache`` and ``value_cache`` of shape
 ``[num_blocks, block_size, num_kv_heads, head_dim]`` (any strides with ``head_dim`` contiguous
-work for the Triton kernels). Token ``i`` of a sequence lives in block
+work for the Triton kernels). The CPU engine's flat per-layer cache
+``[num_blocks * block_size, num_kv_heads, head_dim]`` is the same memory: pass
+``cache.view(-1, block_size, num_kv_heads, head_dim)``. Token ``i`` of a sequence lives in block
 ``block_tables[seq, i // block_size]`` at offset ``i % block_size``; a slot number is
 ``block_id * block_size + offset``.
 

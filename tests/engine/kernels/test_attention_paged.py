@@ -164,3 +164,18 @@ def test_chunked_prefill_then_decode_through_the_cache():
         is_causal=True, scale=0.25, enable_gqa=True,
     )[0].transpose(0, 1)  # fmt: skip
     assert relative_error(torch.cat(outputs).cpu(), dense) < 1e-5
+
+
+def test_int64_metadata_and_flat_engine_cache_view():
+    """The CPU engine keeps a flat [slots, kv_heads, D] cache and int64 slots: a view works."""
+    batch = make_paged_batch([30, 9], [4, 1], 4, 2, 16, 8, torch.float32, DEVICE, seed=3)
+    flat_keys = batch.key_cache.reshape(-1, 2, 16)
+    flat_values = batch.value_cache.reshape(-1, 2, 16)
+    metadata = [batch.block_tables.long(), batch.cu_seqlens_q.long(), batch.seq_lens.long()]
+    ours = paged_prefill_attention(
+        batch.query, flat_keys.view(-1, 8, 2, 16), flat_values.view(-1, 8, 2, 16), *metadata, 0.25, **SMALL_TILES
+    )
+    expected = paged_prefill_attention_reference(
+        batch.query, batch.key_cache, batch.value_cache, batch.block_tables, batch.cu_seqlens_q, batch.seq_lens, 0.25
+    )
+    assert relative_error(ours, expected) < 1e-5
