@@ -83,14 +83,21 @@ def browser():  # type: ignore[no-untyped-def]
 
 
 class PageProblems:
-    """Console errors and uncaught exceptions seen by a page; a clean page has none."""
+    """Console errors, uncaught exceptions and failed responses seen by a page; a clean page has none."""
 
     def __init__(self) -> None:
         self.messages: list[str] = []
 
     def attach(self, page) -> None:  # type: ignore[no-untyped-def]
-        page.on("console", lambda m: m.type == "error" and self.messages.append(f"console: {m.text}"))
+        def on_console(message) -> None:  # type: ignore[no-untyped-def]
+            # the browser's own "Failed to load resource" line repeats a response recorded below
+            if message.type == "error" and not message.text.startswith("Failed to load resource"):
+                self.messages.append(f"console: {message.text}")
+
+        page.on("console", on_console)
         page.on("pageerror", lambda e: self.messages.append(f"pageerror: {e}"))
+        page.on("response", lambda r: r.status >= 400 and self.messages.append(
+            f"HTTP {r.status} {r.request.method} {r.url}"))
 
 
 @pytest.fixture

@@ -1,0 +1,70 @@
+"""Sign in and the playground against the real app (uvicorn, SmolLM2 engine, SQLite)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from playwright.sync_api import expect
+
+# Records every text the answer bubble shows while it streams, so the test can
+# tell a token-by-token stream from one answer arriving at once.
+WATCH_ANSWER = """() => {
+  window.__answerSnapshots = [];
+  new MutationObserver(() => {
+    const bubble = document.querySelector('.turn-assistant .turn-content');
+    if (bubble) window.__answerSnapshots.push(bubble.textContent);
+  }).observe(document.getElementById('transcript'), { subtree: true, childList: true, characterData: true });
+}"""
+
+
+def sign_in(page, base_url: str, key: str, *, then: str = "/portal/adapters") -> None:  # type: ignore[no-untyped-def]
+    page.goto(f"{base_url}/portal/signin?next={then}")
+    page.get_by_label("API key").fill(key)
+    page.get_by_role("button", name="Sign in").click()
+    page.wait_for_url(f"**{then}")
+
+
+def test_sign_in_rejects_a_revoked_key_and_signs_out(api_server, new_page) -> None:  # type: ignore[no-untyped-def]
+    page, problems = new_page("desktop")
+    page.goto(api_server.base_url + "/portal/signin")
+    page.get_by_label("API key").fill(api_server.keys["revoked"])
+    page.get_by_role("button", name="Sign in").click()
+    expect(page.locator("#signin-error")).to_contain_text("not accepted")
+    assert page.evaluate("sessionStorage.length") == 0
+
+    sign_in(page, api_server.base_url, api_server.keys["all"], then="/portal/playground")
+    assert page.evaluate("sessionStorage.getItem('loraplex.apiKey')") == api_server.keys["all"]
+    expect(page.locator("#key-hint")).to_have_text(api_server.keys["all"][:12] + "…")
+    page.get_by_role("button", name="Sign out").click()
+    page.wait_for_url("**/portal/signin")
+    assert page.evaluate("sessionStorage.length") == 0
+    page.goto(api_server.base_url + "/portal/playground")
+    page.wait_for_url("**/portal/signin?next=*")
+    # the revoked key's 401 is the one expected console error
+    assert problems.messages == [f"HTTP 401 GET {api_server.base_url}/v1/models"]
+
+
+def test_playground_streams_an_answer_from_the_base_model(
+    api_server, new_page, artifacts_dir: Path  # type: ignore[no-untyped-def]
+) -> None:
+    for viewport in ("desktop", "phone"):
+        page, problems = new_page(viewport)
+        sign_in(page, api_server.base_url, api_server.keys["inference"], then="/portal/playground")
+        model_select = page.get_by_label("Model")
+        expect(model_select).to_be_enabled()
+        assert model_select.input_value() == api_server.services.base_model_name
+        page.get_by_label("Temperature").fill("0")
+        page.get_by_label("Max tokens").fill("24")
+        page.evaluate(WATCH_ANSWER)
+        page.get_by_label("Message").fill("What is the capital of France?")
+        page.get_by_label("Message").press("Enter")
+        expect(page.get_by_role("button", name="Stop")).to_be_visible()
+        done = page.locator(".turn-assistant.done .turn-content")
+        expect(done).not_to_be_empty(timeout=60_000)
+        answer = done.inner_text()
+        snapshots = [s for s in page.evaluate("window.__answerSnapshots") if s]
+        assert len(set(snapshots)) >= 3, f"expected a streamed answer, saw {snapshots}"
+        assert all(answer.startswith(s.rstrip()) for s in snapshots), "each snapshot is a prefix of the answer"
+        expect(page.locator("#chat-stats")).to_contain_text("completion tokens")
+        page.screenshot(path=artifacts_dir / f"playground-base-{viewport}.png", full_page=True)
+        assert problems.messages == []
