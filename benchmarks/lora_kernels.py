@@ -230,15 +230,10 @@ def copy_bandwidth() -> float:
 
 def launch_us(timer: GpuTimer) -> float:
     """One empty Triton kernel, timed like every op here: the 'one launch' of the target."""
-    import triton
-    import triton.language as tl
-
-    @triton.jit
-    def noop(ptr):
-        tl.store(ptr + tl.program_id(0), 0)
+    from loraplex.engine.kernels.lora_triton_programs import noop_kernel
 
     buf = torch.empty(1, dtype=torch.int32, device="cuda")
-    return timer(lambda: noop[(1,)](buf))[0]
+    return timer(lambda: noop_kernel[(1,)](buf))[0]
 
 
 # ---- main ----------------------------------------------------------------------------------------
@@ -298,9 +293,10 @@ def sweep(device: str, timer: GpuTimer) -> list[dict]:
     from loraplex.engine.kernels.lora_triton import LoRAKernelConfig
 
     picks = [
-        Case(4096, 16, 1, 1), Case(4096, 16, 64, 8), Case(4096, 16, 64, 64), Case(4096, 16, 256, 128),
-        Case(4096, 64, 256, 128), Case(4096, 16, 256, 8), Case(2048, 16, 64, 8),
-        prefill_case(4096, 16, 512), prefill_case(4096, 64, 512),
+        Case(4096, 16, 1, 1), Case(2048, 16, 1, 1), Case(4096, 16, 64, 8), Case(2048, 16, 64, 8),
+        Case(4096, 16, 64, 64), Case(4096, 64, 64, 64), Case(4096, 16, 256, 8), Case(4096, 16, 256, 128),
+        Case(4096, 64, 256, 128), Case(2048, 64, 256, 128),
+        prefill_case(4096, 16, 512), prefill_case(4096, 64, 512), prefill_case(2048, 16, 512),
     ]
     gen = torch.Generator().manual_seed(1)
     out = []
@@ -310,16 +306,20 @@ def sweep(device: str, timer: GpuTimer) -> list[dict]:
         add_lora_ref(expected, p.x.double(), _double_stack(p.stack), p.meta)
         expected -= p.y.double()
         y_start = p.y.clone()  # timing replays add into y; each check starts from the same y
-        block_ms = [32, 64] if case.prefill else [16, 32] if case.num_tokens >= 256 else [16]
-        configs = [(True, block_n, split_k) for block_n in (64, 128, 256) for split_k in (256, 512)]
-        configs.append((False, 128, 512))
+        block_ms = [32, 64] if case.prefill else [16]
+        configs = [
+            LoRAKernelConfig(block_n, split_k, 128, warps, fused)
+            for fused, block_n, split_k, warps in [
+                (True, 128, 256, 4), (True, 256, 256, 4), (True, 256, 512, 4), (True, 512, 512, 8),
+                (False, 128, 512, 4), (False, 256, 512, 4), (False, 256, 1024, 4), (False, 512, 1024, 8),
+            ]
+        ]
         for block_m in block_ms:
             p.meta = build_lora_metadata(p.token_slots.tolist(), max_loras=MAX_RESIDENT, device=device,
                                          block_m=block_m)
-            for fused, block_n, split_k in configs:
-                cfg = LoRAKernelConfig(block_n=block_n, split_k=split_k, block_k=128, num_warps=4, fused=fused)
-                row = {"case": case.name, "block_m": block_m, "fused": fused, "block_n": block_n,
-                       "split_k": split_k}
+            for cfg in configs:
+                row = {"case": case.name, "block_m": block_m, "fused": cfg.fused, "block_n": cfg.block_n,
+                       "split_k": cfg.split_k, "num_warps": cfg.num_warps}
                 p.y.copy_(y_start)
                 try:
                     row["rel_error"] = check(p, ours(p, cfg), expected, 2e-2)
@@ -345,6 +345,7 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true", help="small sizes; the CPU runs the reference kernels")
     parser.add_argument("--sweep", action="store_true", help="also time kernel configurations")
+    parser.add_argument("--sweep-only", action="store_true", help="time kernel configurations, nothing else")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -364,7 +365,10 @@ def main() -> int:
     launch = launch_us(timer)
     print(f"{torch.cuda.get_device_name()}: copy {bandwidth / 1e12:.2f} TB/s, empty launch {launch:.2f} us",
           flush=True)
-    sweep_rows = sweep(device, timer) if args.sweep else []
+    sweep_rows = sweep(device, timer) if args.sweep or args.sweep_only else []
+    if args.sweep_only:
+        args.out.with_suffix(".sweep.json").write_text(json.dumps(sweep_rows, indent=1) + "\n")
+        return 0
     if args.quick:
         cases = all_cases([2048], [16], [64], segment_len=512)
     else:

@@ -9,7 +9,8 @@ Three views of one batch:
   per token both become this: sorting decode tokens by slot lets a kernel read each
   adapter's weights once per group instead of once per token;
 - tile view (what the kernels launch over): every group cut into tiles of at most
-  ``block_m`` tokens of one slot.
+  ``block_m`` tokens of one slot. ``tile_table`` row i is [slot, token ids..., -1 padding]:
+  a kernel program reads its slot and its tokens in one memory round trip.
 
 Every tensor has a size fixed by (num_tokens, max_loras, block_m) alone, padded with
 slot -1 (programs on a padding tile exit at once), so a CUDA graph captured for one
@@ -52,9 +53,7 @@ class LoRAMetadata:
     group_slots: torch.Tensor  # [min(num_tokens, max_loras)], -1 padded
     group_starts: torch.Tensor
     group_lens: torch.Tensor
-    tile_slots: torch.Tensor  # [max_tiles], -1 padded
-    tile_starts: torch.Tensor  # index into sorted_token_ids
-    tile_lens: torch.Tensor
+    tile_table: torch.Tensor  # [max_tiles, 1 + block_m]: slot (-1 = padding tile), then tokens (-1 = none)
     sync: torch.Tensor  # int32 [2 * max_tiles], zero between launches
 
     def copy_(self, other: LoRAMetadata) -> None:
@@ -95,21 +94,21 @@ def build_lora_metadata(
     tile_starts = group_starts[tile_group] + tile_offset
     tile_lens = np.minimum(block_m, group_lens[tile_group] - tile_offset)
 
-    sizes = [num_tokens, num_tokens, max_groups, max_groups, max_groups, max_tiles, max_tiles, max_tiles]
+    sizes = [num_tokens, num_tokens, max_groups, max_groups, max_groups, max_tiles * (1 + block_m)]
     host = np.zeros(sum(sizes), dtype=np.int32)
     parts = np.split(host, np.cumsum(sizes)[:-1])
     parts[0][:] = slots
     parts[1][: len(order)] = order
-    for part, values, pad in (
-        (parts[2], group_slots, -1),
-        (parts[3], group_starts, 0),
-        (parts[4], group_lens, 0),
-        (parts[5], group_slots[tile_group], -1),
-        (parts[6], tile_starts, 0),
-        (parts[7], tile_lens, 0),
-    ):
+    for part, values, pad in ((parts[2], group_slots, -1), (parts[3], group_starts, 0), (parts[4], group_lens, 0)):
         part[:] = pad
         part[: len(values)] = values
+    table = parts[5].reshape(max_tiles, 1 + block_m)
+    table[:] = -1
+    table[: len(tile_group), 0] = group_slots[tile_group]
+    offsets = np.arange(block_m)
+    in_tile = offsets[None, :] < tile_lens[:, None]
+    positions = np.where(in_tile, tile_starts[:, None] + offsets[None, :], 0)
+    table[: len(tile_group), 1:] = np.where(in_tile, order[positions] if len(order) else 0, -1)
 
     packed_host = torch.from_numpy(host)
     device = torch.device(device)
@@ -126,9 +125,7 @@ def build_lora_metadata(
         group_slots=views[2],
         group_starts=views[3],
         group_lens=views[4],
-        tile_slots=views[5],
-        tile_starts=views[6],
-        tile_lens=views[7],
+        tile_table=views[5].view(max_tiles, 1 + block_m),
         sync=torch.zeros(2 * max_tiles, dtype=torch.int32, device=device),
     )
 

@@ -166,15 +166,14 @@ def test_metadata_tiles_cover_each_adapted_token_once() -> None:
     meta = build_lora_metadata(slots, max_loras=4, device="cpu", block_m=16)
     assert meta.max_tiles == -(-len(slots) // 16) + 4
     seen = []
-    for slot, start, length in zip(meta.tile_slots.tolist(), meta.tile_starts.tolist(), meta.tile_lens.tolist(),
-                                   strict=True):
+    for row in meta.tile_table.tolist():
+        slot, tokens = row[0], [t for t in row[1:] if t >= 0]
         if slot < 0:
-            assert length == 0
+            assert not tokens
             continue
-        assert 1 <= length <= 16
-        ids = meta.sorted_token_ids[start : start + length].tolist()
-        assert all(slots[t] == slot for t in ids)
-        seen += ids
+        assert 1 <= len(tokens) <= 16
+        assert all(slots[t] == slot for t in tokens)
+        seen += tokens
     assert sorted(seen) == [t for t, s in enumerate(slots) if s >= 0]
     assert meta.group_slots.tolist() == [0, 1, 2, 3]
 
