@@ -292,12 +292,7 @@ def summarize(rows: list[dict], launch: float) -> dict:
 def sweep(device: str, timer: GpuTimer) -> list[dict]:
     from loraplex.engine.kernels.lora_triton import LoRAKernelConfig
 
-    picks = [
-        Case(4096, 16, 1, 1), Case(2048, 16, 1, 1), Case(4096, 16, 64, 8), Case(2048, 16, 64, 8),
-        Case(4096, 16, 64, 64), Case(4096, 64, 64, 64), Case(4096, 16, 256, 8), Case(4096, 16, 256, 128),
-        Case(4096, 64, 256, 128), Case(2048, 64, 256, 128),
-        prefill_case(4096, 16, 512), prefill_case(4096, 64, 512), prefill_case(2048, 16, 512),
-    ]
+    picks = [prefill_case(4096, 16, 512), prefill_case(4096, 64, 512), prefill_case(2048, 16, 512)]
     gen = torch.Generator().manual_seed(1)
     out = []
     for case in picks:
@@ -306,12 +301,13 @@ def sweep(device: str, timer: GpuTimer) -> list[dict]:
         add_lora_ref(expected, p.x.double(), _double_stack(p.stack), p.meta)
         expected -= p.y.double()
         y_start = p.y.clone()  # timing replays add into y; each check starts from the same y
-        block_ms = [32, 64] if case.prefill else [16]
+        block_ms = [32, 64]
         configs = [
-            LoRAKernelConfig(block_n, split_k, 128, warps, fused)
-            for fused, block_n, split_k, warps in [
-                (True, 128, 256, 4), (True, 256, 256, 4), (True, 256, 512, 4), (True, 512, 512, 8),
-                (False, 128, 512, 4), (False, 256, 512, 4), (False, 256, 1024, 4), (False, 512, 1024, 8),
+            LoRAKernelConfig(block_n, split_k, 128, warps, fused, stages)
+            for fused, block_n, split_k, warps, stages in [
+                (False, 256, 1024, 4, 3), (False, 256, 1024, 4, 4), (False, 256, 1024, 8, 3),
+                (False, 256, 2048, 4, 3), (False, 512, 2048, 8, 3), (False, 256, 4096, 4, 3),
+                (False, 512, 4096, 8, 3), (False, 128, 4096, 4, 3), (True, 256, 1024, 4, 3),
             ]
         ]
         for block_m in block_ms:
@@ -319,7 +315,8 @@ def sweep(device: str, timer: GpuTimer) -> list[dict]:
                                          block_m=block_m)
             for cfg in configs:
                 row = {"case": case.name, "block_m": block_m, "fused": cfg.fused, "block_n": cfg.block_n,
-                       "split_k": cfg.split_k, "num_warps": cfg.num_warps}
+                       "split_k": cfg.split_k, "num_warps": cfg.num_warps,
+                       "num_stages": cfg.num_stages}
                 p.y.copy_(y_start)
                 try:
                     row["rel_error"] = check(p, ours(p, cfg), expected, 2e-2)

@@ -29,11 +29,7 @@ import torch
 
 def default_block_m(num_tokens: int) -> int:
     """Tile height: small for decode (few tokens per adapter), larger for prefill chunks."""
-    if num_tokens <= 256:
-        return 16
-    if num_tokens <= 1024:
-        return 32
-    return 64
+    return 16 if num_tokens <= 256 else 32
 
 
 def max_tiles_for(num_tokens: int, max_loras: int, block_m: int) -> int:

@@ -38,14 +38,22 @@ class LoRAKernelConfig:
     block_k: int  # input features per shrink loop step
     num_warps: int
     fused: bool = True  # one launch; False runs shrink then expand (two launches)
+    num_stages: int = 3
 
 
 def choose_config(stack: LoRAStack, meta: LoRAMetadata) -> LoRAKernelConfig:
-    """Measured on an H200 (benchmarks/notes/lora_kernels.md): fuse while the batch is small."""
+    """From the H100 sweep in benchmarks/notes/lora_kernels.md.
+
+    Decode-sized batches are latency-bound: one launch, short K splits for many programs in
+    flight. Prefill chunks are bandwidth-bound: two launches, so expand programs never
+    occupy an SM while they wait, and long K splits, so expand re-reads few partials.
+    """
     rank_cols = triton.next_power_of_2(stack.num_slices * rank_pad(stack.max_rank))
     block_k = 64 if rank_cols * meta.block_m > 64 * 64 else 128
-    split_k = max(block_k, min(512, triton.next_power_of_2(stack.in_features) // 4))
-    return LoRAKernelConfig(block_n=128, split_k=split_k, block_k=block_k, num_warps=4)
+    if meta.num_tokens > 256:
+        return LoRAKernelConfig(block_n=256, split_k=max(block_k, 1024), block_k=block_k, num_warps=4, fused=False)
+    short_split = meta.num_tokens <= 16 or stack.in_features <= 2048
+    return LoRAKernelConfig(block_n=256, split_k=256 if short_split else 512, block_k=block_k, num_warps=4)
 
 
 def rank_pad(max_rank: int) -> int:
@@ -87,6 +95,7 @@ def _launch(
         FENCE=mid.is_cuda,  # the interpreter runs programs one by one and has no inline PTX
         INPUT_PRECISION="ieee" if stack.lora_a.dtype == torch.float32 else None,
         num_warps=config.num_warps,
+        num_stages=config.num_stages,
     )
 
 
