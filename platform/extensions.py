@@ -154,3 +154,5 @@ class Extensions:
     preparers: list[RequestPreparer] = field(default_factory=list)
     usage_recorders: list[UsageRecorder] = field(default_factory=list)
     on_shutdown: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
+    # Objects a domain's own routes need at request time, by domain name (e.g. "sessions").
+    domain_state: dict[str, Any] = field(default_factory=dict)

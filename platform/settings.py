@@ -55,6 +55,14 @@ class Settings(BaseSettings):
     adapter_storage_dir: Path | None = None  # None: <data_dir>/adapters
     max_reasoning_tokens: int | None = None  # default thinking budget; None: unbounded
     session_ttl_s: int = 3600
+    session_max_ttl_s: int = 7 * 86400
+    session_lease_s: float = 600.0      # a turn's hold on its session; a crashed turn frees it after this
+    session_sweep_interval_s: float = 5.0  # how often expired sessions' pinned KV is released
+    replica_id: str = "replica-0"       # names this engine replica in session records
+    metering_enabled: bool = True       # off only to measure metering overhead
+    billing_batch_size: int = 256       # usage events per ledger write
+    billing_flush_interval_s: float = 0.02  # longest an event waits in the meter's queue
+    billing_rollup_interval_s: float = 3600.0  # Celery beat period of rollups and quota reconciliation
     celery_always_eager: bool = Field(default=False, description="run tasks in-process (no worker)")
 
     @cached_property

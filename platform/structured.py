@@ -15,7 +15,12 @@ from typing import Any
 from loraplex.grammar.compiler import GrammarCompilerService, GrammarLimits
 from loraplex.grammar.spec import GrammarSpec
 from loraplex.grammar.tool_parser import ToolCallStreamParser
-from loraplex.grammar.tools import content_format_for, messages_with_tools, template_supports_tools, tool_call_spec
+from loraplex.grammar.tools import (
+    content_format_for,
+    messages_with_tools,
+    template_supports_tools,
+    tool_call_spec,
+)
 from loraplex.grammar.validation import ToolRequest, parse_tools, response_format_spec
 from loraplex.platform.extensions import MessageDelta, MessageParser, PreparedRequest
 

@@ -14,10 +14,13 @@ from loraplex.platform.api.logprobs import TokenTexts
 from loraplex.platform.db import migrate
 from loraplex.platform.db.session import make_db_engine, make_session_factory
 from loraplex.platform.extensions import BaseModelResolver, Extensions
+from loraplex.platform.metering import install_billing
 from loraplex.platform.metrics import Metrics
 from loraplex.platform.ratelimit.limiter import make_rate_limiter
+from loraplex.platform.routers.sessions import install_sessions
 from loraplex.platform.services import Services
 from loraplex.platform.settings import Settings
+from sqlalchemy.orm import Session, sessionmaker
 
 log = logging.getLogger(__name__)
 
@@ -50,10 +53,17 @@ def build_engine(settings: Settings) -> Any:
 def served_model_name(settings: Settings) -> str:
     if settings.served_model_name:
         return settings.served_model_name
-    return settings.resolve_model_path().name
+    if settings.model_path is not None:
+        return settings.model_path.name
+    from loraplex.engine.model.default_model import DEFAULT_MODEL_NAME
+
+    return DEFAULT_MODEL_NAME
 
 
-def build_extensions(settings: Settings, *, base_model_name: str, engine: Any) -> Extensions:
+def build_extensions(
+    settings: Settings, *, base_model_name: str, engine: Any,
+    db_sessions: sessionmaker[Session] | None = None, metrics: Metrics | None = None,
+) -> Extensions:
     """Every domain's hooks. Each domain adds its lines here:
 
     - adapters: `extensions.model_resolver = <resolver that knows the tenant's adapters>`
@@ -61,7 +71,11 @@ def build_extensions(settings: Settings, *, base_model_name: str, engine: Any) -
     - sessions: `extensions.preparers.append(<session_id preparer>)`; closer in `on_shutdown`
     - billing:  `extensions.usage_recorders.append(<meter>)`; quota check as a preparer (429)
     """
-    return Extensions(model_resolver=BaseModelResolver(base_model_name))
+    extensions = Extensions(model_resolver=BaseModelResolver(base_model_name))
+    install_sessions(extensions, settings, engine=engine, metrics=metrics)
+    if settings.metering_enabled and db_sessions is not None:
+        install_billing(extensions, settings, db_sessions=db_sessions, base_model=base_model_name)
+    return extensions
 
 
 def prepare_database(settings: Settings) -> None:
@@ -76,19 +90,22 @@ def build_services(settings: Settings, engine: Any | None = None, *, metrics: Me
     if engine is None:
         engine = build_engine(settings)
     db_engine = make_db_engine(settings.resolved_database_url)
+    db_sessions = make_session_factory(db_engine)
     base_model_name = served_model_name(settings)
     metrics = metrics or Metrics()
     metrics.watch_engine(engine.stats)
     return Services(
         settings=settings,
         db_engine=db_engine,
-        db_sessions=make_session_factory(db_engine),
+        db_sessions=db_sessions,
         rate_limiter=make_rate_limiter(settings.redis_url, prefix=settings.redis_key_prefix),
         engine=engine,
         tokenizer=engine.tokenizer,
         token_texts=TokenTexts(engine.tokenizer),
         base_model_name=base_model_name,
-        extensions=build_extensions(settings, base_model_name=base_model_name, engine=engine),
+        extensions=build_extensions(
+            settings, base_model_name=base_model_name, engine=engine, db_sessions=db_sessions, metrics=metrics
+        ),
         metrics=metrics,
         owns_engine=owns_engine,
     )

@@ -195,7 +195,9 @@ ServerFactory = Callable[..., Any]
 
 
 @pytest.fixture(scope="session")
-def start_server(smollm_engine: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerFactory]:
+def start_server(
+    smollm_engine: Any, smollm_path: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ServerFactory]:
     """`with start_server(**settings_overrides) as server:` a fresh app (own SQLite DB) on the shared engine."""
     from loraplex.platform.app import create_app
     from loraplex.platform.db import migrate
@@ -204,7 +206,7 @@ def start_server(smollm_engine: Any, tmp_path_factory: pytest.TempPathFactory) -
     @contextmanager
     def start(**overrides: Any) -> Iterator[RunningServer]:
         data_dir = tmp_path_factory.mktemp("server")
-        values = {"data_dir": data_dir, "model_path": None, "migrate_on_start": True, **overrides}
+        values = {"data_dir": data_dir, "model_path": smollm_path, "migrate_on_start": True, **overrides}
         settings = Settings(**values)
         migrate.upgrade(settings.resolved_database_url)
         keys, key_ids, tenants = seed_tenants(settings.resolved_database_url)

@@ -6,6 +6,6 @@ from fastapi import APIRouter
 
 
 def all_routers() -> list[APIRouter]:
-    from loraplex.platform.routers import admin, health, openai_api
+    from loraplex.platform.routers import admin, health, openai_api, sessions, usage
 
-    return [health.router, openai_api.router, admin.router]
+    return [health.router, openai_api.router, admin.router, usage.router, sessions.router]

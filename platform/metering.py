@@ -1,0 +1,120 @@
+"""Billing wired into the platform: the end-of-request hook → UsageEvent → Meter, and the quota preparer.
+
+The platform calls `MeteringRecorder.record` exactly once per admitted
+request, in a `finally`, with the engine's final counts; this turns that
+record into a `UsageEvent` and enqueues it (microseconds: the ledger write
+happens on the meter's thread). `QuotaPreparer` refuses a request with 429
+before it is queued when its tenant's or key's monthly budget is spent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from loraplex.billing.events import UsageEvent
+from loraplex.billing.ledger import Ledger
+from loraplex.billing.meter import Meter
+from loraplex.billing.pricing import PriceBook
+from loraplex.billing.quotas import MemorySpendCounter, QuotaGuard, RedisSpendCounter
+from loraplex.billing.spool import FileSpool, RedisStreamSpool, Spool
+from loraplex.platform.extensions import Extensions, PreparedRequest, RequestRecord
+from loraplex.platform.settings import Settings
+from sqlalchemy.orm import Session, sessionmaker
+
+log = logging.getLogger(__name__)
+
+
+def usage_event(record: RequestRecord, *, base_model: str) -> UsageEvent:
+    """The billing event of one request. Counts are the engine's; inconsistent ones are clamped, never dropped."""
+    input_tokens = max(record.num_prompt_tokens, 0)
+    output_tokens = max(record.num_output_tokens, 0)
+    cached = min(max(record.num_cached_tokens, 0), input_tokens)
+    thinking = min(max(record.num_reasoning_tokens, 0), output_tokens)
+    if (cached, thinking) != (record.num_cached_tokens, record.num_reasoning_tokens):
+        log.warning("clamped inconsistent token counts of %s: %r", record.request_id, record)
+    ttft = record.time_to_first_token_s
+    return UsageEvent(
+        request_id=record.request_id,
+        tenant_id=record.tenant_id,
+        api_key_id=record.key_id or None,
+        model=base_model,
+        adapter_id=record.adapter_id,
+        session_id=record.session_id,
+        status=str(record.status),
+        created_at=datetime.fromtimestamp(record.started_at, UTC),
+        input_tokens=input_tokens,
+        cached_input_tokens=cached,
+        output_tokens=output_tokens,
+        thinking_tokens=thinking,
+        ttft_ms=None if ttft is None else ttft * 1000.0,
+        duration_ms=max(record.finished_at - record.started_at, 0.0) * 1000.0,
+    )
+
+
+class MeteringRecorder:
+    """The platform's UsageRecorder: one UsageEvent per request into the meter's queue."""
+
+    def __init__(self, meter: Meter, *, base_model: str) -> None:
+        self.meter = meter
+        self._base_model = base_model
+
+    async def record(self, record: RequestRecord) -> None:
+        self.meter.record(usage_event(record, base_model=self._base_model))
+
+
+class QuotaPreparer:
+    """Refuses work once the monthly budget is spent (QuotaExceededError → 429), before anything is queued."""
+
+    def __init__(self, guard: QuotaGuard) -> None:
+        self.guard = guard
+
+    async def __call__(self, prepared: PreparedRequest) -> None:
+        if self.guard.is_known_unlimited(prepared.tenant_id):
+            return  # the common case costs no I/O on the event loop
+        await asyncio.to_thread(self.guard.check, tenant_id=prepared.tenant_id, api_key_id=prepared.key_id or None)
+
+
+def build_spools(settings: Settings, redis_client: Any | None) -> list[Spool]:
+    """Redis stream first when Redis is configured; local fsynced files always, as the last resort."""
+    spools: list[Spool] = []
+    if redis_client is not None:
+        spools.append(RedisStreamSpool(redis_client, f"{settings.redis_key_prefix}billing:spool"))
+    spools.append(FileSpool(Path(settings.data_dir) / "billing-spool"))
+    return spools
+
+
+def install_billing(
+    extensions: Extensions, settings: Settings, *, db_sessions: sessionmaker[Session], base_model: str
+) -> Meter:
+    """Register the meter (usage recorder), the quota preparer and the shutdown flush."""
+    redis_client = _redis(settings)
+    counter = RedisSpendCounter(redis_client, settings.redis_key_prefix) if redis_client else MemorySpendCounter()
+    guard = QuotaGuard(db_sessions, counter)
+    meter = Meter(
+        Ledger(db_sessions, PriceBook(db_sessions)),
+        spools=build_spools(settings, redis_client),
+        on_recorded=guard.on_recorded,
+        batch_size=settings.billing_batch_size,
+        flush_interval_s=settings.billing_flush_interval_s,
+    )
+    meter.start()
+    extensions.usage_recorders.append(MeteringRecorder(meter, base_model=base_model))
+    extensions.preparers.insert(0, QuotaPreparer(guard))
+
+    async def flush_meter() -> None:
+        await asyncio.to_thread(meter.close, 30.0)
+
+    extensions.on_shutdown.append(flush_meter)
+    return meter
+
+
+def _redis(settings: Settings) -> Any | None:
+    if not settings.redis_url:
+        return None
+    import redis
+
+    return redis.Redis.from_url(settings.redis_url, socket_timeout=5, socket_connect_timeout=5)
