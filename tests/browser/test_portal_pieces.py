@@ -106,7 +106,7 @@ def test_chart_scale_and_bars(portal_only_url: str, new_page) -> None:  # type: 
                         label: box.querySelector('svg').getAttribute('aria-label') };
       charts.horizontalBarChart(box, { items: [{ label: 'a', value: 1 }, { label: 'b', value: 3 }, { label: 'c', value: 0 }],
                                        formatValue: String, ariaLabel: 'x' });
-      const labels = [...box.querySelectorAll('text.tick-label')].map((t) => t.firstChild.textContent);
+      const labels = [...box.querySelectorAll("text.tick-label")].map((t) => t.textContent);
       charts.horizontalBarChart(box, { items: [], formatValue: String, ariaLabel: 'x' });
       return { scales, stacked, labels, empty: box.textContent };
     }""")

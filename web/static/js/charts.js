@@ -117,10 +117,11 @@ export function horizontalBarChart(container, { items, formatValue, ariaLabel, c
     rows.forEach((row, i) => {
       const top = i * rowH + 4;
       const barLen = Math.max((row.value / max) * plotW, 2);
-      const maxChars = Math.floor(labelW / 7.2);
+      const maxChars = Math.floor((labelW - 12) / 7.4);
       const label = row.label.length > maxChars ? `${row.label.slice(0, maxChars - 1)}…` : row.label;
       root.append(
-        svg("text", { x: labelW - 8, y: top + rowH / 2, class: "tick tick-label" }, label, svg("title", {}, row.label)),
+        // a shortened label keeps its full name in the bar's tooltip
+        svg("text", { x: labelW - 8, y: top + rowH / 2, class: "tick tick-label" }, label),
         svg("rect", { x: labelW, y: top + 5, width: barLen, height: rowH - 12, rx: 3, class: `bar series-${colorIndex}` },
           svg("title", {}, `${row.label}: ${formatValue(row.value)}`)),
         svg("text", { x: labelW + barLen + 6, y: top + rowH / 2, class: "tick tick-value" }, formatValue(row.value)),

@@ -5,12 +5,19 @@ import { clearError, h, showError } from "./dom.js";
 import { formatCompact, formatCost, formatInt, isoDay } from "./format.js";
 import { requireApiKey } from "./session.js";
 
-// token classes in stacking order (bottom first), with the report's field names
+// The report's classes nest (cached input is part of input, thinking part of
+// output), so the chart stacks the four disjoint parts; the table shows the fields as reported.
 export const TOKEN_CLASSES = [
   { key: "input_tokens", name: "Input" },
   { key: "cached_input_tokens", name: "Cached input" },
   { key: "output_tokens", name: "Output" },
   { key: "thinking_tokens", name: "Thinking" },
+];
+const STACKED_CLASSES = [
+  { name: "Input (not cached)", value: (row) => row.input_tokens - row.cached_input_tokens },
+  { name: "Cached input", value: (row) => row.cached_input_tokens },
+  { name: "Output (answer)", value: (row) => row.output_tokens - row.thinking_tokens },
+  { name: "Thinking", value: (row) => row.thinking_tokens },
 ];
 
 const form = document.getElementById("range-form");
@@ -51,26 +58,14 @@ function daysBetween(start, end) {
 }
 
 const dayLabel = (day) => new Date(`${day}T00:00:00Z`).toLocaleDateString(undefined, { month: "short", day: "numeric", timeZone: "UTC" });
-const totalTokens = (row) => TOKEN_CLASSES.reduce((sum, c) => sum + (row[c.key] || 0), 0);
-
-function sumRows(rows) {
-  const total = { requests: 0, cost: 0 };
-  for (const c of TOKEN_CLASSES) total[c.key] = 0;
-  for (const row of rows) {
-    total.requests += row.requests || 0;
-    total.cost += Number(row.cost) || 0;
-    for (const c of TOKEN_CLASSES) total[c.key] += row[c.key] || 0;
-  }
-  return total;
-}
 
 function renderTotals(total) {
   const tile = (label, value) => h("div", { class: "tile" }, h("span", { class: "tile-label" }, label), h("span", { class: "tile-value" }, value));
   totalsEl.replaceChildren(
     tile("Requests", formatInt(total.requests)),
-    tile("Tokens", formatCompact(totalTokens(total))),
+    tile("Tokens", formatCompact(total.total_tokens)),
     tile("Thinking tokens", formatCompact(total.thinking_tokens)),
-    tile("Cost", formatCost(total.cost)),
+    tile("Cost", formatCost(total.cost_usd)),
   );
 }
 
@@ -78,7 +73,7 @@ function renderTable(byDay, total) {
   const cells = (row) => [
     h("td", { class: "num", "data-label": "Requests" }, formatInt(row.requests)),
     ...TOKEN_CLASSES.map((c) => h("td", { class: "num", "data-label": c.name }, formatInt(row[c.key]))),
-    h("td", { class: "num", "data-label": "Cost" }, formatCost(row.cost)),
+    h("td", { class: "num", "data-label": "Cost" }, formatCost(row.cost_usd)),
   ];
   tbody.replaceChildren(...byDay.map((row) => h("tr", {}, h("th", { scope: "row" }, row.day), ...cells(row))));
   tfoot.replaceChildren(h("tr", {}, h("th", { scope: "row" }, "Total"), ...cells(total)));
@@ -86,29 +81,44 @@ function renderTable(byDay, total) {
   emptyNote.hidden = byDay.length !== 0;
 }
 
-function renderCharts(byDay, byAdapter, byKey) {
+function renderCharts(byDay, byAdapter, byKey, adapterNames) {
   const { start, end } = rangeParams();
   const days = daysBetween(start, end);
   const index = new Map(byDay.map((row) => [row.day, row]));
   stackedBarChart(document.getElementById("chart-tokens"), {
     labels: days,
-    series: TOKEN_CLASSES.map((c) => ({ name: c.name, values: days.map((d) => index.get(d)?.[c.key] || 0) })),
+    series: STACKED_CLASSES.map((c) => ({
+      name: c.name, values: days.map((d) => (index.has(d) ? c.value(index.get(d)) : 0)),
+    })),
     formatValue: formatCompact,
     formatLabel: dayLabel,
     ariaLabel: "Tokens per day, stacked by class",
   });
   horizontalBarChart(document.getElementById("chart-cost"), {
-    items: byAdapter.map((row) => ({ label: row.adapter ?? "base model", value: Number(row.cost) || 0 })),
+    items: byAdapter.map((row) => ({
+      label: row.adapter === null ? "base model" : adapterNames.get(row.adapter) ?? row.adapter,
+      value: row.cost_usd,
+    })),
     formatValue: formatCost,
     ariaLabel: "Cost per adapter",
     colorIndex: 4,
   });
   horizontalBarChart(document.getElementById("chart-keys"), {
-    items: byKey.map((row) => ({ label: row.api_key_name || row.api_key, value: row.requests || 0 })),
+    items: byKey.map((row) => ({ label: row.api_key ?? "no key", value: row.requests })),
     formatValue: formatInt,
     ariaLabel: "Requests per API key",
     colorIndex: 5,
   });
+}
+
+// The report names adapters by id; the adapters list (when this key may read it) gives their names.
+async function loadAdapterNames() {
+  try {
+    const { data } = await apiJson("/v1/adapters", { noRedirect: true });
+    return new Map(data.map((a) => [a.id, a.name]));
+  } catch {
+    return new Map();
+  }
 }
 
 async function load() {
@@ -122,11 +132,10 @@ async function load() {
   try {
     const report = (groupBy) => apiJson("/v1/usage", { params: { ...rangeParams(), group_by: groupBy, format: "json" } });
     const [byDay, byAdapter, byKey] = await Promise.all([report("day"), report("adapter"), report("api_key")]);
-    const days = [...byDay.data].sort((a, b) => (a.day < b.day ? -1 : 1));
-    const total = sumRows(days);
-    renderTotals(total);
-    renderTable(days, total);
-    renderCharts(days, byAdapter.data, byKey.data);
+    const adapterNames = byAdapter.data.some((row) => row.adapter !== null) ? await loadAdapterNames() : new Map();
+    renderTotals(byDay.totals);
+    renderTable(byDay.data, byDay.totals);
+    renderCharts(byDay.data, byAdapter.data, byKey.data, adapterNames);
     history.replaceState(null, "", `?${new URLSearchParams(rangeParams())}`);
   } catch (err) {
     showError(errorEl, `Cannot load usage: ${err.message}`);

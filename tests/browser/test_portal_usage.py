@@ -1,0 +1,114 @@
+"""The usage page for a tenant with data: totals, three charts, the table and the CSV download.
+
+Today's usage comes from real requests through the openai client (metered by
+the running app); earlier days are written to the same ledger with the
+billing code, so the chart spans several days without waiting for them.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import httpx
+from loraplex.billing.events import UsageEvent, UsageStatus
+from loraplex.billing.ledger import Ledger
+from loraplex.billing.pricing import PriceBook, add_price
+from playwright.sync_api import expect
+from test_portal_playground import sign_in
+
+PAST_DAYS = {1: (1200, 300, 400, 0), 2: (800, 0, 250, 60), 4: (2500, 1200, 900, 200), 6: (400, 0, 120, 0)}
+
+
+def write_past_usage(server) -> None:  # type: ignore[no-untyped-def]
+    sessions = server.services.db_sessions
+    now = datetime.now(UTC)
+    with sessions() as db:
+        add_price(db, model=server.services.base_model_name, input_usd_per_mtok="2", output_usd_per_mtok="8",
+                  cached_input_usd_per_mtok="0.5", effective_from=now - timedelta(days=30))
+        db.commit()
+    events = [
+        UsageEvent(
+            request_id=f"req_past_{days}_{i}", tenant_id=server.tenants["acme"], model=server.services.base_model_name,
+            status=UsageStatus.COMPLETED, created_at=now - timedelta(days=days), api_key_id=server.key_ids[key],
+            input_tokens=tokens[0], cached_input_tokens=tokens[1], output_tokens=tokens[2], thinking_tokens=tokens[3],
+        )
+        for days, tokens in PAST_DAYS.items()
+        for i, key in enumerate(("all", "inference", "inference"))
+    ]
+    Ledger(sessions, PriceBook(sessions)).write(events)
+
+
+def usage_report(server, days: int = 30, **params: str) -> httpx.Response:  # type: ignore[no-untyped-def]
+    """The page's default range: the last `days` days, today included (UTC)."""
+    today = datetime.now(UTC).date()
+    query = {"start": (today - timedelta(days=days - 1)).isoformat(), "end": today.isoformat(), **params}
+    headers = {"Authorization": f"Bearer {server.keys['usage']}"}
+    return httpx.get(server.base_url + "/v1/usage", params=query, headers=headers, timeout=30)
+
+
+def wait_for_requests(server, expected: int) -> dict:  # type: ignore[no-untyped-def]
+    """The meter writes on its own thread; the report is current once every request is in."""
+    deadline = time.monotonic() + 30
+    while True:
+        report = usage_report(server, group_by="day").json()
+        if report["totals"]["requests"] >= expected or time.monotonic() > deadline:
+            return report
+        time.sleep(0.2)
+
+
+def test_usage_page_charts_table_and_csv(start_server, new_page, artifacts_dir: Path) -> None:  # type: ignore[no-untyped-def]
+    with start_server() as server:
+        write_past_usage(server)
+        for key in ("all", "inference", "inference"):
+            server.client(key).chat.completions.create(
+                model=server.services.base_model_name, max_tokens=8, temperature=0,
+                messages=[{"role": "user", "content": "Name a colour."}],
+            )
+        expected_requests = 3 * len(PAST_DAYS) + 3
+        report = wait_for_requests(server, expected_requests)
+        assert report["totals"]["requests"] == expected_requests
+        assert len(report["data"]) == len(PAST_DAYS) + 1
+
+        for viewport in ("desktop", "phone"):
+            page, problems = new_page(viewport, accept_downloads=True)
+            sign_in(page, server.base_url, server.keys["all"], then="/portal/usage")
+            page.wait_for_selector("body[data-loaded]")
+            expect(page.locator("#usage-error")).to_be_hidden()
+
+            tiles = page.locator("#usage-totals .tile-value")
+            expect(tiles.first).to_have_text(str(expected_requests))
+            # one bar segment per non-zero class per day with data
+            segments = sum(
+                sum(1 for v in (row["input_tokens"] - row["cached_input_tokens"], row["cached_input_tokens"],
+                                row["output_tokens"] - row["thinking_tokens"], row["thinking_tokens"]) if v > 0)
+                for row in report["data"]
+            )
+            expect(page.locator("#chart-tokens rect.bar")).to_have_count(segments)
+            expect(page.locator("#chart-tokens .legend li")).to_have_count(4)
+            expect(page.locator("#chart-cost rect.bar")).to_have_count(1)  # the base model only
+            expect(page.locator("#chart-cost text.tick-label")).to_have_text(["base model"])
+            expect(page.locator("#chart-keys rect.bar")).to_have_count(2)
+            expect(page.locator("#chart-keys text.tick-label").first).to_contain_text(server.key_ids["inference"][:8])
+
+            rows = page.locator("#usage-body tr")
+            expect(rows).to_have_count(len(report["data"]))
+            expect(rows.first.locator("th")).to_have_text(report["data"][0]["day"])
+            foot = page.locator("#usage-foot td")
+            expect(foot.nth(0)).to_have_text(str(expected_requests))
+            expect(foot.nth(1)).to_have_text(f"{report['totals']['input_tokens']:,}")
+            page.screenshot(path=artifacts_dir / f"usage-{viewport}.png", full_page=True)
+
+            with page.expect_download() as download_info:
+                page.get_by_role("button", name="Download CSV").click()
+            download = download_info.value
+            assert download.suggested_filename.endswith(".csv")
+            downloaded = Path(download.path()).read_text()
+            assert downloaded == usage_report(server, group_by="day", format="csv").text
+            lines = list(csv.DictReader(io.StringIO(downloaded)))
+            assert [line["day"] for line in lines] == [row["day"] for row in report["data"]]
+            assert sum(int(line["requests"]) for line in lines) == expected_requests
+            assert problems.messages == []
