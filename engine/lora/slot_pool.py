@@ -1,0 +1,80 @@
+"""The fixed pool of device slots: one stacked A/B buffer per LoRA-ready linear, indexed by slot.
+
+Every `LoRALinear` of the model (merged q/k/v, o, merged gate/up, down) gets a
+`LoRAStack` with `max_loras` slots of rank up to `max_lora_rank`; writing an
+adapter into slot s fills, for each layer and slice, the slice's A/B (zero
+padded past its rank) and scaling, and marks slices the adapter does not
+touch as rank 0, which the kernels skip.
+"""
+
+from __future__ import annotations
+
+import torch
+from loraplex.engine.interfaces import AdapterWeights
+from loraplex.engine.kernels.lora_weights import LoRAStack
+from loraplex.engine.model.layers import LoRALinear
+from torch import nn
+
+StackKey = tuple[int, tuple[tuple[str, int, int], ...]]  # (layer_index, the linear's slices)
+
+
+class AdapterShapeError(ValueError):
+    """The adapter does not fit this model or the pool's limits (raised before any slot is touched)."""
+
+
+class LoRASlotPool:
+    def __init__(
+        self, model: nn.Module, *, max_loras: int, max_lora_rank: int, dtype: torch.dtype, device: torch.device | str
+    ) -> None:
+        self.max_loras = max_loras
+        self.max_lora_rank = max_lora_rank
+        self.device = torch.device(device)
+        self.stacks: dict[StackKey, LoRAStack] = {}
+        # (layer, module name) -> (stack key, slice index), to place an adapter's modules
+        self._placement: dict[tuple[int, str], tuple[StackKey, int]] = {}
+        for module in model.modules():
+            if not isinstance(module, LoRALinear):
+                continue
+            key: StackKey = (module.layer_index, module.slices)
+            out_sizes = tuple(end - start for _, start, end in module.slices)
+            self.stacks[key] = LoRAStack.allocate(
+                num_slots=max_loras, max_rank=max_lora_rank, in_features=module.in_features,
+                out_sizes=out_sizes, dtype=dtype, device=self.device,
+            )
+            for index, (name, _, _) in enumerate(module.slices):
+                self._placement[(module.layer_index, name)] = (key, index)
+
+    def check(self, weights: AdapterWeights) -> None:
+        for (layer, name), w in weights.modules.items():
+            placed = self._placement.get((layer, name))
+            if placed is None:
+                raise AdapterShapeError(f"adapter {weights.adapter_id}: the model has no layer {layer} {name}")
+            stack, index = self.stacks[placed[0]], placed[1]
+            rank = w.lora_a.shape[0]
+            if rank > self.max_lora_rank:
+                raise AdapterShapeError(
+                    f"adapter {weights.adapter_id}: layer {layer} {name} has rank {rank} > max_lora_rank "
+                    f"{self.max_lora_rank}"
+                )
+            want_a = (rank, stack.in_features)
+            want_b = (stack.out_sizes[index], rank)
+            if tuple(w.lora_a.shape) != want_a or tuple(w.lora_b.shape) != want_b:
+                raise AdapterShapeError(
+                    f"adapter {weights.adapter_id}: layer {layer} {name} has A {list(w.lora_a.shape)} / "
+                    f"B {list(w.lora_b.shape)}, expected {list(want_a)} / {list(want_b)}"
+                )
+
+    def write(self, slot: int, weights: AdapterWeights) -> None:
+        """Fill `slot` with the adapter; every slice it does not adapt becomes rank 0."""
+        self.check(weights)
+        self.clear(slot)
+        for (layer, name), w in weights.modules.items():
+            key, index = self._placement[(layer, name)]
+            self.stacks[key].set_slot(
+                slot, index, w.lora_a.to(self.device, non_blocking=True), w.lora_b.to(self.device, non_blocking=True),
+                w.scaling,
+            )
+
+    def clear(self, slot: int) -> None:
+        for stack in self.stacks.values():
+            stack.clear_slot(slot)
