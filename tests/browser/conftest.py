@@ -23,6 +23,8 @@ CHROMIUM_ARGS = [
     "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
     "--disable-background-networking", "--disable-component-update", "--disable-sync",
 ]
+# tests/fixtures holds plain scripts (no package), as the adapters tests use them
+sys.path.insert(0, str(REPO_ROOT / "tests" / "fixtures"))
 VIEWPORTS = {"desktop": {"width": 1280, "height": 900}, "phone": {"width": 390, "height": 844}}
 
 
@@ -123,3 +125,11 @@ def new_page(browser):  # type: ignore[no-untyped-def]
 def artifacts_dir() -> Path:
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     return ARTIFACTS
+
+
+@pytest.fixture(scope="session")
+def trained_adapters(smollm_path: Path) -> dict[str, Path]:
+    """Real PEFT adapters trained on SmolLM2 (cached under data/adapters/fixtures): pirate, upper, thinker."""
+    from train_adapters import ensure_trained_adapters
+
+    return ensure_trained_adapters(smollm_path)

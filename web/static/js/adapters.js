@@ -6,6 +6,7 @@ import { requireApiKey, root } from "./session.js";
 import { checkSelection, uploadAdapter } from "./upload.js";
 
 const POLL_MS = 1500;
+const NAME_RULE = /^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$/;  // the API's rule, checked here for quick feedback
 
 const listError = document.getElementById("list-error");
 const listStatus = document.getElementById("list-status");
@@ -152,7 +153,9 @@ form.addEventListener("submit", async (event) => {
   event.preventDefault();
   clearError(uploadError);
   const name = nameInput.value.trim();
-  const problem = !name ? "Give the adapter a name." : checkSelection(selectedFiles);
+  const problem = !name ? "Give the adapter a name."
+    : !NAME_RULE.test(name) ? "Names are 1-64 letters, digits, '.', '_' or '-', starting with a letter or digit."
+    : checkSelection(selectedFiles);
   if (problem) {
     showError(uploadError, problem);
     return;
