@@ -292,31 +292,38 @@ def summarize(rows: list[dict], launch: float) -> dict:
 def sweep(device: str, timer: GpuTimer) -> list[dict]:
     from loraplex.engine.kernels.lora_triton import LoRAKernelConfig
 
-    picks = [prefill_case(4096, 16, 512), prefill_case(4096, 64, 512), prefill_case(2048, 16, 512)]
+    prefill_configs = [
+        LoRAKernelConfig(block_n, split_k, 128, 4, fused=False, rank_masked_loads=masked)
+        for block_n, split_k, masked in [
+            (256, 2048, True), (256, 2048, False), (256, 1024, False), (128, 2048, False), (128, 4096, False),
+        ]
+    ]
+    decode_configs = [
+        LoRAKernelConfig(256, split_k, 128, 4, rank_masked_loads=masked)
+        for split_k in (256, 512) for masked in (True, False)
+    ]
+    picks = [
+        (prefill_case(4096, 16, 512), [32, 64], prefill_configs),
+        (prefill_case(4096, 64, 512), [32, 64], prefill_configs),
+        (prefill_case(2048, 16, 512), [32], prefill_configs),
+        (Case(2048, 64, 64, 8), [16], decode_configs),
+        (Case(4096, 16, 64, 8), [16], decode_configs),
+    ]
     gen = torch.Generator().manual_seed(1)
     out = []
-    for case in picks:
+    for case, block_ms, configs in picks:
         p = make_problem(case, device, torch.bfloat16, gen)
         expected = p.y.double().clone()
         add_lora_ref(expected, p.x.double(), _double_stack(p.stack), p.meta)
         expected -= p.y.double()
         y_start = p.y.clone()  # timing replays add into y; each check starts from the same y
-        block_ms = [32, 64]
-        configs = [
-            LoRAKernelConfig(block_n, split_k, 128, warps, fused, stages)
-            for fused, block_n, split_k, warps, stages in [
-                (False, 256, 1024, 4, 3), (False, 256, 1024, 4, 4), (False, 256, 1024, 8, 3),
-                (False, 256, 2048, 4, 3), (False, 512, 2048, 8, 3), (False, 256, 4096, 4, 3),
-                (False, 512, 4096, 8, 3), (False, 128, 4096, 4, 3), (True, 256, 1024, 4, 3),
-            ]
-        ]
         for block_m in block_ms:
             p.meta = build_lora_metadata(p.token_slots.tolist(), max_loras=MAX_RESIDENT, device=device,
                                          block_m=block_m)
             for cfg in configs:
                 row = {"case": case.name, "block_m": block_m, "fused": cfg.fused, "block_n": cfg.block_n,
                        "split_k": cfg.split_k, "num_warps": cfg.num_warps,
-                       "num_stages": cfg.num_stages}
+                       "num_stages": cfg.num_stages, "rank_masked_loads": cfg.rank_masked_loads}
                 p.y.copy_(y_start)
                 try:
                     row["rel_error"] = check(p, ours(p, cfg), expected, 2e-2)

@@ -39,6 +39,9 @@ class LoRAKernelConfig:
     num_warps: int
     fused: bool = True  # one launch; False runs shrink then expand (two launches)
     num_stages: int = 3
+    # True: A rows / B columns past a slot's rank move no bytes, but those loads wait for the
+    # rank; False: no wait, padding read then dropped (prefill, where A and B bytes are few).
+    rank_masked_loads: bool = True
 
 
 def choose_config(stack: LoRAStack, meta: LoRAMetadata) -> LoRAKernelConfig:
@@ -51,7 +54,9 @@ def choose_config(stack: LoRAStack, meta: LoRAMetadata) -> LoRAKernelConfig:
     rank_cols = triton.next_power_of_2(stack.num_slices * rank_pad(stack.max_rank))
     block_k = 64 if rank_cols * meta.block_m > 64 * 64 else 128
     if meta.num_tokens > 256:
-        return LoRAKernelConfig(block_n=256, split_k=max(block_k, 1024), block_k=block_k, num_warps=4, fused=False)
+        split_k = 2048 if stack.in_features >= 4096 else 1024
+        return LoRAKernelConfig(block_n=256, split_k=max(block_k, split_k), block_k=block_k, num_warps=4,
+                                fused=False, rank_masked_loads=False)
     short_split = meta.num_tokens <= 16 or stack.in_features <= 2048
     return LoRAKernelConfig(block_n=256, split_k=256 if short_split else 512, block_k=block_k, num_warps=4)
 
@@ -96,6 +101,8 @@ def _launch(
         INPUT_PRECISION="ieee" if stack.lora_a.dtype == torch.float32 else None,
         num_warps=config.num_warps,
         num_stages=config.num_stages,
+        RANK_MASKED_LOADS=config.rank_masked_loads,
+        R_MAX=stack.max_rank,
     )
 
 

@@ -41,6 +41,7 @@ def shrink_program(
     NUM_SLICES: tl.constexpr, R_PAD: tl.constexpr, RANK_COLS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, K_SPLITS: tl.constexpr,
     TO_TOKENS: tl.constexpr, SIGNAL: tl.constexpr, FENCE: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+    RANK_MASKED_LOADS: tl.constexpr, R_MAX: tl.constexpr,
 ):
     tile = pid // K_SPLITS
     k_split = pid % K_SPLITS
@@ -63,7 +64,13 @@ def shrink_program(
                 x_ptr + tokens[:, None] * stride_xm + offs_k[None, :],
                 mask=m_mask[:, None] & k_mask[None, :], other=0.0,
             )
-            a_tile = tl.load(a_rows[None, :] + offs_k[:, None], mask=c_mask[None, :] & k_mask[:, None], other=0.0)
+            if RANK_MASKED_LOADS:  # rows past a rank move no bytes, but the load waits for the ranks
+                a_tile = tl.load(a_rows[None, :] + offs_k[:, None], mask=c_mask[None, :] & k_mask[:, None],
+                                 other=0.0)
+            else:  # no wait for the ranks; padding rows are read, then dropped (never trusted to be zero)
+                a_tile = tl.load(a_rows[None, :] + offs_k[:, None], mask=(c_valid & (c_rank < R_MAX))[None, :] & k_mask[:, None],
+                                 other=0.0)
+                a_tile = tl.where(c_mask[None, :], a_tile, 0.0)
             acc += tl.dot(x_tile, a_tile, input_precision=INPUT_PRECISION)
         if TO_TOKENS:  # the standalone shrink (one K split): rows go to their tokens' places
             out_ptrs = out_ptr + tokens[:, None] * stride_out + (c_slice * out_slice_stride + c_rank)[None, :]
@@ -84,6 +91,7 @@ def expand_program(
     TILES0: tl.constexpr, TILES1: tl.constexpr, N_TILES: tl.constexpr,
     R_PAD: tl.constexpr, RANK_COLS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     K_SPLITS: tl.constexpr, FROM_TOKENS: tl.constexpr, WAIT: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+    RANK_MASKED_LOADS: tl.constexpr, R_MAX: tl.constexpr,
 ):
     tile = pid // N_TILES
     j = pid % N_TILES
@@ -101,10 +109,12 @@ def expand_program(
         offs_r = tl.arange(0, R_PAD)
         r_mask = offs_r < rank
         # Loads that do not depend on the shrink result go first, to overlap the wait.
-        b_tile = tl.load(
-            b_ptr + slot.to(tl.int64) * stride_bs + offs_n[None, :] * stride_bn + offs_r[:, None],
-            mask=r_mask[:, None] & n_mask[None, :], other=0.0,
-        )
+        b_ptrs = b_ptr + slot.to(tl.int64) * stride_bs + offs_n[None, :] * stride_bn + offs_r[:, None]
+        if RANK_MASKED_LOADS:
+            b_tile = tl.load(b_ptrs, mask=r_mask[:, None] & n_mask[None, :], other=0.0)
+        else:
+            b_tile = tl.load(b_ptrs, mask=(offs_r < R_MAX)[:, None] & n_mask[None, :], other=0.0)
+            b_tile = tl.where(r_mask[:, None], b_tile, 0.0)
         y_ptrs = y_ptr + tokens[:, None] * stride_ym + offs_n[None, :]
         # A slice this slot does not adapt (rank 0) moves no bytes of y either.
         y_mask = m_mask[:, None] & (offs_n < tl.where(rank > 0, slice_end, 0))[None, :]
@@ -146,7 +156,7 @@ def lora_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     SPLIT_K: tl.constexpr, K_SPLITS: tl.constexpr,
     DO_SHRINK: tl.constexpr, DO_EXPAND: tl.constexpr, TOKEN_IO: tl.constexpr,
-    FENCE: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+    FENCE: tl.constexpr, INPUT_PRECISION: tl.constexpr, RANK_MASKED_LOADS: tl.constexpr, R_MAX: tl.constexpr,
 ):
     """Shrink programs first (ids below max_tiles * K_SPLITS), then expand programs."""
     pid = tl.program_id(0)
@@ -157,7 +167,7 @@ def lora_kernel(
                 pid, x_ptr, a_ptr, ranks_ptr, mid_ptr, sync_ptr, tile_table_ptr,
                 in_features, stride_xm, stride_mid, mid_slice_stride, stride_as, stride_ai, stride_ar,
                 NUM_SLICES, R_PAD, RANK_COLS, BLOCK_M, BLOCK_K, SPLIT_K, K_SPLITS,
-                TOKEN_IO, DO_EXPAND, FENCE, INPUT_PRECISION,
+                TOKEN_IO, DO_EXPAND, FENCE, INPUT_PRECISION, RANK_MASKED_LOADS, R_MAX,
             )
     if DO_EXPAND:  # noqa: SIM102
         if pid >= num_shrink:
@@ -165,7 +175,7 @@ def lora_kernel(
                 pid - num_shrink, y_ptr, b_ptr, ranks_ptr, scalings_ptr, mid_ptr, sync_ptr, max_tiles, tile_table_ptr,
                 stride_ym, stride_mid, mid_slice_stride, stride_bs, stride_bn,
                 NUM_SLICES, OUT0, OUT1, OUT2, TILES0, TILES1, N_TILES, R_PAD, RANK_COLS, BLOCK_M, BLOCK_N,
-                K_SPLITS, TOKEN_IO, DO_SHRINK, INPUT_PRECISION,
+                K_SPLITS, TOKEN_IO, DO_SHRINK, INPUT_PRECISION, RANK_MASKED_LOADS, R_MAX,
             )
 
 

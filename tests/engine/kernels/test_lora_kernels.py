@@ -111,12 +111,14 @@ def test_add_lora_matches_reference(name: str) -> None:
         LoRAKernelConfig(block_n=32, split_k=32, block_k=32, num_warps=4),  # many K splits, straddling slices
         LoRAKernelConfig(block_n=64, split_k=256, block_k=64, num_warps=4),  # one K split
         LoRAKernelConfig(block_n=32, split_k=64, block_k=32, num_warps=4, fused=False),  # two launches
+        LoRAKernelConfig(block_n=32, split_k=64, block_k=32, num_warps=4, rank_masked_loads=False),
+        LoRAKernelConfig(block_n=64, split_k=128, block_k=64, num_warps=4, fused=False, rank_masked_loads=False),
     ],
-    ids=["split_k_4", "split_k_1", "two_launches"],
+    ids=["split_k_4", "split_k_1", "two_launches", "unmasked_fused", "unmasked_two_launches"],
 )
 def test_add_lora_configs(config: LoRAKernelConfig) -> None:
     run_case(
-        in_features=128, out_sizes=(48, 16, 16), max_rank=16, ranks=[[16, 2, 9], [0, 16, 3], [5, 5, 0]],
+        in_features=128, out_sizes=(48, 16, 16), max_rank=12, ranks=[[12, 2, 9], [0, 12, 3], [5, 5, 0]],
         token_slots=[0, 2, -1, 1, 1, 0, 2, 2, 0, -1, 1], config=config,
     )
 
@@ -257,7 +259,7 @@ def test_gpu_cross_program_handoff_is_race_free(num_tokens: int) -> None:
 @pytest.mark.parametrize("fused", [True, False], ids=["fused", "two_launches"])
 @pytest.mark.parametrize("block_n", [64, 128, 256])
 @pytest.mark.parametrize("split_k", [256, 512, 4096])
-@pytest.mark.parametrize("num_tokens", [1, 6])
+@pytest.mark.parametrize("num_tokens", [1, 6, 300])
 def test_gpu_configs_many_slots(fused: bool, block_n: int, split_k: int, num_tokens: int) -> None:
     """128 resident slots (the benchmark's pool) under every configuration the benchmark sweeps."""
     gen = torch.Generator().manual_seed(block_n + split_k)
@@ -265,5 +267,6 @@ def test_gpu_configs_many_slots(fused: bool, block_n: int, split_k: int, num_tok
     run_case(
         in_features=4096, out_sizes=(4096,), max_rank=16, ranks=[[16 - (s % 3)] for s in range(128)],
         token_slots=slots, dtype=torch.bfloat16, tol=2e-2,
-        config=LoRAKernelConfig(block_n=block_n, split_k=split_k, block_k=128, num_warps=4, fused=fused),
+        config=LoRAKernelConfig(block_n=block_n, split_k=split_k, block_k=128, num_warps=4, fused=fused,
+                                rank_masked_loads=num_tokens != 6),
     )
