@@ -13,6 +13,7 @@ from loraplex.platform.api.preparation import prepare_chat, prepare_completion
 from loraplex.platform.api.respond import respond
 from loraplex.platform.api.schemas import ChatCompletionRequest, CompletionRequest
 from loraplex.platform.deps import AppServices, InferenceKey
+from loraplex.platform.extensions import ServedModel
 
 router = APIRouter(prefix="/v1", tags=["openai"])
 
@@ -22,14 +23,20 @@ async def list_models(key: InferenceKey, services: AppServices) -> dict:
     models = await services.extensions.model_resolver.list_models(key.tenant_id)
     return {
         "object": "list",
-        "data": [{"id": m.id, "object": "model", "created": m.created, "owned_by": m.owned_by} for m in models],
+        "data": [_model_public(m, services.base_model_name) for m in models],
     }
 
 
 @router.get("/models/{model_id:path}")
 async def retrieve_model(model_id: str, key: InferenceKey, services: AppServices) -> dict:
     model = await services.extensions.model_resolver.resolve(key.tenant_id, model_id)
-    return {"id": model.id, "object": "model", "created": model.created, "owned_by": model.owned_by}
+    return _model_public(model, services.base_model_name)
+
+
+def _model_public(model: ServedModel, base_model_name: str) -> dict:
+    """An adapter names the base model it runs on as its `parent` (the base model has none)."""
+    parent = base_model_name if model.adapter_id is not None else None
+    return {"id": model.id, "object": "model", "created": model.created, "owned_by": model.owned_by, "parent": parent}
 
 
 @router.post("/chat/completions")
