@@ -45,6 +45,23 @@ class BaseModelSpec:
         served = name or model_dir.name
         return cls.from_hf_config(config, name=served, aliases=(model_dir.name, str(model_dir)))
 
+    @classmethod
+    def from_model_config(cls, config: object, *, name: str, aliases: tuple[str, ...] = ()) -> BaseModelSpec:
+        """From the engine's ModelConfig (any object with the Hugging Face field names)."""
+        fields = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim",
+                  "num_hidden_layers")
+        return cls.from_hf_config({f: getattr(config, f) for f in fields}, name=name, aliases=aliases)
+
+    def to_dict(self) -> dict:
+        """Message-safe form (the validation task receives it inside its job)."""
+        return {"name": self.name, "num_layers": self.num_layers,
+                "module_shapes": {m: list(s) for m, s in self.module_shapes.items()}, "aliases": sorted(self.aliases)}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> BaseModelSpec:
+        shapes = {m: (int(s[0]), int(s[1])) for m, s in data["module_shapes"].items()}
+        return cls(data["name"], int(data["num_layers"]), shapes, frozenset(data["aliases"]))
+
     def matches_name(self, base_model_name_or_path: str) -> bool:
         """PEFT writes whatever path the trainer loaded from; match its last component too."""
         candidate = base_model_name_or_path.strip().rstrip("/").lower()

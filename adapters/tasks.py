@@ -12,6 +12,7 @@ a worker thread when no Redis is configured: validation is never skipped.
 from __future__ import annotations
 
 import functools
+import json
 import logging
 import tempfile
 import threading
@@ -44,23 +45,20 @@ class ValidationContext:
 
 
 def make_job(
-    *, database_url: str, storage_dir: Path, model_dir: Path, max_rank: int, dtype: str = "float32",
-    served_model_name: str | None = None,
+    *, database_url: str, storage_dir: Path, spec: BaseModelSpec, max_rank: int, dtype: str = "float32",
 ) -> dict[str, Any]:
     """The task's settings as a message-safe dict (what the platform passes to every dispatch)."""
     return {
         "database_url": database_url,
         "storage_dir": str(storage_dir),
-        "model_dir": str(model_dir),
-        "served_model_name": served_model_name,
+        "spec": spec.to_dict(),
         "max_rank": max_rank,
         "dtype": dtype,
     }
 
 
 @functools.lru_cache(maxsize=8)
-def _context_for(database_url: str, storage_dir: str, model_dir: str, served: str | None,
-                 max_rank: int, dtype: str) -> ValidationContext:
+def _context_for(database_url: str, storage_dir: str, spec_json: str, max_rank: int, dtype: str) -> ValidationContext:
     from sqlalchemy import create_engine
     from sqlalchemy.orm import sessionmaker
 
@@ -68,7 +66,7 @@ def _context_for(database_url: str, storage_dir: str, model_dir: str, served: st
     return ValidationContext(
         registry=SqlAdapterRegistry(sessionmaker(engine, expire_on_commit=False)),
         store=LocalBlobStore(Path(storage_dir)),
-        spec=BaseModelSpec.from_model_dir(Path(model_dir), name=served),
+        spec=BaseModelSpec.from_dict(json.loads(spec_json)),
         max_rank=max_rank,
         dtype=getattr(torch, dtype),
         limits=UploadLimits(),
@@ -78,8 +76,8 @@ def _context_for(database_url: str, storage_dir: str, model_dir: str, served: st
 def validate_adapter_job(adapter_id: str, job: dict[str, Any]) -> str:
     """The task body (Celery or thread): validate one adapter and record the outcome; returns its status."""
     context = _context_for(
-        job["database_url"], job["storage_dir"], job["model_dir"], job.get("served_model_name"),
-        int(job["max_rank"]), job.get("dtype", "float32"),
+        job["database_url"], job["storage_dir"], json.dumps(job["spec"], sort_keys=True), int(job["max_rank"]),
+        job.get("dtype", "float32"),
     )
     return run_validation(adapter_id, context)
 

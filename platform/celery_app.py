@@ -19,7 +19,9 @@ from loraplex.platform.settings import Settings
 # "task name" -> "module:function". Registration spot for the other domains, e.g.
 #   "adapters.validate": "loraplex.adapters.tasks:validate_adapter",
 #   "billing.rollup_day": "loraplex.billing.tasks:rollup_day",
-TASKS: dict[str, str] = {}
+TASKS: dict[str, str] = {
+    "loraplex.adapters.validate": "loraplex.adapters.tasks:validate_adapter_job",
+}
 
 # Celery beat: "entry name" -> {"task": <name in TASKS>, "schedule": seconds, "args": (...)}.
 BEAT_SCHEDULE: dict[str, dict[str, Any]] = {}

@@ -17,9 +17,11 @@ from loraplex.platform.extensions import BaseModelResolver, Extensions
 from loraplex.platform.metering import install_billing
 from loraplex.platform.metrics import Metrics
 from loraplex.platform.ratelimit.limiter import make_rate_limiter
+from loraplex.platform.routers.adapters import install_adapters
 from loraplex.platform.routers.sessions import install_sessions
 from loraplex.platform.services import Services
 from loraplex.platform.settings import Settings
+from loraplex.platform.structured import install_structured_output
 from sqlalchemy.orm import Session, sessionmaker
 
 log = logging.getLogger(__name__)
@@ -73,8 +75,11 @@ def build_extensions(
     """
     extensions = Extensions(model_resolver=BaseModelResolver(base_model_name))
     install_sessions(extensions, settings, engine=engine, metrics=metrics)
+    if db_sessions is not None:
+        install_adapters(extensions, settings, engine=engine, db_sessions=db_sessions, base_model_name=base_model_name)
     if settings.metering_enabled and db_sessions is not None:
         install_billing(extensions, settings, db_sessions=db_sessions, base_model=base_model_name)
+    install_structured_output(extensions, settings, engine=engine)
     return extensions
 
 

@@ -50,23 +50,37 @@ class LoRAManager:
         self._slots: OrderedDict[str, int] = OrderedDict()  # adapter id -> slot, least recently used first
         self._free = list(range(max_loras - 1, -1, -1))
         self._running: RunningAdapters = lambda: ()
+        self._queued: RunningAdapters = lambda: ()
         self._pending_evictions: set[str] = set()
         self._lock = threading.Lock()
+        self._engine: Any = None
         self.num_slot_writes = 0
 
-    def attach(self, running_adapters: RunningAdapters) -> None:
-        """Tell the manager how to see the running sequences' adapters (e.g. the scheduler's `running`)."""
+    def attach(self, running_adapters: RunningAdapters, queued_adapters: RunningAdapters | None = None) -> None:
+        """How to see the adapters of running sequences (they hold slots) and of queued ones (in use)."""
         self._running = running_adapters
+        self._queued = queued_adapters or (lambda: ())
 
     @classmethod
     def for_engine(cls, engine: Any, source: AdapterSource, **limits: Any) -> LoRAManager:
         """Build a manager for an `LLMEngine` and hook it into its scheduler and runner."""
         manager = cls(engine.runner.model, source, dtype=engine.config.torch_dtype, device=engine.config.device,
                       **limits)
-        manager.attach(lambda: [s.adapter_id for s in engine.scheduler.running])
+        scheduler = engine.scheduler
+        manager.attach(lambda: [s.adapter_id for s in list(scheduler.running)], lambda: _queued_adapters(scheduler))
         engine.scheduler.adapter_ready = manager.adapter_ready
         engine.runner.lora = manager
+        manager._engine = engine
         return manager
+
+    def detach(self) -> None:
+        """Unhook from the engine `for_engine` hooked into (if still ours) and stop loading."""
+        engine = self._engine
+        if engine is not None and engine.runner.lora is self:
+            engine.runner.lora = None
+            engine.scheduler.adapter_ready = None
+        self._engine = None
+        self.host.shutdown()
 
     # ---- scheduler callback (engine thread) ---------------------------------------------
     def adapter_ready(self, adapter_id: str) -> bool:
@@ -129,7 +143,10 @@ class LoRAManager:
 
     # ---- lifecycle (any thread) ----------------------------------------------------------
     def is_in_use(self, adapter_id: str) -> bool:
-        return adapter_id in set(self._running()) or self.host.is_loading(adapter_id)
+        """True while a request runs or waits with this adapter, or its weights are loading."""
+        if self.host.is_loading(adapter_id) or adapter_id in set(self._running()):
+            return True
+        return adapter_id in set(self._queued())
 
     def evict(self, adapter_id: str) -> None:
         """Forget the adapter's host copy now and free its device slot on the engine's next step."""
@@ -157,3 +174,14 @@ class LoRAManager:
 
     def shutdown(self) -> None:
         self.host.shutdown()
+
+
+def _queued_adapters(scheduler: Any) -> list[str | None]:
+    # Read from another thread while the engine mutates the queues: retry on a concurrent resize.
+    for _ in range(5):
+        try:
+            queued = [s.adapter_id for q in list(scheduler.waiting.values()) for s in list(q)]
+            return queued + [s.adapter_id for s in list(scheduler.preempted)]
+        except RuntimeError:
+            continue
+    return []
