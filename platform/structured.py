@@ -22,7 +22,8 @@ from loraplex.grammar.tools import (
     tool_call_spec,
 )
 from loraplex.grammar.validation import ToolRequest, parse_tools, response_format_spec
-from loraplex.platform.extensions import MessageDelta, MessageParser, PreparedRequest
+from loraplex.platform.extensions import Extensions, MessageDelta, MessageParser, PreparedRequest
+from loraplex.platform.settings import Settings
 
 
 class ToolCallMessageParser:
@@ -89,6 +90,20 @@ class StructuredOutputPreparer:
 
 def _tool_parser_factory(inner: Callable[[], MessageParser]) -> Callable[[], MessageParser]:
     return lambda: ToolCallMessageParser(inner())
+
+
+def install_structured_output(extensions: Extensions, settings: Settings, *, engine: Any) -> None:
+    """Register the preparer (last, so quota and auth refusals never pay for a compilation)."""
+    limits = GrammarLimits(
+        compile_timeout_s=settings.grammar_compile_timeout_s, max_spec_bytes=settings.grammar_max_spec_bytes
+    )
+    preparer = build_structured_output(engine.tokenizer, engine.model_config.vocab_size, limits)
+    extensions.preparers.append(preparer)
+
+    async def close() -> None:
+        preparer.compiler.close()
+
+    extensions.on_shutdown.append(close)
 
 
 def build_structured_output(tokenizer: Any, vocab_size: int, limits: GrammarLimits | None = None) -> StructuredOutputPreparer:

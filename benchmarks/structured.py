@@ -1,0 +1,257 @@
+"""Structured-output benchmark (issue 6): JSON-schema-constrained vs unconstrained decoding on SmolLM2.
+
+Side by side in one run, on the engine itself (no HTTP): 16 concurrent requests
+constrained by JSON schemas, then the same prompts unconstrained with each
+request's max_tokens set to what its constrained twin produced (ignore_eos), so
+both generate exactly the same number of tokens. The two phases alternate in
+order over the repeats; prefix caching is off so neither phase reuses the
+other's prefill. Every constrained output is parsed and validated with
+`jsonschema` before any timing counts, and the unconstrained lengths are checked.
+
+Also measured: the time of each matcher's mask fill (per request, per token),
+the engine's whole grammar step (fill + apply for the batch), and compile time
+cold (a new spec) vs cached (the same spec again).
+
+    python benchmarks/structured.py           # full: writes benchmarks/results/structured.json
+    python benchmarks/structured.py --quick   # 4 requests, short outputs, one repeat; writes nothing
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import statistics
+import time
+from pathlib import Path
+
+import jsonschema
+import torch
+from loraplex.engine.config import EngineConfig
+from loraplex.engine.llm_engine import LLMEngine
+from loraplex.engine.model.default_model import DEFAULT_MODEL_NAME, ensure_default_model
+from loraplex.engine.protocol import EngineRequest, SamplingParams
+from loraplex.engine.sampler import Sampler
+from loraplex.grammar.compiler import GrammarCompilerService
+from loraplex.grammar.matcher import XGrammarCompiledGrammar, XGrammarMatcher
+from loraplex.grammar.spec import GrammarKind, GrammarSpec
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULT = ROOT / "benchmarks" / "results" / "structured.json"
+
+NAME = {"type": "string", "minLength": 1, "maxLength": 30}
+SCHEMAS = [
+    ("Describe a fictional person.", {
+        "type": "object", "properties": {"name": NAME, "age": {"type": "integer", "minimum": 0, "maximum": 120},
+                                         "email": {"type": "string", "format": "email"}},
+        "required": ["name", "age"], "additionalProperties": False}),
+    ("Create a calendar event for a team meeting.", {
+        "type": "object", "properties": {"title": NAME, "date": {"type": "string", "format": "date"},
+                                         "attendees": {"type": "array", "minItems": 1, "maxItems": 3, "items": NAME}},
+        "required": ["title", "date", "attendees"], "additionalProperties": False}),
+    ("Produce an order with two line items.", {
+        "type": "object", "properties": {
+            "order_id": {"type": "string", "pattern": "^[A-Z]{2}[0-9]{6}$"},
+            "lines": {"type": "array", "minItems": 1, "maxItems": 3, "items": {"$ref": "#/$defs/line"}}},
+        "required": ["order_id", "lines"], "additionalProperties": False,
+        "$defs": {"line": {"type": "object", "properties": {"sku": {"type": "string", "pattern": "^[A-Z]{3}-[0-9]{3}$"},
+                                                            "quantity": {"type": "integer", "minimum": 1, "maximum": 9}},
+                           "required": ["sku", "quantity"], "additionalProperties": False}}}),
+    ("Report the weather in Oslo.", {
+        "type": "object", "properties": {"city": NAME, "conditions": {"enum": ["sunny", "cloudy", "rain", "snow"]},
+                                         "temperature_c": {"type": "integer", "minimum": -60, "maximum": 60}},
+        "required": ["city", "conditions", "temperature_c"], "additionalProperties": False}),
+]
+
+
+class TimedGrammar:
+    """Benchmark-only wrapper: its matchers record how long each mask fill takes."""
+
+    def __init__(self, inner: XGrammarCompiledGrammar, fill_ns: list[int]) -> None:
+        self.inner = inner
+        self.fill_ns = fill_ns
+
+    def new_matcher(self) -> TimedMatcher:
+        return TimedMatcher(self.inner.new_matcher(), self.fill_ns)
+
+
+class TimedMatcher:
+    def __init__(self, inner: XGrammarMatcher, fill_ns: list[int]) -> None:
+        self.inner = inner
+        self.fill_ns = fill_ns
+
+    def accept_token(self, token_id: int) -> bool:
+        return self.inner.accept_token(token_id)
+
+    def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
+        started = time.perf_counter_ns()
+        self.inner.fill_bitmask(bitmask, row)
+        self.fill_ns.append(time.perf_counter_ns() - started)
+
+    def is_terminated(self) -> bool:
+        return self.inner.is_terminated()
+
+
+def time_grammar_steps(step_ns: list[int]) -> None:
+    """Record the sampler's whole grammar step (batch fill + apply) without changing it."""
+    original = Sampler._apply_grammar
+
+    def timed(self, logits, seqs, result):  # type: ignore[no-untyped-def]
+        started = time.perf_counter_ns()
+        original(self, logits, seqs, result)
+        if any(s.matcher is not None for s in seqs):
+            step_ns.append(time.perf_counter_ns() - started)
+
+    Sampler._apply_grammar = timed  # type: ignore[method-assign]
+
+
+def run_phase(engine: LLMEngine, requests: list[EngineRequest]) -> tuple[float, dict[str, tuple[str, str, int]]]:
+    for request in requests:
+        engine.add_request(request)
+    outputs = {r.request_id: ["", "", 0] for r in requests}
+    started = time.perf_counter()
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            for choice in out.choices:
+                entry = outputs[out.request_id]
+                entry[0] += choice.text
+                entry[2] = choice.num_output_tokens
+                if choice.finish_reason:
+                    entry[1] = choice.finish_reason
+    return time.perf_counter() - started, {k: tuple(v) for k, v in outputs.items()}
+
+
+def prompt_ids(tokenizer, text: str) -> list[int]:
+    chat = [{"role": "user", "content": text + " Answer in JSON."}]
+    rendered = tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=False)
+    return list(tokenizer(rendered, add_special_tokens=False)["input_ids"])
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))]
+
+
+def measure_compile(compiler: GrammarCompilerService, num_variants: int) -> tuple[list[float], list[float]]:
+    cold, cached = [], []
+    for variant in range(num_variants):
+        for _, schema in SCHEMAS:
+            spec = GrammarSpec(GrammarKind.JSON_SCHEMA, {**schema, "title": f"variant {variant}"})  # a new spec
+            for sink in (cold, cached):
+                started = time.perf_counter()
+                compiler.compile_blocking(spec)
+                sink.append((time.perf_counter() - started) * 1e3)
+    return cold, cached
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true")
+    args = parser.parse_args()
+    num_requests, max_tokens, repeats = (4, 48, 1) if args.quick else (16, 120, 3)
+    torch.manual_seed(0)
+    model_dir = ensure_default_model(ROOT / "data" / "models")
+    engine = LLMEngine.from_model_path(model_dir, EngineConfig(
+        max_model_len=1024, kv_cache_bytes=128 << 20, enable_prefix_caching=False, max_num_seqs=64))
+    tokenizer = engine.tokenizer
+    compiler = GrammarCompilerService(tokenizer, engine.model_config.vocab_size)
+    fill_ns: list[int] = []
+    step_ns: list[int] = []
+    time_grammar_steps(step_ns)
+
+    cold_ms, cached_ms = measure_compile(compiler, 2 if args.quick else 5)
+    cases = [SCHEMAS[i % len(SCHEMAS)] for i in range(num_requests)]
+    grammars = [TimedGrammar(compiler.compile_blocking(GrammarSpec(GrammarKind.JSON_SCHEMA, s)), fill_ns) for _, s in cases]
+    prompts = [prompt_ids(tokenizer, p) for p, _ in cases]
+
+    # Warm-up: one short unconstrained batch so allocator and kernels are hot for both phases.
+    run_phase(engine, [EngineRequest(f"warm-{i}", p, SamplingParams(max_tokens=4, temperature=0))
+                       for i, p in enumerate(prompts)])
+
+    # Seeded per request (not per repeat): each repeat regenerates the same outputs, so the
+    # lengths found by the first constrained run hold for every repeat and either order.
+    def constrained(rep: int) -> list[EngineRequest]:
+        return [EngineRequest(f"c{rep}-{i}", p, SamplingParams(max_tokens=max_tokens, temperature=0.7, seed=i), grammar=g)
+                for i, (p, g) in enumerate(zip(prompts, grammars, strict=True))]
+
+    def unconstrained(rep: int, lengths: list[int]) -> list[EngineRequest]:
+        return [EngineRequest(f"u{rep}-{i}", p, SamplingParams(max_tokens=n, temperature=0.7, seed=i, ignore_eos=True))
+                for i, (p, n) in enumerate(zip(prompts, lengths, strict=True))]
+
+    ratios, valid, total, c_tps, u_tps = [], 0, 0, [], []
+    lengths: list[int] | None = None
+    for rep in range(repeats):
+        if rep % 2 and lengths is not None:  # alternate the order, so drift in machine load hits both
+            u_time, u_out = run_phase(engine, unconstrained(rep, lengths))
+            c_time, c_out = run_phase(engine, constrained(rep))
+        else:
+            c_time, c_out = run_phase(engine, constrained(rep))
+            lengths = lengths or [n for _, _, n in c_out.values()]
+            u_time, u_out = run_phase(engine, unconstrained(rep, lengths))
+        for (text, finish, _), (_, schema) in zip(c_out.values(), cases, strict=True):
+            total += 1
+            if finish == "stop":
+                jsonschema.validate(json.loads(text), schema, format_checker=jsonschema.FormatChecker())
+                valid += 1
+        for out in (c_out, u_out):
+            if [n for _, _, n in out.values()] != lengths:
+                raise RuntimeError(f"repeat {rep}: output lengths differ from the first run; the comparison is void")
+        num_tokens = sum(lengths)
+        c_tps.append(num_tokens / c_time)
+        u_tps.append(num_tokens / u_time)
+        ratios.append(c_tps[-1] / u_tps[-1])
+        print(f"repeat {rep}: {num_tokens} tokens, constrained {c_tps[-1]:.1f} tok/s, "
+              f"unconstrained {u_tps[-1]:.1f} tok/s, ratio {ratios[-1]:.3f}")
+
+    fill_us = [ns / 1e3 for ns in fill_ns]
+    step_us = [ns / 1e3 for ns in step_ns]
+    metrics = {
+        "constrained_over_unconstrained": round(statistics.median(ratios), 4),
+        "constrained_over_unconstrained_min": round(min(ratios), 4),
+        "constrained_over_unconstrained_max": round(max(ratios), 4),
+        "constrained_tokens_per_s": round(statistics.median(c_tps), 2),
+        "unconstrained_tokens_per_s": round(statistics.median(u_tps), 2),
+        "schema_valid_fraction": valid / total,
+        "mask_fill_us_p50": round(percentile(fill_us, 50), 2),
+        "mask_fill_us_p99": round(percentile(fill_us, 99), 2),
+        "grammar_step_us_p50": round(percentile(step_us, 50), 1),   # the sampler's fill + apply, whole batch
+        "grammar_step_us_p99": round(percentile(step_us, 99), 1),
+        "compile_ms_cold": round(statistics.median(cold_ms), 3),
+        "compile_ms_cold_max": round(max(cold_ms), 3),
+        "compile_ms_cached": round(statistics.median(cached_ms), 4),
+        "num_mask_fills": len(fill_us),
+    }
+    print(json.dumps(metrics, indent=1))
+    if args.quick:
+        return
+    result = {
+        "benchmark": "structured",
+        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "machine": {"cpu": _cpu_name(), "cores": os.cpu_count(), "gpu": None, "torch": torch.__version__,
+                    "load_average_at_end": os.getloadavg()[0]},
+        "config": {"model": DEFAULT_MODEL_NAME, "dtype": "float32", "device": "cpu", "num_requests": num_requests,
+                   "max_tokens": max_tokens, "repeats": repeats, "temperature": 0.7, "prefix_caching": False,
+                   "schemas": len(SCHEMAS), "python": platform.python_version()},
+        "metrics": metrics,
+        "targets": {"constrained_over_unconstrained": {"op": ">=", "value": 0.95},
+                    "schema_valid_fraction": {"op": ">=", "value": 1.0}},
+        "checked": True,
+    }
+    RESULT.write_text(json.dumps(result, indent=1) + "\n")
+    print(f"wrote {RESULT}")
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+if __name__ == "__main__":
+    main()
