@@ -8,44 +8,12 @@ form one chain: 0001_platform <- 0002_adapters <- 0003_billing.
 
 from __future__ import annotations
 
-import importlib
-
 from alembic import context
+from loraplex.platform.db.metadata import domain_metadatas
 from loraplex.platform.db.session import make_db_engine
-from sqlalchemy import MetaData
-
-DOMAIN_MODEL_MODULES = (
-    "loraplex.platform.db.models",
-    "loraplex.adapters.models",
-    "loraplex.billing.models",
-)
-
-
-def _domain_metadatas() -> list[MetaData]:
-    metadatas: list[MetaData] = []
-    for module_name in DOMAIN_MODEL_MODULES:
-        try:
-            module = importlib.import_module(module_name)
-        except ModuleNotFoundError as exc:
-            if exc.name != module_name:
-                raise
-            continue
-        metadatas.extend(_metadatas_in(module))
-    return metadatas
-
-
-def _metadatas_in(module: object) -> list[MetaData]:
-    """Every DeclarativeBase's metadata defined in `module` (one per domain, found by duck-typing)."""
-    found: list[MetaData] = []
-    for value in vars(module).values():
-        metadata = getattr(value, "metadata", None)
-        if isinstance(metadata, MetaData) and getattr(value, "registry", None) is not None and metadata not in found:
-            found.append(metadata)
-    return found
-
 
 config = context.config
-target_metadata = _domain_metadatas()
+target_metadata = domain_metadatas()
 
 
 def run_migrations_offline() -> None:

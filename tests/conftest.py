@@ -61,6 +61,12 @@ def fresh_postgres_database(prefix: str = "loraplex_test") -> Iterator[str]:
 
 
 @pytest.fixture(scope="session")
+def new_postgres_database() -> Callable[..., Any]:
+    """`with new_postgres_database("prefix") as url:` another throwaway database."""
+    return fresh_postgres_database
+
+
+@pytest.fixture(scope="session")
 def postgres_url() -> Iterator[str]:
     with fresh_postgres_database() as url:
         yield url

@@ -198,6 +198,12 @@ class Generation:
         services.metrics.tokens_cached.inc(usage["prompt_tokens_details"]["cached_tokens"])
         services.metrics.tokens_out.inc(usage["completion_tokens"])
         record = self._record(error)
+        log.info(
+            "%s model=%s status=%s prompt_tokens=%d cached_tokens=%d completion_tokens=%d ttft_ms=%s",
+            record.kind, record.model, record.status.value, record.num_prompt_tokens, record.num_cached_tokens,
+            record.num_output_tokens,
+            "-" if record.time_to_first_token_s is None else f"{record.time_to_first_token_s * 1000:.1f}",
+        )
         try:
             await services.rate_limiter.add_tokens(self.key.key_id, self.key.limits, usage["completion_tokens"])
         except Exception:

@@ -1,0 +1,111 @@
+"""A client that goes away frees the engine's KV blocks at once (checked through the engine's counters)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import httpx
+import pytest
+from e2e_helpers import MODEL, auth
+from loraplex.platform.extensions import RequestRecord, RequestStatus
+
+LONG = {"model": MODEL, "prompt": "Write a very long story about a cat.", "max_tokens": 1500, "ignore_eos": True}
+
+
+class RecordingMeter:
+    """A UsageRecorder (the billing extension point) that keeps what it is given."""
+
+    def __init__(self) -> None:
+        self.records: list[RequestRecord] = []
+
+    async def record(self, record: RequestRecord) -> None:
+        self.records.append(record)
+
+
+@pytest.fixture
+def meter(api_server) -> Any:  # type: ignore[no-untyped-def]
+    recorder = RecordingMeter()
+    recorders = api_server.services.extensions.usage_recorders
+    recorders.append(recorder)
+    yield recorder
+    recorders.remove(recorder)
+
+
+def wait_idle(engine: Any, timeout_s: float = 30) -> dict:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        stats = engine.stats()
+        if stats["num_running"] == 0 and stats["num_waiting"] == 0:
+            return stats
+        time.sleep(0.01)
+    raise AssertionError(f"engine still busy: {engine.stats()}")
+
+
+def wait_for_release(engine: Any, baseline_used: int, timeout_s: float = 2.0) -> float:
+    """Seconds until the engine is idle with no more blocks in use than before the request."""
+    start = time.monotonic()
+    while time.monotonic() - start < timeout_s:
+        stats = engine.stats()
+        if stats["num_running"] == 0 and stats["num_waiting"] == 0 and stats["num_blocks_used"] <= baseline_used:
+            return time.monotonic() - start
+        time.sleep(0.005)
+    raise AssertionError(f"blocks not released within {timeout_s}s: {engine.stats()}")
+
+
+def test_stream_disconnect_frees_blocks(api_server, meter) -> None:  # type: ignore[no-untyped-def]
+    engine = api_server.services.engine
+    baseline = wait_idle(engine)
+    body = {**LONG, "stream": True}
+    with httpx.stream("POST", api_server.base_url + "/v1/completions", json=body,
+                      headers=auth(api_server.keys["inference"]), timeout=60) as stream:
+        lines = stream.iter_lines()
+        received = 0
+        while received < 5:
+            if next(lines).startswith("data: "):
+                received += 1
+        during = engine.stats()
+        assert during["num_blocks_used"] > baseline["num_blocks_used"]
+    released_after_s = wait_for_release(engine, baseline["num_blocks_used"])
+    generated = engine.stats()["generation_tokens_total"] - baseline["generation_tokens_total"]
+    assert generated < 300, "the request kept generating after the client left"
+    assert released_after_s < 2.0
+    deadline = time.monotonic() + 2
+    while not meter.records and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert [r.status for r in meter.records] == [RequestStatus.ABORTED]
+    assert meter.records[0].num_output_tokens >= 5
+
+
+def test_non_streaming_disconnect_frees_blocks(api_server, meter) -> None:  # type: ignore[no-untyped-def]
+    engine = api_server.services.engine
+    baseline = wait_idle(engine)
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(api_server.base_url + "/v1/completions", json=LONG,
+                   headers=auth(api_server.keys["inference"]), timeout=1.5)
+    wait_for_release(engine, baseline["num_blocks_used"])
+    generated = engine.stats()["generation_tokens_total"] - baseline["generation_tokens_total"]
+    assert 0 < generated < 1500
+    deadline = time.monotonic() + 2
+    while not meter.records and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert [r.status for r in meter.records] == [RequestStatus.ABORTED]
+
+
+def test_meter_gets_exactly_one_record_per_request(api_server, meter, openai_client) -> None:  # type: ignore[no-untyped-def]
+    reply = openai_client.completions.create(model=MODEL, prompt="Hello", max_tokens=4, temperature=0)
+    stream = openai_client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=3, temperature=0, stream=True
+    )
+    chunks = list(stream)
+    assert chunks
+    deadline = time.monotonic() + 2
+    while len(meter.records) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert len(meter.records) == 2
+    first, second = meter.records
+    assert first.kind == "completion" and first.num_output_tokens == reply.usage.completion_tokens
+    assert first.num_prompt_tokens == reply.usage.prompt_tokens
+    assert first.status in (RequestStatus.LENGTH, RequestStatus.COMPLETED)
+    assert first.tenant_id == api_server.tenants["acme"] and first.key_id == api_server.key_ids["all"]
+    assert second.kind == "chat" and second.time_to_first_token_s is not None
