@@ -200,6 +200,8 @@ class GpuTimer:
         torch.cuda.synchronize()
         times = sorted(s.elapsed_time(e) * 1e3 for s, e in zip(starts, ends, strict=True))
         q = statistics.quantiles(times, n=4)
+        self.last_p90 = statistics.quantiles(times, n=10)[-1]
+        self.last_max = times[-1]
         return statistics.median(times), q[2] - q[0]
 
 
@@ -254,6 +256,8 @@ def run_cases(cases: list[Case], device: str, timer: Callable, bandwidth: float 
         row = {"case": case.name, "n": case.num_adapters, "prefill": case.prefill}
         for name, fn in [*impls.items(), ("base", base_gemm(p))]:
             row[f"{name}_us"], row[f"{name}_spread_us"] = timer(fn)
+            if name == "ours" and isinstance(timer, GpuTimer):
+                row["ours_p90_us"] = timer.last_p90
         row["max_rel_error"] = max(errors.values())
         if bandwidth:
             row["floor_us"] = floor_bytes(case, p.x.element_size()) / bandwidth * 1e6
@@ -337,6 +341,27 @@ def sweep(device: str, timer: GpuTimer) -> list[dict]:
     return out
 
 
+def stability(device: str, reps: int = 400) -> list[dict]:
+    """Tail latency of the one-launch (waiting) and two-launch forms where a wait could stall."""
+    import dataclasses
+
+    from loraplex.engine.kernels.lora_triton import choose_config
+
+    timer = GpuTimer(reps=reps)
+    gen = torch.Generator().manual_seed(2)
+    out = []
+    for case in (Case(2048, 64, 16, 16), Case(2048, 64, 256, 1), Case(4096, 16, 256, 1), Case(4096, 16, 64, 8)):
+        p = make_problem(case, device, torch.bfloat16, gen)
+        for fused in (True, False):
+            cfg = dataclasses.replace(choose_config(p.stack, p.meta), fused=fused)
+            median, _ = timer(ours(p, cfg))
+            row = {"case": case.name, "fused": fused, "p50_us": median, "p90_us": timer.last_p90,
+                   "max_us": timer.last_max}
+            print(f"stability {row}", flush=True)
+            out.append(row)
+    return out
+
+
 def machine(device: str) -> dict:
     import triton
 
@@ -377,6 +402,7 @@ def main() -> int:
         cases = all_cases([2048], [16], [64], segment_len=512)
     else:
         cases = all_cases([4096, 2048], [8, 16, 64], [1, 16, 64, 256], segment_len=512)
+    stability_rows = stability(device, reps=100 if args.quick else 400)
     rows = run_cases(cases, device, timer, bandwidth)
     metrics = summarize(rows, launch)
     metrics["copy_bandwidth_tb_s"] = bandwidth / 1e12
@@ -398,7 +424,7 @@ def main() -> int:
             "cases_beating_all_baselines_fraction": {"op": ">=", "value": 1.0},
         },
         "checked": True,
-        "detail": {"rows": rows, "sweep": sweep_rows},
+        "detail": {"rows": rows, "sweep": sweep_rows, "stability": stability_rows},
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1) + "\n")

@@ -97,7 +97,7 @@ def _launch(
         BLOCK_M=meta.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
         SPLIT_K=config.split_k, K_SPLITS=k_splits,
         DO_SHRINK=do_shrink, DO_EXPAND=do_expand, TOKEN_IO=token_io,
-        FENCE=mid.is_cuda,  # the interpreter runs programs one by one and has no inline PTX
+        PTX=mid.is_cuda,  # the interpreter runs programs one by one and has no inline PTX
         INPUT_PRECISION="ieee" if stack.lora_a.dtype == torch.float32 else None,
         num_warps=config.num_warps,
         num_stages=config.num_stages,

@@ -10,18 +10,27 @@ import triton.language as tl
 
 
 @triton.jit
-def _publish(probe, FENCE: tl.constexpr):
+def _publish(probe, PTX: tl.constexpr):
     """Make this program's stores visible GPU-wide before one thread signals a counter.
 
     A barrier orders the threads of one program only at block scope, so every thread
     fences its own stores first (the split-K race NVIDIA/Fuser#2391 fixed the same way).
     ``probe`` is any small tensor: an elementwise op on it runs in every thread.
     """
-    if FENCE:
+    if PTX:
         tl.inline_asm_elementwise(
             "fence.acq_rel.gpu;\n\tmov.u32 $0, $1;", "=r,r", [probe], dtype=tl.int32, is_pure=False, pack=1
         )
     tl.debug_barrier()
+
+
+@triton.jit
+def _back_off(probe, PTX: tl.constexpr):
+    """Pause between polls, so waiting programs do not crowd the counters the shrinkers update."""
+    if PTX:
+        tl.inline_asm_elementwise(
+            "nanosleep.u32 128;\n\tmov.u32 $0, $1;", "=r,r", [probe], dtype=tl.int32, is_pure=False, pack=1
+        )
 
 
 @triton.jit
@@ -40,7 +49,7 @@ def shrink_program(
     in_features, stride_xm, stride_out, out_slice_stride, stride_as, stride_ai, stride_ar,
     NUM_SLICES: tl.constexpr, R_PAD: tl.constexpr, RANK_COLS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, K_SPLITS: tl.constexpr,
-    TO_TOKENS: tl.constexpr, SIGNAL: tl.constexpr, FENCE: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+    TO_TOKENS: tl.constexpr, SIGNAL: tl.constexpr, PTX: tl.constexpr, INPUT_PRECISION: tl.constexpr,
     RANK_MASKED_LOADS: tl.constexpr, R_MAX: tl.constexpr,
 ):
     tile = pid // K_SPLITS
@@ -79,7 +88,7 @@ def shrink_program(
             offs_p = ((tile * K_SPLITS + k_split) * BLOCK_M + offs_m[:, None]) * RANK_COLS + offs_c[None, :]
             tl.store(out_ptr + offs_p, acc)
             if SIGNAL:
-                _publish(offs_m, FENCE)
+                _publish(offs_m, PTX)
                 tl.atomic_add(sync_ptr + tile, 1, sem="release")
 
 
@@ -91,7 +100,7 @@ def expand_program(
     TILES0: tl.constexpr, TILES1: tl.constexpr, N_TILES: tl.constexpr,
     R_PAD: tl.constexpr, RANK_COLS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     K_SPLITS: tl.constexpr, FROM_TOKENS: tl.constexpr, WAIT: tl.constexpr, INPUT_PRECISION: tl.constexpr,
-    RANK_MASKED_LOADS: tl.constexpr, R_MAX: tl.constexpr,
+    RANK_MASKED_LOADS: tl.constexpr, R_MAX: tl.constexpr, PTX: tl.constexpr,
 ):
     tile = pid // N_TILES
     j = pid % N_TILES
@@ -121,7 +130,7 @@ def expand_program(
         y_tile = tl.load(y_ptrs, mask=y_mask, other=0.0)
         if WAIT:
             while tl.atomic_add(sync_ptr + tile, 0, sem="acquire") < K_SPLITS:
-                pass
+                _back_off(offs_m, PTX)
             tl.debug_barrier()
         s_mask = m_mask[:, None] & r_mask[None, :]
         if FROM_TOKENS:
@@ -156,7 +165,7 @@ def lora_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     SPLIT_K: tl.constexpr, K_SPLITS: tl.constexpr,
     DO_SHRINK: tl.constexpr, DO_EXPAND: tl.constexpr, TOKEN_IO: tl.constexpr,
-    FENCE: tl.constexpr, INPUT_PRECISION: tl.constexpr, RANK_MASKED_LOADS: tl.constexpr, R_MAX: tl.constexpr,
+    PTX: tl.constexpr, INPUT_PRECISION: tl.constexpr, RANK_MASKED_LOADS: tl.constexpr, R_MAX: tl.constexpr,
 ):
     """Shrink programs first (ids below max_tiles * K_SPLITS), then expand programs."""
     pid = tl.program_id(0)
@@ -167,7 +176,7 @@ def lora_kernel(
                 pid, x_ptr, a_ptr, ranks_ptr, mid_ptr, sync_ptr, tile_table_ptr,
                 in_features, stride_xm, stride_mid, mid_slice_stride, stride_as, stride_ai, stride_ar,
                 NUM_SLICES, R_PAD, RANK_COLS, BLOCK_M, BLOCK_K, SPLIT_K, K_SPLITS,
-                TOKEN_IO, DO_EXPAND, FENCE, INPUT_PRECISION, RANK_MASKED_LOADS, R_MAX,
+                TOKEN_IO, DO_EXPAND, PTX, INPUT_PRECISION, RANK_MASKED_LOADS, R_MAX,
             )
     if DO_EXPAND:  # noqa: SIM102
         if pid >= num_shrink:
@@ -175,7 +184,7 @@ def lora_kernel(
                 pid - num_shrink, y_ptr, b_ptr, ranks_ptr, scalings_ptr, mid_ptr, sync_ptr, max_tiles, tile_table_ptr,
                 stride_ym, stride_mid, mid_slice_stride, stride_bs, stride_bn,
                 NUM_SLICES, OUT0, OUT1, OUT2, TILES0, TILES1, N_TILES, R_PAD, RANK_COLS, BLOCK_M, BLOCK_N,
-                K_SPLITS, TOKEN_IO, DO_SHRINK, INPUT_PRECISION, RANK_MASKED_LOADS, R_MAX,
+                K_SPLITS, TOKEN_IO, DO_SHRINK, INPUT_PRECISION, RANK_MASKED_LOADS, R_MAX, PTX,
             )
 
 
