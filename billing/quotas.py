@@ -149,6 +149,11 @@ class QuotaGuard:
                     f"of ${picousd_to_usd(budget.cost_limit_picousd):.2f} used in {month}. It resets on {resets}."
                 )
 
+    def is_known_unlimited(self, tenant_id: str) -> bool:
+        """True when the cached budgets say this tenant has none: `check` would do no I/O and pass."""
+        cached = self._budgets.get(tenant_id)
+        return cached is not None and not cached[1] and time.monotonic() - cached[0] < self._cache_s
+
     def on_recorded(self, events: list[UsageEvent], costs: dict[str, int]) -> None:
         """Meter callback: count events the ledger stored for the first time."""
         totals: dict[tuple[str, str, str], list[int]] = defaultdict(lambda: [0, 0])

@@ -21,6 +21,7 @@ from loraplex.platform.settings import Settings
 #   "billing.rollup_day": "loraplex.billing.tasks:rollup_day",
 TASKS: dict[str, str] = {
     "loraplex.adapters.validate": "loraplex.adapters.tasks:validate_adapter_job",
+    "loraplex.billing.rollup_and_reconcile": "loraplex.billing.tasks:rollup_and_reconcile",
 }
 
 # Celery beat: "entry name" -> {"task": <name in TASKS>, "schedule": seconds, "args": (...)}.
@@ -30,6 +31,14 @@ BEAT_SCHEDULE: dict[str, dict[str, Any]] = {}
 def _resolve(target: str) -> Callable[..., Any]:
     module_name, _, attribute = target.partition(":")
     return getattr(importlib.import_module(module_name), attribute)
+
+
+def _billing_beat(settings: Settings) -> dict[str, dict[str, Any]]:
+    """Rollups and quota reconciliation need this deployment's database and Redis, known only here."""
+    kwargs = {"database_url": settings.resolved_database_url, "redis_url": settings.redis_url,
+              "key_prefix": settings.redis_key_prefix}
+    return {"billing-rollups": {"task": "loraplex.billing.rollup_and_reconcile",
+                                "schedule": settings.billing_rollup_interval_s, "kwargs": kwargs}}
 
 
 def make_celery(settings: Settings | None = None) -> Celery:
@@ -44,7 +53,7 @@ def make_celery(settings: Settings | None = None) -> Celery:
         task_acks_late=True,              # a worker that dies mid-task leaves it for another
         worker_prefetch_multiplier=1,
         broker_connection_retry_on_startup=True,
-        beat_schedule=BEAT_SCHEDULE,
+        beat_schedule={**BEAT_SCHEDULE, **_billing_beat(settings)},
     )
     for name, target in TASKS.items():
         app.task(name=name, bind=False)(_resolve(target))

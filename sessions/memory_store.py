@@ -56,6 +56,9 @@ class MemorySessionStore:
             if held is not None and held[1] > now:
                 raise SessionBusyError(session_id)
             lease = TurnLease(session=_copy(record))
+            lease.session.expires_at = now + record.ttl_seconds
+            # A session never expires under a running turn: hold it for TTL + lease; the turn's end resets it.
+            record.expires_at = now + record.ttl_seconds + lease_s
             self._leases[session_id] = (lease.token, now + lease_s)
             return lease
 
@@ -91,6 +94,11 @@ class MemorySessionStore:
             self._expire(now)
             expired, self._expired = self._expired, []
             return expired
+
+    def alive(self, session_ids: list[str]) -> set[str]:
+        with self._lock:
+            self._expire()
+            return {session_id for session_id in session_ids if session_id in self._records}
 
     def _held_by_another(self, lease: TurnLease) -> bool:
         """A lease that ran out is still good unless another turn has taken the session since."""

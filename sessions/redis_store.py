@@ -1,7 +1,7 @@
 """The Redis session store, shared by every replica.
 
 Layout under the key prefix:
-  session:<id>          hash {tenant_id, version, data (record JSON), kv_state}, Redis TTL = the session's TTL
+  session:<id>          hash {tenant_id, version, data (record JSON), kv_state, ttl_seconds}; Redis TTL = the session's
   session:<id>:lease    the running turn's token (SET NX PX): one turn at a time
   sessions:tenant:<t>   sorted set of the tenant's ids by creation time, for listing
   sessions:expiry       sorted set of ids by expiry time, for releasing KV of expired sessions
@@ -22,6 +22,10 @@ _BEGIN = """
 local tenant = redis.call('HGET', KEYS[1], 'tenant_id')
 if not tenant or tenant ~= ARGV[1] then return {0} end
 if not redis.call('SET', KEYS[2], ARGV[2], 'NX', 'PX', ARGV[3]) then return {2} end
+-- A session never expires under a running turn: hold it for TTL + lease; the turn's end resets the TTL.
+local hold = tonumber(redis.call('HGET', KEYS[1], 'ttl_seconds')) + math.ceil(tonumber(ARGV[3]) / 1000)
+redis.call('EXPIRE', KEYS[1], hold)
+redis.call('ZADD', KEYS[3], tonumber(ARGV[4]) + hold, ARGV[5])
 return {1, redis.call('HGET', KEYS[1], 'data'), redis.call('HGET', KEYS[1], 'kv_state')}
 """
 
@@ -78,7 +82,7 @@ class RedisSessionStore:
         pipe = self._redis.pipeline(transaction=True)
         pipe.hset(self._key(record.id), mapping={
             "tenant_id": record.tenant_id, "version": record.version, "data": record.to_json(),
-            "kv_state": record.kv_state,
+            "kv_state": record.kv_state, "ttl_seconds": record.ttl_seconds,
         })
         pipe.expire(self._key(record.id), record.ttl_seconds)
         pipe.zadd(self._tenant_key(record.tenant_id), {record.id: record.created_at})
@@ -131,15 +135,18 @@ class RedisSessionStore:
 
     def begin_turn(self, tenant_id: str, session_id: str, *, lease_s: float = 600.0) -> TurnLease:
         lease_token = secrets.token_hex(16)
+        now = time.time()
         reply = self._begin(
-            keys=[self._key(session_id), self._lease_key(session_id)],
-            args=[tenant_id, lease_token, int(lease_s * 1000)],
+            keys=[self._key(session_id), self._lease_key(session_id), self._expiry_key],
+            args=[tenant_id, lease_token, int(lease_s * 1000), now, session_id],
         )
         if reply[0] == 0:
             raise SessionNotFoundError(session_id)
         if reply[0] == 2:
             raise SessionBusyError(session_id)
-        return TurnLease(session=self._record(reply[1], reply[2]), token=lease_token)
+        record = self._record(reply[1], reply[2])
+        record.expires_at = now + record.ttl_seconds
+        return TurnLease(session=record, token=lease_token)
 
     def complete_turn(self, lease: TurnLease, result: TurnResult) -> SessionRecord:
         session = lease.session
@@ -181,6 +188,14 @@ class RedisSessionStore:
                     self._redis.hdel(self._owner_key, session_id)
                 expired.append(session_id)
         return expired
+
+    def alive(self, session_ids: list[str]) -> set[str]:
+        if not session_ids:
+            return set()
+        pipe = self._redis.pipeline(transaction=False)
+        for session_id in session_ids:
+            pipe.exists(self._key(session_id))
+        return {sid for sid, exists in zip(session_ids, pipe.execute(), strict=True) if exists}
 
     def _record(self, data: bytes | str, kv_state: bytes | str | None, ttl_ms: int | None = None) -> SessionRecord:
         record = SessionRecord.from_json(data)

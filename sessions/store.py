@@ -47,13 +47,14 @@ class SessionRecord:
     created_at: float = field(default_factory=time.time)
     expires_at: float = 0.0                      # unix time; pushed back by every turn
     messages: list[dict[str, Any]] = field(default_factory=list)
-    prefix_token_ids: list[int] = field(default_factory=list)  # prompt + answer of the last turn
+    prefix_token_ids: list[int] = field(default_factory=list)  # the last turn's prompt (its KV, and the answer's, pinned)
     replica_id: str | None = None
     version: int = 0
     kv_state: str = KVState.NONE
     num_turns: int = 0
     last_prompt_tokens: int = 0
     last_cached_tokens: int = 0
+    last_output_tokens: int = 0
 
     def __post_init__(self) -> None:
         if not self.expires_at:
@@ -61,7 +62,8 @@ class SessionRecord:
 
     @property
     def num_tokens(self) -> int:
-        return len(self.prefix_token_ids)
+        """Tokens of the conversation so far: the last turn's prompt and its answer."""
+        return len(self.prefix_token_ids) + self.last_output_tokens
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), separators=(",", ":"))
@@ -86,9 +88,10 @@ class TurnResult:
     """What a completed turn adds to its session."""
 
     new_messages: list[dict[str, Any]]           # the turn's input messages, then the assistant's answer
-    prefix_token_ids: list[int]
+    prefix_token_ids: list[int]                  # the turn's prompt token ids
     prompt_tokens: int
     cached_tokens: int
+    output_tokens: int = 0
     kv_state: str = KVState.PINNED
     replica_id: str | None = None
 
@@ -116,6 +119,7 @@ def apply_turn(record: SessionRecord, result: TurnResult, *, now: float) -> Sess
     updated.replica_id = result.replica_id
     updated.last_prompt_tokens = result.prompt_tokens
     updated.last_cached_tokens = result.cached_tokens
+    updated.last_output_tokens = result.output_tokens
     updated.num_turns = record.num_turns + 1
     updated.version = record.version + 1
     updated.expires_at = now + record.ttl_seconds
@@ -136,7 +140,7 @@ class SessionStore(Protocol):
         """Remove at once; returns the removed record so the caller can release its KV."""
 
     def begin_turn(self, tenant_id: str, session_id: str, *, lease_s: float = 600.0) -> TurnLease:
-        """Take the session's lease; SessionBusyError if another turn holds it."""
+        """Take the session's lease (and push its expiry back); SessionBusyError if another turn holds it."""
 
     def complete_turn(self, lease: TurnLease, result: TurnResult) -> SessionRecord:
         """Append the turn (compare-and-set on version), refresh the TTL, release the lease.
@@ -153,3 +157,6 @@ class SessionStore(Protocol):
 
     def pop_expired(self, *, now: float | None = None) -> list[str]:
         """Ids of sessions that expired since the last call (each id returned once), to release their KV."""
+
+    def alive(self, session_ids: list[str]) -> set[str]:
+        """Which of these sessions still exist (any tenant): a replica releases the KV of the others."""

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import typer
-from loraplex.platform.cli import db, keys, tenants
+from loraplex.platform.cli import db, keys, tenants, usage
 from loraplex.platform.cli.serve import serve
 
 app = typer.Typer(
@@ -17,6 +17,7 @@ app.command(help="Serve the OpenAI-compatible API.")(serve)
 app.add_typer(db.app, name="db")
 app.add_typer(tenants.app, name="tenants")
 app.add_typer(keys.app, name="keys")
+app.add_typer(usage.app, name="usage")
 
 if __name__ == "__main__":
     app()

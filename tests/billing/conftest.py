@@ -97,7 +97,7 @@ def redis_client() -> Iterator[redis.Redis]:
 
 
 @pytest.fixture
-def redis_prefix(redis_client: redis.Redis) -> Iterator[str]:
+def key_prefix(redis_client: redis.Redis) -> Iterator[str]:
     prefix = f"lpxtest:billing:{uuid.uuid4().hex[:8]}:"
     yield prefix
     keys = list(redis_client.scan_iter(match=f"{prefix}*"))

@@ -48,11 +48,11 @@ def test_meter_writes_every_event_once(session_factory, make_event, tmp_path):
 
 @pytest.mark.parametrize("spool_kind", ["file", "redis"])
 def test_events_spooled_while_database_refuses_are_drained_when_it_returns(
-    spool_kind, pg_url, pg_session_factory, refusing_engine, make_event, tmp_path, redis_client, redis_prefix
+    spool_kind, pg_url, pg_session_factory, refusing_engine, make_event, tmp_path, redis_client, key_prefix
 ):
     # The meter's ledger points at a URL that refuses connections (a stopped database) ...
     factory = sessionmaker(refusing_engine, expire_on_commit=False)
-    spool = FileSpool(tmp_path) if spool_kind == "file" else RedisStreamSpool(redis_client, f"{redis_prefix}spool")
+    spool = FileSpool(tmp_path) if spool_kind == "file" else RedisStreamSpool(redis_client, f"{key_prefix}spool")
     counter = MemorySpendCounter()
     guard = QuotaGuard(pg_session_factory, counter)
     meter = Meter(Ledger(factory), spools=[spool], on_recorded=guard.on_recorded, retry_interval_s=0.1)

@@ -20,8 +20,8 @@ DEC = datetime(2026, 12, 1, 0, 0, 1, tzinfo=UTC)
 
 
 @pytest.fixture(params=["redis", "memory"])
-def counter(request, redis_client, redis_prefix):
-    return RedisSpendCounter(redis_client, redis_prefix) if request.param == "redis" else MemorySpendCounter()
+def counter(request, redis_client, key_prefix):
+    return RedisSpendCounter(redis_client, key_prefix) if request.param == "redis" else MemorySpendCounter()
 
 
 def _spend(session_factory, guard, events):

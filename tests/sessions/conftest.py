@@ -22,7 +22,7 @@ def redis_client() -> Iterator[redis.Redis]:
 
 
 @pytest.fixture
-def redis_prefix(redis_client: redis.Redis) -> Iterator[str]:
+def key_prefix(redis_client: redis.Redis) -> Iterator[str]:
     prefix = f"lpxtest:sessions:{uuid.uuid4().hex[:8]}:"
     yield prefix
     keys = list(redis_client.scan_iter(match=f"{prefix}*"))
@@ -35,4 +35,4 @@ def store(request):
     if request.param == "memory":
         return MemorySessionStore()
     client = request.getfixturevalue("redis_client")
-    return RedisSessionStore(client, key_prefix=request.getfixturevalue("redis_prefix"))
+    return RedisSessionStore(client, key_prefix=request.getfixturevalue("key_prefix"))

@@ -140,6 +140,14 @@ def test_ttl_expiry_and_refresh_on_each_turn(store):
     assert store.pop_expired() == [], "each expired session is reported once"
 
 
+def test_running_turn_outlives_the_ttl(store):
+    session = _new(store, ttl_seconds=1)
+    lease = store.begin_turn("ten_a", session.id, lease_s=5)
+    time.sleep(1.3)
+    assert store.complete_turn(lease, _turn("q", "a", [1])).version == 1
+    assert store.get("ten_a", session.id).expires_at == pytest.approx(time.time() + 1, abs=0.5)
+
+
 def test_kv_state_updates(store):
     session = _new(store)
     store.complete_turn(store.begin_turn("ten_a", session.id), _turn("q", "a", [1]))

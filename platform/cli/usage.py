@@ -1,0 +1,51 @@
+"""`loraplex usage report`: a tenant's usage from the ledger, as a table or CSV."""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+from loraplex.billing.reports import TOKEN_COLUMNS, ReportQuery, report_csv, report_totals, usage_report
+from loraplex.engine.errors import InvalidRequestError
+from loraplex.platform.auth import store
+from loraplex.platform.cli.common import db_session, err_console, load_settings, print_table
+
+app = typer.Typer(help="Usage reports from the billing ledger.", no_args_is_help=True)
+
+
+@app.command()
+def report(
+    tenant: str = typer.Option(..., "--tenant", help="Tenant id or name."),
+    start: str = typer.Option(None, "--from", help="First day, YYYY-MM-DD (default: first of this month)."),
+    end: str = typer.Option(None, "--to", help="Last day, inclusive (default: today, UTC)."),
+    group_by: str = typer.Option("day", "--group-by", help="day, model, adapter, api_key (comma-separated)."),
+    csv: bool = typer.Option(False, "--csv", help="Write CSV to stdout instead of a table."),
+) -> None:
+    """Tokens by class, requests and cost for one tenant over a date range."""
+    with db_session(load_settings()) as db:
+        found = store.get_tenant(db, tenant_ref=tenant)
+        if found is None:
+            err_console.print(f"[red]no tenant '{tenant}'[/red]")
+            raise typer.Exit(1)
+        try:
+            query = ReportQuery.parse(start=start, end=end, group_by=group_by, tenant_id=found.id)
+        except InvalidRequestError as exc:
+            err_console.print(f"[red]{exc.message}[/red]")
+            raise typer.Exit(2) from None
+        rows = usage_report(db, query)
+    if csv:
+        sys.stdout.write(report_csv(query, rows))
+        return
+    metrics = [*TOKEN_COLUMNS, "requests", "cost_usd"]
+    lines = [[_cell(row[k]) for k in (*query.group_by, *metrics)] for row in rows]
+    totals = report_totals(rows)
+    lines.append(["total", *[""] * (len(query.group_by) - 1), *[_cell(totals[k]) for k in metrics]])
+    print_table([*query.group_by, *metrics], lines)
+
+
+def _cell(value: object) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.6f}"
+    return str(value)

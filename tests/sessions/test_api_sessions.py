@@ -1,0 +1,196 @@
+"""Sessions through the real server and the openai client (SmolLM2, greedy)."""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+import openai
+import pytest
+
+MODEL = "SmolLM2-135M-Instruct"
+BLOCK_SIZE = 16  # the engine's KV block: pinned KV covers whole blocks only
+QUESTIONS = [
+    "My name is Ada. Remember it.", "What is 2 plus 3?", "Name a colour of the sky.", "What is my name?",
+    "Say a word that rhymes with cat.", "Which is bigger, 7 or 9?", "Name a fruit.", "What is the capital of France?",
+    "Count from one to three.", "Say goodbye.",
+]
+
+
+@pytest.fixture(scope="module", params=["memory", "redis"])
+def server(request, start_server, redis_url, redis_prefix):
+    overrides = {"session_sweep_interval_s": 0.2}
+    if request.param == "redis":
+        overrides |= {"redis_url": redis_url, "redis_key_prefix": f"{redis_prefix}sess:"}
+    with start_server(**overrides) as running:
+        yield running
+
+
+def _auth(server, label: str = "all") -> dict[str, str]:
+    return {"Authorization": f"Bearer {server.keys[label]}"}
+
+
+def _create(server, label: str = "all", **body) -> dict:
+    response = httpx.post(f"{server.base_url}/v1/sessions", json={"model": MODEL, **body},
+                          headers=_auth(server, label), timeout=30)
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def _engine_pins(server) -> dict:
+    return server.services.engine.engine.block_manager.pins
+
+
+def test_ten_turn_session_equals_stateless_and_prefills_only_new_tokens(server):
+    client = server.client("all")
+    stateless = server.client("globex")  # another tenant: its prefix cache can never serve the session
+    system = "You are a terse assistant."
+    session = _create(server, system=system)
+    history = [{"role": "system", "content": system}]
+    previous_total = None
+    for turn, question in enumerate(QUESTIONS, start=1):
+        user = {"role": "user", "content": question}
+        answer = client.chat.completions.create(
+            model=MODEL, messages=[user], max_tokens=12, temperature=0, extra_body={"session_id": session["id"]},
+        )
+        reference = stateless.chat.completions.create(
+            model=MODEL, messages=[*history, user], max_tokens=12, temperature=0,
+        )
+        assert answer.choices[0].message.content == reference.choices[0].message.content, f"turn {turn}"
+        assert answer.usage.prompt_tokens == reference.usage.prompt_tokens
+        usage = answer.usage
+        prefilled = usage.prompt_tokens - usage.prompt_tokens_details.cached_tokens
+        if previous_total is not None:
+            new_tokens = usage.prompt_tokens - previous_total
+            # Only the new tokens, plus the tail of the last partly filled block (pins hold whole blocks).
+            assert new_tokens <= prefilled <= new_tokens + BLOCK_SIZE, (turn, prefilled, new_tokens)
+        previous_total = usage.prompt_tokens + usage.completion_tokens
+        history += [user, {"role": "assistant", "content": answer.choices[0].message.content}]
+    got = httpx.get(f"{server.base_url}/v1/sessions/{session['id']}", headers=_auth(server), timeout=30).json()
+    assert got["num_turns"] == 10 and got["kv_state"] == "pinned"
+    assert got["messages"] == history[1:]
+    assert got["last_turn"]["cached_tokens"] == usage.prompt_tokens_details.cached_tokens
+    assert session["id"] in _engine_pins(server)
+
+
+def test_streamed_turn_is_recorded(server):
+    client = server.client("all")
+    session = _create(server)
+    stream = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Hi!"}], max_tokens=6, temperature=0, stream=True,
+        extra_body={"session_id": session["id"]},
+    )
+    text = "".join(chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices)
+    got = httpx.get(f"{server.base_url}/v1/sessions/{session['id']}", headers=_auth(server), timeout=30).json()
+    assert got["messages"] == [{"role": "user", "content": "Hi!"}, {"role": "assistant", "content": text}]
+
+
+def test_concurrent_turn_gets_409_and_transcript_stays_consistent(server):
+    client = server.client("all")
+    session = _create(server)
+    stream = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Tell me a long story."}], max_tokens=40,
+        temperature=0, stream=True, extra_body={"session_id": session["id"]},
+    )
+    first = next(iter(stream))  # the turn is running
+    with pytest.raises(openai.ConflictError) as raised:
+        client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Interrupt!"}],
+                                       max_tokens=4, extra_body={"session_id": session["id"]})
+    assert raised.value.body["code"] == "session_busy"
+    rest = "".join(chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices)
+    text = (first.choices[0].delta.content or "") + rest
+    got = httpx.get(f"{server.base_url}/v1/sessions/{session['id']}", headers=_auth(server), timeout=30).json()
+    assert got["version"] == 1
+    assert got["messages"] == [{"role": "user", "content": "Tell me a long story."},
+                               {"role": "assistant", "content": text}]
+
+
+def test_refused_turn_frees_the_session(server):
+    client = server.client("all")
+    session = _create(server)
+    with pytest.raises(openai.APIStatusError) as raised:  # 413: can never fit, refused before the engine
+        client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}],
+                                       max_tokens=100_000, extra_body={"session_id": session["id"]})
+    assert raised.value.status_code == 413
+    answer = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hello"}],
+                                            max_tokens=3, temperature=0, extra_body={"session_id": session["id"]})
+    assert answer.choices[0].message.content is not None
+
+
+def test_other_tenant_gets_404_on_every_route(server):
+    session = _create(server)
+    other = _auth(server, "globex")
+    base = f"{server.base_url}/v1/sessions/{session['id']}"
+    assert httpx.get(base, headers=other, timeout=30).status_code == 404
+    assert httpx.delete(base, headers=other, timeout=30).status_code == 404
+    chat = httpx.post(f"{server.base_url}/v1/chat/completions", headers=other, timeout=30, json={
+        "model": MODEL, "messages": [{"role": "user", "content": "hi"}], "session_id": session["id"]})
+    assert chat.status_code == 404 and chat.json()["error"]["code"] == "session_not_found"
+    listed = httpx.get(f"{server.base_url}/v1/sessions", headers=other, timeout=30).json()
+    assert session["id"] not in [s["id"] for s in listed["data"]]
+    assert httpx.get(base, headers=_auth(server), timeout=30).status_code == 200
+
+
+def test_list_is_paginated(server):
+    ids = [_create(server, "globex")["id"] for _ in range(5)]
+    seen, after = [], None
+    while True:
+        params = {"limit": 2, **({"after": after} if after else {})}
+        page = httpx.get(f"{server.base_url}/v1/sessions", params=params, headers=_auth(server, "globex"),
+                         timeout=30).json()
+        seen += [s["id"] for s in page["data"]]
+        if not page["has_more"]:
+            break
+        after = page["last_id"]
+    assert set(ids) <= set(seen) and len(seen) == len(set(seen))
+
+
+def test_delete_and_ttl_expiry_release_pinned_blocks(server):
+    client = server.client("all")
+    engine = server.services.engine
+    deleted = _create(server)
+    client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Count to twenty."}],
+                                   max_tokens=24, temperature=0, extra_body={"session_id": deleted["id"]})
+    expiring = _create(server, ttl_seconds=2)
+    for session in (expiring,):
+        client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Count to twenty."}],
+                                       max_tokens=24, temperature=0, extra_body={"session_id": session["id"]})
+    pins = _engine_pins(server)
+    assert deleted["id"] in pins and expiring["id"] in pins, (list(pins), deleted["id"], expiring["id"])
+    pinned_before = engine.stats()["num_blocks_pinned"]
+    response = httpx.delete(f"{server.base_url}/v1/sessions/{deleted['id']}", headers=_auth(server), timeout=30)
+    assert response.json() == {"id": deleted["id"], "object": "session.deleted", "deleted": True}
+    _wait(lambda: deleted["id"] not in _engine_pins(server))
+    _wait(lambda: expiring["id"] not in _engine_pins(server), timeout_s=15)  # TTL 2 s, swept every 0.2 s
+    _wait(lambda: engine.stats()["num_blocks_pinned"] < pinned_before)
+    for session in (deleted, expiring):
+        with pytest.raises(openai.NotFoundError) as raised:
+            client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}],
+                                           max_tokens=2, extra_body={"session_id": session["id"]})
+        assert "was not found" in raised.value.body["message"]
+
+
+def test_bad_session_requests_are_typed_errors(server):
+    session = _create(server)
+    headers = _auth(server)
+    bad_ttl = httpx.post(f"{server.base_url}/v1/sessions", json={"model": MODEL, "ttl_seconds": 0},
+                         headers=headers, timeout=30)
+    assert bad_ttl.status_code == 400 and bad_ttl.json()["error"]["param"] == "ttl_seconds"
+    unknown_model = httpx.post(f"{server.base_url}/v1/sessions", json={"model": "nope"}, headers=headers, timeout=30)
+    assert unknown_model.status_code == 404
+    two_choices = httpx.post(f"{server.base_url}/v1/chat/completions", headers=headers, timeout=30, json={
+        "model": MODEL, "messages": [{"role": "user", "content": "hi"}], "n": 2, "session_id": session["id"]})
+    assert two_choices.status_code == 400 and two_choices.json()["error"]["param"] == "n"
+    completions = httpx.post(f"{server.base_url}/v1/completions", headers=headers, timeout=30, json={
+        "model": MODEL, "prompt": "hi", "session_id": session["id"]})
+    assert completions.status_code in (200, 400)  # /v1/completions ignores unknown fields (no session_id there)
+
+
+def _wait(predicate, timeout_s: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached in time")
+        time.sleep(0.05)
+
+
