@@ -9,6 +9,7 @@ from loraplex.platform.db.session import make_db_engine, make_session_factory
 from loraplex.platform.settings import Settings
 from loraplex.platform.wiring import prepare_database
 from rich.console import Console
+from rich.table import Table
 from sqlalchemy.orm import Session
 
 console = Console()
@@ -29,3 +30,15 @@ def db_session(settings: Settings) -> Iterator[Session]:
             yield session
     finally:
         engine.dispose()
+
+
+def print_table(headers: list[str], rows: list[list[str]]) -> None:
+    """A table on a terminal; tab-separated lines when piped (ids stay whole and greppable)."""
+    if not console.is_terminal:
+        for row in [headers, *rows]:
+            print("\t".join(row))
+        return
+    table = Table(*headers)
+    for row in rows:
+        table.add_row(*row)
+    console.print(table)

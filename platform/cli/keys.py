@@ -5,8 +5,7 @@ from __future__ import annotations
 import typer
 from loraplex.platform.auth import store
 from loraplex.platform.auth.scopes import Scope, parse_scopes
-from loraplex.platform.cli.common import console, db_session, err_console, load_settings
-from rich.table import Table
+from loraplex.platform.cli.common import console, db_session, err_console, load_settings, print_table
 
 app = typer.Typer(help="Create, list and revoke API keys.", no_args_is_help=True)
 
@@ -50,14 +49,15 @@ def list_(tenant: str | None = typer.Option(None, "--tenant", "-t", help="Only t
                 err_console.print(f"[red]no tenant {tenant!r}[/red]")
                 raise typer.Exit(1)
             tenant_id = record.id
-        table = Table("id", "tenant", "prefix", "scopes", "last used", "revoked")
-        for key in store.list_api_keys(db, tenant_id=tenant_id):
-            table.add_row(
+        rows = [
+            [
                 key.id, key.tenant_id, key.key_prefix + "…", key.scopes,
                 key.last_used_at.isoformat(timespec="seconds") if key.last_used_at else "never",
                 key.revoked_at.isoformat(timespec="seconds") if key.revoked_at else "",
-            )
-        console.print(table)
+            ]
+            for key in store.list_api_keys(db, tenant_id=tenant_id)
+        ]
+    print_table(["id", "tenant", "prefix", "scopes", "last used", "revoked"], rows)
 
 
 @app.command()

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import typer
 from loraplex.platform.auth import store
-from loraplex.platform.cli.common import console, db_session, err_console, load_settings
-from rich.table import Table
+from loraplex.platform.cli.common import console, db_session, err_console, load_settings, print_table
 
 app = typer.Typer(help="Create and list tenants.", no_args_is_help=True)
 
@@ -26,7 +25,5 @@ def create(name: str = typer.Argument(..., help="Unique tenant name, e.g. acme."
 def list_() -> None:
     """List tenants."""
     with db_session(load_settings()) as db:
-        table = Table("id", "name", "created")
-        for tenant in store.list_tenants(db):
-            table.add_row(tenant.id, tenant.name, tenant.created_at.isoformat(timespec="seconds"))
-        console.print(table)
+        rows = [[t.id, t.name, t.created_at.isoformat(timespec="seconds")] for t in store.list_tenants(db)]
+    print_table(["id", "name", "created"], rows)
