@@ -139,6 +139,9 @@ class AsyncEngine:
                     continue
                 outputs = self.engine.step()
                 self._stats = self.engine.stats()
+                if self.engine.last_step_was_idle:  # don't spin while e.g. an adapter loads
+                    self._wakeup.wait(0.005)
+                    self._wakeup.clear()
                 for out in outputs:
                     self._deliver(out)
         except BaseException as exc:  # the loop itself broke: fail every caller, never hang them

@@ -53,6 +53,7 @@ class LLMEngine:
         self.requests: dict[str, RequestState] = {}
         self.num_prompt_tokens_total = 0
         self.num_generation_tokens_total = 0
+        self.last_step_was_idle = False  # work is waiting but nothing could run (e.g. adapters loading)
 
     # ---- constructors ---------------------------------------------------------------------
     @classmethod
@@ -139,6 +140,7 @@ class LLMEngine:
     # ---- the loop body --------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         scheduled = self.scheduler.schedule()
+        self.last_step_was_idle = scheduled.is_empty
         if scheduled.is_empty:
             return []
         try:
@@ -231,4 +233,5 @@ class LLMEngine:
             "prompt_tokens_total": self.num_prompt_tokens_total,
             "generation_tokens_total": self.num_generation_tokens_total,
             "num_preemptions": self.scheduler.num_preemptions,
+            "num_pins_evicted": bm.num_pins_evicted,
         }

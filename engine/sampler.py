@@ -130,9 +130,14 @@ class Sampler:
         min_ps = torch.tensor([seqs[i].sampling.min_p for i in random_rows]).unsqueeze(1)
         if bool((min_ps > 0).any()):
             probs = probs.masked_fill(probs < min_ps * probs.max(dim=-1, keepdim=True).values, 0.0)
+        # Inverse-CDF draw with one uniform per row from that row's own generator: cheap,
+        # and a row's token never depends on the other rows of the batch.
+        uniforms = torch.cat([torch.rand(1, generator=seqs[i].generator) for i in random_rows])
+        cdf = probs.cumsum(dim=-1)
+        targets = (uniforms * cdf[:, -1]).unsqueeze(1)
+        picked = torch.searchsorted(cdf, targets, right=True).squeeze(1).clamp_(max=probs.shape[-1] - 1)
         for j, i in enumerate(random_rows):
-            noise = torch.empty(probs.shape[-1]).exponential_(generator=seqs[i].generator)
-            tokens[i] = int((probs[j] / noise).argmax())
+            tokens[i] = int(picked[j])
         return tokens
 
     # ---- logprobs -------------------------------------------------------------------------

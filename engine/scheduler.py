@@ -105,7 +105,10 @@ class Scheduler:
         return out
 
     def _make_room(self, seq: Sequence, num_new: int, out: SchedulerOutput) -> bool:
+        """Free blocks for `seq`: drop session pins first (oldest first), then preempt the newest."""
         while not self.block_manager.can_append(seq, num_new):
+            if self.block_manager.evict_oldest_pin() is not None:
+                continue
             victim = self.running[-1]
             self._preempt(victim, out)
             if victim is seq:
@@ -152,9 +155,10 @@ class Scheduler:
             first_time = seq.num_cached_tokens < 0
             self.block_manager.allocate(seq)
             num_new = min(seq.num_uncomputed_tokens, budget)
-            if not self.block_manager.can_append(seq, num_new):
-                self.block_manager.deallocate(seq)
-                return
+            while not self.block_manager.can_append(seq, num_new):
+                if self.block_manager.evict_oldest_pin() is None:
+                    self.block_manager.deallocate(seq)
+                    return
             self._take_from_queue(seq)
             if first_time:
                 seq.num_cached_tokens = seq.num_computed_tokens

@@ -55,7 +55,8 @@ class BlockManager:
         self.free_block_ids: deque[int] = deque(range(num_blocks))
         self.cached_free: OrderedDict[int, None] = OrderedDict()  # LRU: ref_count 0 but hashed
         self.hash_to_block_id: dict[bytes, int] = {}
-        self.pins: dict[str, list[int]] = {}
+        self.pins: OrderedDict[str, list[int]] = OrderedDict()  # oldest first
+        self.num_pins_evicted = 0
         self.num_prefix_queries = 0  # prompt tokens looked up in the cache
         self.num_prefix_hits = 0     # of those, tokens found
 
@@ -201,6 +202,15 @@ class BlockManager:
         self.unpin(key)
         self.pins[key] = block_ids
         return len(block_ids) * self.block_size
+
+    def evict_oldest_pin(self) -> str | None:
+        """Drop the oldest pin to make room (its session re-prefills next turn); None if none."""
+        if not self.pins:
+            return None
+        key = next(iter(self.pins))
+        self.unpin(key)
+        self.num_pins_evicted += 1
+        return key
 
     def unpin(self, key: str) -> bool:
         block_ids = self.pins.pop(key, None)

@@ -36,6 +36,7 @@ class RequestState:
         self.request = request
         self.eos_token_ids = eos_token_ids
         self.max_model_len = max_model_len
+        self.stop_token_ids = set(request.sampling.stop_token_ids)
         self.choices = [
             ChoiceState(seq, IncrementalDetokenizer(tokenizer, request.prompt_token_ids),
                         StopStringMatcher(request.sampling.stop))
@@ -75,7 +76,7 @@ class RequestState:
             return True
         if token in self.eos_token_ids and not sampling.ignore_eos:
             self._finish(choice, FinishReason.STOP, None)
-        elif token in sampling.stop_token_ids:
+        elif token in self.stop_token_ids:
             self._finish(choice, FinishReason.STOP, token)
         else:
             choice.pending_text += choice.stop_strings.feed(choice.detokenizer.add(token))
