@@ -111,9 +111,7 @@ def _prefill_kernel(
     BLOCK_D: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
-    # Launch order is reversed so the heaviest tiles (last of each sequence, and the longest
-    # sequences' when they come last) start first instead of forming the tail of the grid.
-    tile = tl.num_programs(0) - 1 - tl.program_id(0)
+    tile = tl.program_id(0)
     kv_head = tl.program_id(1)
     seq = _find_sequence(cu_seqlens_q_ptr, num_seqs, tile, BLOCK_Q)
     q_begin = tl.load(cu_seqlens_q_ptr + seq)
