@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from urllib.parse import quote, urlsplit
 
 from playwright.sync_api import expect
 
@@ -18,10 +19,10 @@ WATCH_ANSWER = """() => {
 
 
 def sign_in(page, base_url: str, key: str, *, then: str = "/portal/adapters") -> None:  # type: ignore[no-untyped-def]
-    page.goto(f"{base_url}/portal/signin?next={then}")
+    page.goto(f"{base_url}/portal/signin?next={quote(then)}")
     page.get_by_label("API key").fill(key)
     page.get_by_role("button", name="Sign in").click()
-    page.wait_for_url(f"**{then}")
+    page.wait_for_url(lambda url: urlsplit(url).path == urlsplit(then).path)
 
 
 def test_sign_in_rejects_a_revoked_key_and_signs_out(api_server, new_page) -> None:  # type: ignore[no-untyped-def]
@@ -36,7 +37,7 @@ def test_sign_in_rejects_a_revoked_key_and_signs_out(api_server, new_page) -> No
     assert page.evaluate("sessionStorage.getItem('loraplex.apiKey')") == api_server.keys["all"]
     expect(page.locator("#key-hint")).to_have_text(api_server.keys["all"][:12] + "…")
     page.get_by_role("button", name="Sign out").click()
-    page.wait_for_url("**/portal/signin")
+    page.wait_for_url(lambda url: urlsplit(url).path == "/portal/signin")
     assert page.evaluate("sessionStorage.length") == 0
     page.goto(api_server.base_url + "/portal/playground")
     page.wait_for_url("**/portal/signin?next=*")

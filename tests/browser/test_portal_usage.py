@@ -42,6 +42,21 @@ def write_past_usage(server) -> None:  # type: ignore[no-untyped-def]
     Ledger(sessions, PriceBook(sessions)).write(events)
 
 
+def upload_ready_adapter(server, folder: Path, name: str) -> str:  # type: ignore[no-untyped-def]
+    """Upload through the API and wait for validation; returns the adapter id."""
+    headers = {"Authorization": f"Bearer {server.keys['adapters']}"}
+    files = [("files", (f, (folder / f).read_bytes())) for f in ("adapter_config.json", "adapter_model.safetensors")]
+    created = httpx.post(server.base_url + "/v1/adapters", data={"name": name}, files=files, headers=headers, timeout=60)
+    assert created.status_code == 202, created.text
+    deadline = time.monotonic() + 180
+    while (record := httpx.get(f"{server.base_url}/v1/adapters/{created.json()['id']}", headers=headers).json())[
+        "status"
+    ] == "validating" and time.monotonic() < deadline:
+        time.sleep(0.3)
+    assert record["status"] == "ready", record
+    return record["id"]
+
+
 def usage_report(server, days: int = 30, **params: str) -> httpx.Response:  # type: ignore[no-untyped-def]
     """The page's default range: the last `days` days, today included (UTC)."""
     today = datetime.now(UTC).date()
@@ -60,15 +75,18 @@ def wait_for_requests(server, expected: int) -> dict:  # type: ignore[no-untyped
         time.sleep(0.2)
 
 
-def test_usage_page_charts_table_and_csv(start_server, new_page, artifacts_dir: Path) -> None:  # type: ignore[no-untyped-def]
+def test_usage_page_charts_table_and_csv(
+    start_server, trained_adapters, new_page, artifacts_dir: Path  # type: ignore[no-untyped-def]
+) -> None:
     with start_server() as server:
         write_past_usage(server)
-        for key in ("all", "inference", "inference"):
+        upload_ready_adapter(server, trained_adapters["pirate"], "pirate")
+        base = server.services.base_model_name
+        for key, model in (("all", base), ("inference", base), ("inference", "pirate"), ("inference", "pirate")):
             server.client(key).chat.completions.create(
-                model=server.services.base_model_name, max_tokens=8, temperature=0,
-                messages=[{"role": "user", "content": "Name a colour."}],
+                model=model, max_tokens=8, temperature=0, messages=[{"role": "user", "content": "Name a colour."}],
             )
-        expected_requests = 3 * len(PAST_DAYS) + 3
+        expected_requests = 3 * len(PAST_DAYS) + 4
         report = wait_for_requests(server, expected_requests)
         assert report["totals"]["requests"] == expected_requests
         assert len(report["data"]) == len(PAST_DAYS) + 1
@@ -89,8 +107,8 @@ def test_usage_page_charts_table_and_csv(start_server, new_page, artifacts_dir: 
             )
             expect(page.locator("#chart-tokens rect.bar")).to_have_count(segments)
             expect(page.locator("#chart-tokens .legend li")).to_have_count(4)
-            expect(page.locator("#chart-cost rect.bar")).to_have_count(1)  # the base model only
-            expect(page.locator("#chart-cost text.tick-label")).to_have_text(["base model"])
+            # the base model costs more (all past days), the adapter's id is shown by its name
+            expect(page.locator("#chart-cost text.tick-label")).to_have_text(["base model", "pirate"])
             expect(page.locator("#chart-keys rect.bar")).to_have_count(2)
             expect(page.locator("#chart-keys text.tick-label").first).to_contain_text(server.key_ids["inference"][:8])
 

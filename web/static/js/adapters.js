@@ -33,6 +33,7 @@ const dialogText = document.getElementById("delete-text");
 let selectedFiles = [];
 let pollTimer = null;
 let uploadController = null;
+let uploadedName = null;  // the last upload, whose validation the progress line follows
 
 // ---- list -------------------------------------------------------------------
 
@@ -57,9 +58,9 @@ function adapterRow(adapter) {
   return h("tr", { "data-adapter": adapter.name, "data-status": adapter.status },
     nameCell,
     h("td", { "data-label": "Status" }, statusBadge(adapter.status)),
-    h("td", { "data-label": "Rank / α" }, adapter.rank ? `${adapter.rank} / ${adapter.alpha ?? "—"}` : "—"),
+    h("td", { "data-label": "Rank / alpha" }, adapter.rank ? `${adapter.rank} / ${adapter.alpha ?? "—"}` : "—"),
     h("td", { class: "cell-modules", "data-label": "Targets" }, (adapter.target_modules ?? []).join(", ") || "—"),
-    h("td", { "data-label": "Size" }, adapter.size_bytes ? formatBytes(adapter.size_bytes) : "—"),
+    h("td", { class: "nowrap", "data-label": "Size" }, adapter.size_bytes ? formatBytes(adapter.size_bytes) : "—"),
     h("td", { "data-label": "Created" }, formatDateTime(adapter.created_at)),
     h("td", { class: "cell-actions" }, playLink, deleteButton));
 }
@@ -70,6 +71,13 @@ function render(adapters) {
   emptyNote.hidden = adapters.length !== 0;
   const validating = adapters.filter((a) => a.status === "validating").length;
   listStatus.textContent = validating ? `Validating ${validating}… (refreshing)` : "";
+  const uploaded = adapters.find((a) => a.name === uploadedName);
+  if (uploaded && uploaded.status !== "validating") {
+    progressText.textContent = uploaded.status === "ready"
+      ? `“${uploaded.name}” is ready to use.`
+      : `“${uploaded.name}” failed validation; the reason is shown below.`;
+    uploadedName = null;
+  }
 }
 
 async function refresh() {
@@ -171,6 +179,7 @@ form.addEventListener("submit", async (event) => {
     });
     progressBar.value = 100;
     progressText.textContent = `Uploaded “${name}”; validating…`;
+    uploadedName = name;
     form.reset();
     setFiles([]);
     refresh();
