@@ -104,8 +104,8 @@ def apply_token_bitmask(
     """Set logits of tokens the bitmask disallows to -inf, in place, on the rows in ``indices``.
 
     logits: [B, V] float (contiguous rows); bitmask: [B', ceil(V/32)] int32 with B' >= every
-    masked row; indices: int tensor on the logits' device (or a list) of rows to mask, or None
-    for all rows. ``whole_words`` picks the vectorised read-where-write variant over per-token
+    masked row; indices: int tensor on the logits' device of rows to mask (-1 entries skipped),
+    a list (copied to the device, so not inside a CUDA-graph capture), or None for all rows. ``whole_words`` picks the vectorised read-where-write variant over per-token
     masked stores (a tuning knob; both compute the same).
     """
     if logits.stride(1) != 1 or bitmask.stride(1) != 1:
