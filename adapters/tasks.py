@@ -125,7 +125,7 @@ class CeleryValidationDispatcher:
         self._job = job
 
     def submit(self, adapter_id: str) -> None:
-        self._app.send_task(VALIDATE_TASK_NAME, args=[adapter_id, self._job])
+        self._app.send_task(VALIDATE_TASK_NAME, args=[adapter_id, self._job], task_id=f"validate-{adapter_id}")
 
 
 class ThreadValidationDispatcher:

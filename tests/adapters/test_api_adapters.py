@@ -12,6 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 from api_helpers import folder_files, upload, wait_status
+from loraplex.adapters.tasks import ThreadValidationDispatcher
 
 
 @pytest.fixture(scope="module")
@@ -21,6 +22,9 @@ def server(start_server):  # type: ignore[no-untyped-def]
 
 
 def test_upload_validate_and_chat_with_adapter(server, trained_adapters):  # type: ignore[no-untyped-def]
+    # No Redis configured: the same validation task runs in the in-process worker thread.
+    assert isinstance(server.services.extensions.domain_state["adapters"].service.dispatcher,
+                      ThreadValidationDispatcher)
     started = time.monotonic()
     response = upload(server, folder_files(trained_adapters["pirate"]), "pirate")
     assert response.status_code == 202, response.text
@@ -35,8 +39,9 @@ def test_upload_validate_and_chat_with_adapter(server, trained_adapters):  # typ
     print(f"upload-to-ready {upload_to_ready_s:.2f}s for {ready['size_bytes']} bytes")
 
     client = server.client("all")
-    models = [m.id for m in client.models.list().data]
-    assert models[0] == server.services.base_model_name and "pirate" in models
+    listed = {m.id: m for m in client.models.list().data}
+    base_name = server.services.base_model_name
+    assert next(iter(listed)) == base_name and listed["pirate"].parent == base_name
     for model in ("pirate", f"{server.services.base_model_name}:pirate"):
         reply = client.chat.completions.create(
             model=model, messages=[{"role": "user", "content": "Describe a dog."}], max_tokens=8, temperature=0
