@@ -294,24 +294,15 @@ def summarize(rows: list[dict], launch: float) -> dict:
 
 
 def sweep(device: str, timer: GpuTimer) -> list[dict]:
-    from loraplex.engine.kernels.lora_triton import LoRAKernelConfig
+    from loraplex.engine.kernels.lora_triton import LoRAKernelConfig, choose_config
 
-    prefill_configs = [
-        LoRAKernelConfig(block_n, split_k, 128, 4, fused=False, rank_masked_loads=masked)
-        for block_n, split_k, masked in [
-            (256, 2048, True), (256, 2048, False), (256, 1024, False), (128, 2048, False), (128, 4096, False),
-        ]
-    ]
-    decode_configs = [
-        LoRAKernelConfig(256, split_k, 128, 4, rank_masked_loads=masked)
-        for split_k in (256, 512) for masked in (True, False)
+    stream_configs = [
+        LoRAKernelConfig(block_n, 0, 128, warps, num_stages=stages, stream=True)
+        for block_n, warps, stages in [(128, 4, 3), (256, 4, 3), (256, 8, 3), (256, 4, 4), (512, 8, 3)]
     ]
     picks = [
-        (prefill_case(4096, 16, 512), [32, 64], prefill_configs),
-        (prefill_case(4096, 64, 512), [32, 64], prefill_configs),
-        (prefill_case(2048, 16, 512), [32], prefill_configs),
-        (Case(2048, 64, 64, 8), [16], decode_configs),
-        (Case(4096, 16, 64, 8), [16], decode_configs),
+        (prefill_case(hidden, rank, 512), [16, 32], stream_configs)
+        for hidden, rank in [(4096, 16), (4096, 64), (2048, 16), (2048, 64)]
     ]
     gen = torch.Generator().manual_seed(1)
     out = []
@@ -324,10 +315,11 @@ def sweep(device: str, timer: GpuTimer) -> list[dict]:
         for block_m in block_ms:
             p.meta = build_lora_metadata(p.token_slots.tolist(), max_loras=MAX_RESIDENT, device=device,
                                          block_m=block_m)
-            for cfg in configs:
+            for cfg in [choose_config(p.stack, p.meta), *configs]:
                 row = {"case": case.name, "block_m": block_m, "fused": cfg.fused, "block_n": cfg.block_n,
                        "split_k": cfg.split_k, "num_warps": cfg.num_warps,
-                       "num_stages": cfg.num_stages, "rank_masked_loads": cfg.rank_masked_loads}
+                       "num_stages": cfg.num_stages, "rank_masked_loads": cfg.rank_masked_loads,
+                       "stream": cfg.stream}
                 p.y.copy_(y_start)
                 try:
                     row["rel_error"] = check(p, ours(p, cfg), expected, 2e-2)

@@ -113,8 +113,9 @@ def test_add_lora_matches_reference(name: str) -> None:
         LoRAKernelConfig(block_n=32, split_k=64, block_k=32, num_warps=4, fused=False),  # two launches
         LoRAKernelConfig(block_n=32, split_k=64, block_k=32, num_warps=4, rank_masked_loads=False),
         LoRAKernelConfig(block_n=64, split_k=128, block_k=64, num_warps=4, fused=False, rank_masked_loads=False),
+        LoRAKernelConfig(block_n=32, split_k=0, block_k=32, num_warps=4, stream=True),
     ],
-    ids=["split_k_4", "split_k_1", "two_launches", "unmasked_fused", "unmasked_two_launches"],
+    ids=["split_k_4", "split_k_1", "two_launches", "unmasked_fused", "unmasked_two_launches", "stream"],
 )
 def test_add_lora_configs(config: LoRAKernelConfig) -> None:
     run_case(
@@ -269,4 +270,19 @@ def test_gpu_configs_many_slots(fused: bool, block_n: int, split_k: int, num_tok
         token_slots=slots, dtype=torch.bfloat16, tol=2e-2,
         config=LoRAKernelConfig(block_n=block_n, split_k=split_k, block_k=128, num_warps=4, fused=fused,
                                 rank_masked_loads=num_tokens != 6),
+    )
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("num_tokens", [33, 300])
+@pytest.mark.parametrize("block_m", [16, 32])
+def test_gpu_stream_program(num_tokens: int, block_m: int) -> None:
+    """The one-program-per-tile form on a merged q/k/v layer with mixed ranks and unadapted slices."""
+    gen = torch.Generator().manual_seed(num_tokens)
+    ranks = [[64, 16, 0], [8, 8, 8], [0, 64, 1], [33, 2, 64]]
+    slots = torch.randint(-1, 4, (num_tokens,), generator=gen).tolist()
+    run_case(
+        in_features=4096, out_sizes=(4096, 1024, 1024), max_rank=64, ranks=ranks, token_slots=slots,
+        dtype=torch.bfloat16, tol=2e-2, block_m=block_m,
+        config=LoRAKernelConfig(block_n=256, split_k=0, block_k=128, num_warps=4, stream=True),
     )
