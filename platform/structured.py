@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from loraplex.grammar.compiler import GrammarCompilerService, GrammarLimits
+from loraplex.grammar.reasoning import ReasoningFormat, ReasoningParser
 from loraplex.grammar.spec import GrammarSpec
 from loraplex.grammar.tool_parser import ToolCallStreamParser
 from loraplex.grammar.tools import (
@@ -55,6 +56,26 @@ class ToolCallMessageParser:
             reasoning_content=delta.reasoning_content,
             tool_calls=[*delta.tool_calls, *(c.as_openai() for c in calls)],
         )
+
+
+class ReasoningMessageParser:
+    """extensions.MessageParser splitting reasoning from content at the model's think markers.
+
+    A reasoning preparer sets `prepared.parser_factory = lambda: ReasoningMessageParser(fmt, inside)`;
+    it must run before StructuredOutputPreparer, whose tool-call parser then wraps it and
+    searches only the content (never the reasoning) for calls.
+    """
+
+    def __init__(self, fmt: ReasoningFormat, *, starts_inside: bool = False) -> None:
+        self._parser = ReasoningParser(fmt, starts_inside=starts_inside)
+
+    def feed(self, text: str) -> MessageDelta:
+        delta = self._parser.feed(text)
+        return MessageDelta(content=delta.content, reasoning_content=delta.reasoning)
+
+    def finish(self, finish_reason: str) -> tuple[MessageDelta, str]:
+        delta = self._parser.finish()
+        return MessageDelta(content=delta.content, reasoning_content=delta.reasoning), finish_reason
 
 
 class StructuredOutputPreparer:
