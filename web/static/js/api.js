@@ -1,6 +1,6 @@
 // Calls to the public /v1 API with the signed-in key; errors come back in the
 // OpenAI shape {"error": {"message", "type", "code"}} and are raised as ApiError.
-import { getApiKey, redirectToSignIn, root } from "./session.js";
+import { clearApiKey, getApiKey, redirectToSignIn, root } from "./session.js";
 
 export class ApiError extends Error {
   constructor(status, message, code = null) {
@@ -32,8 +32,9 @@ export function errorFromBody(status, text) {
   return new ApiError(status, `Request failed (HTTP ${status})`);
 }
 
-// fetch with the key; a 401 means the key is gone or revoked, so sign in again.
-export async function apiFetch(path, { params = null, key = getApiKey(), ...init } = {}) {
+// fetch with the key; a 401 means the key is gone or revoked: forget it (or sign-in
+// would hand the dead key straight back) and sign in again.
+export async function apiFetch(path, { params = null, key = getApiKey(), noRedirect = false, ...init } = {}) {
   const headers = { ...authHeaders(key), ...(init.headers ?? {}) };
   let response;
   try {
@@ -42,7 +43,8 @@ export async function apiFetch(path, { params = null, key = getApiKey(), ...init
     if (err.name === "AbortError") throw err;
     throw new ApiError(0, "Cannot reach the server. Check your connection and try again.");
   }
-  if (response.status === 401 && key === getApiKey() && !init.noRedirect) {
+  if (response.status === 401 && key === getApiKey() && !noRedirect) {
+    clearApiKey();
     redirectToSignIn();
   }
   if (!response.ok) throw errorFromBody(response.status, await response.text());

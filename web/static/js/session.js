@@ -13,8 +13,12 @@ export function setApiKey(key) {
 }
 
 export function signOut() {
-  sessionStorage.removeItem(KEY_NAME);
+  clearApiKey();
   window.location.assign(`${root}/portal/signin`);
+}
+
+export function clearApiKey() {
+  sessionStorage.removeItem(KEY_NAME);
 }
 
 export function redirectToSignIn() {
