@@ -122,6 +122,26 @@ def test_upload_watch_progress_wait_ready_chat_and_delete(
     assert problems.messages == []
 
 
+def test_cancel_an_upload_midway(api_server, trained_adapters, new_page) -> None:  # type: ignore[no-untyped-def]
+    name = f"cancelled-{secrets.token_hex(3)}"
+    folder = trained_adapters["upper"]
+    page, problems = new_page("desktop")
+    sign_in(page, api_server.base_url, api_server.keys["all"])
+    page.get_by_label("Name").fill(name)
+    page.locator("#adapter-files").set_input_files(
+        [folder / "adapter_config.json", folder / "adapter_model.safetensors"])
+    page.evaluate(WATCH_PROGRESS)
+    throttle_upload(page, 500_000)
+    page.get_by_role("button", name="Upload", exact=True).click()
+    page.wait_for_function("() => window.__progress.some((v) => v > 0)")
+    page.get_by_role("button", name="Cancel upload").click()
+    expect(page.locator("#upload-error")).to_have_text("Upload cancelled.")
+    expect(page.locator("#upload-progress")).to_be_hidden()
+    expect(page.get_by_role("button", name="Upload", exact=True)).to_be_enabled()
+    assert name not in {a["name"] for a in adapters_via_api(api_server)}
+    assert problems.messages == []
+
+
 def test_drop_an_archive_at_phone_width(
     api_server, trained_adapters, new_page, artifacts_dir: Path  # type: ignore[no-untyped-def]
 ) -> None:

@@ -69,3 +69,28 @@ def test_playground_streams_an_answer_from_the_base_model(
         expect(page.locator("#chat-stats")).to_contain_text("completion tokens")
         page.screenshot(path=artifacts_dir / f"playground-base-{viewport}.png", full_page=True)
         assert problems.messages == []
+
+
+def test_stop_keeps_the_partial_answer_and_the_next_turn_works(api_server, new_page) -> None:  # type: ignore[no-untyped-def]
+    page, problems = new_page("desktop")
+    sign_in(page, api_server.base_url, api_server.keys["inference"], then="/portal/playground")
+    expect(page.get_by_label("Model")).to_be_enabled()
+    page.get_by_label("Max tokens").fill("1000")
+    page.get_by_label("Message").fill("Write a long story about the sea.")
+    page.get_by_role("button", name="Send").click()
+    streaming = page.locator(".turn-assistant.streaming .turn-content")
+    expect(streaming).not_to_be_empty(timeout=60_000)
+    page.get_by_role("button", name="Stop").click()
+    expect(page.locator("#chat-stats")).to_have_text("Stopped.")
+    expect(page.get_by_role("button", name="Stop")).to_be_hidden()
+    partial = page.locator(".turn-assistant.done .turn-content").first.inner_text()
+    assert partial
+
+    page.get_by_label("Max tokens").fill("8")
+    page.get_by_label("Message").fill("Thanks!")
+    page.get_by_role("button", name="Send").click()
+    expect(page.locator(".turn-assistant.done")).to_have_count(2, timeout=60_000)
+    expect(page.locator(".turn-user")).to_have_count(2)
+    page.get_by_role("button", name="Clear").click()
+    expect(page.locator(".turn")).to_have_count(0)
+    assert problems.messages == []
