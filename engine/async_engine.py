@@ -107,6 +107,10 @@ class AsyncEngine:
     def release_session(self, key: str) -> None:
         self._send("release_session", key)
 
+    def session_state(self, key: str) -> str:
+        """pinned / offloaded / dropped (a read across threads: a hint, exact once the loop is idle)."""
+        return self.engine.session_state(key)
+
     def stats(self) -> dict[str, int]:
         """A snapshot taken by the engine thread after its latest step."""
         return dict(self._stats)

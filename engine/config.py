@@ -135,6 +135,8 @@ class EngineConfig:
     dtype: str = "float32"
     device: str = "cpu"
     enable_prefix_caching: bool = True
+    host_kv_bytes: int = 0                   # host memory for offloaded session KV; 0: no host tier (drop)
+    num_host_blocks: int | None = None       # overrides host_kv_bytes
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -146,7 +148,14 @@ class EngineConfig:
     def resolve_num_blocks(self, model: ModelConfig) -> int:
         if self.num_blocks is not None:
             return self.num_blocks
+        return max(1, self.kv_cache_bytes // self.bytes_per_block(model))
+
+    def resolve_num_host_blocks(self, model: ModelConfig) -> int:
+        if self.num_host_blocks is not None:
+            return self.num_host_blocks
+        return self.host_kv_bytes // self.bytes_per_block(model)
+
+    def bytes_per_block(self, model: ModelConfig) -> int:
         element = torch.tensor([], dtype=self.torch_dtype).element_size()
         per_block = 2 * model.num_hidden_layers * self.block_size * model.num_key_value_heads
-        per_block *= model.head_dim * element
-        return max(1, self.kv_cache_bytes // per_block)
+        return per_block * model.head_dim * element

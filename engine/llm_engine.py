@@ -15,6 +15,7 @@ from loraplex.engine.config import EngineConfig, ModelConfig
 from loraplex.engine.context import LoRAStepBuilder
 from loraplex.engine.errors import DuplicateRequestError, InvalidRequestError, PromptTooLongError
 from loraplex.engine.kv.block_manager import BlockManager
+from loraplex.engine.kv.host_tier import HostTier
 from loraplex.engine.model.llama import LlamaForCausalLM
 from loraplex.engine.model.loader import load_model, random_model
 from loraplex.engine.output.processor import RequestState
@@ -46,7 +47,11 @@ class LLMEngine:
         self.scheduler = Scheduler(
             self.block_manager, engine_config.max_num_batched_tokens, engine_config.max_num_seqs, adapter_ready
         )
-        self.runner = ModelRunner(model, model_config, engine_config, self.num_blocks, len(tokenizer), lora)
+        num_host_blocks = engine_config.resolve_num_host_blocks(model_config)
+        self.host_tier = HostTier(num_host_blocks) if num_host_blocks else None
+        self.block_manager.host_tier = self.host_tier
+        self.runner = ModelRunner(model, model_config, engine_config, self.num_blocks, len(tokenizer), lora,
+                                  num_host_blocks=num_host_blocks)
         self.eos_token_ids = set(model_config.eos_token_ids)
         if getattr(tokenizer, "eos_token_id", None) is not None:
             self.eos_token_ids.add(tokenizer.eos_token_id)
@@ -120,6 +125,8 @@ class LLMEngine:
         self.requests[request.request_id] = RequestState(
             request, seqs, self.tokenizer, self.eos_token_ids, self.max_model_len
         )
+        if request.session_id:
+            self.block_manager.restore_pin(request.session_id)  # offloaded KV back before it is matched
         self.scheduler.add(seqs[0], seqs[1:])
         self.num_prompt_tokens_total += len(request.prompt_token_ids)
 
@@ -135,7 +142,16 @@ class LLMEngine:
         return bool(self.requests)
 
     def release_session(self, key: str) -> bool:
-        return self.block_manager.unpin(key)
+        on_host = self.host_tier is not None and self.host_tier.discard(key)
+        return self.block_manager.unpin(key) or on_host
+
+    def session_state(self, key: str) -> str:
+        """Where a session's KV is: pinned (device), offloaded (host) or dropped."""
+        if key in self.block_manager.pins:
+            return "pinned"
+        if self.host_tier is not None and key in self.host_tier.sessions:
+            return "offloaded"
+        return "dropped"
 
     # ---- the loop body --------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
@@ -144,6 +160,8 @@ class LLMEngine:
         if scheduled.is_empty:
             return []
         try:
+            if self.host_tier is not None:
+                self.runner.swap_kv(self.host_tier.take_swaps())  # before any K/V of this step is written
             result = self.runner.execute(scheduled)
         except Exception as exc:
             logger.exception("model step failed; failing the requests of this batch")
@@ -234,4 +252,13 @@ class LLMEngine:
             "generation_tokens_total": self.num_generation_tokens_total,
             "num_preemptions": self.scheduler.num_preemptions,
             "num_pins_evicted": bm.num_pins_evicted,
+            **self._host_stats(),
         }
+
+    def _host_stats(self) -> dict[str, int]:
+        tier = self.host_tier
+        if tier is None:
+            return {"num_blocks_pinned_host": 0, "num_session_offloads": 0, "num_session_restores": 0,
+                    "num_session_drops": self.block_manager.num_pins_evicted}
+        return {"num_blocks_pinned_host": tier.num_used_slots, "num_session_offloads": tier.num_offloads,
+                "num_session_restores": tier.num_restores, "num_session_drops": tier.num_drops}

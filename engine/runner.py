@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 import torch
 from loraplex.engine.config import EngineConfig, ModelConfig
 from loraplex.engine.context import AttentionMetadata, LoRAStepBuilder, PrefillSpan, StepContext
+from loraplex.engine.kv.host_tier import TO_HOST
 from loraplex.engine.model.llama import LlamaForCausalLM
 from loraplex.engine.protocol import TokenLogprob
 from loraplex.engine.sampler import Sampler
@@ -38,6 +39,7 @@ class ModelRunner:
         num_blocks: int,
         tokenizer_vocab_size: int,
         lora: LoRAStepBuilder | None = None,
+        num_host_blocks: int = 0,
     ) -> None:
         self.model = model
         self.block_size = engine_config.block_size
@@ -51,6 +53,13 @@ class ModelRunner:
             (torch.zeros(shape, dtype=dtype, device=self.device), torch.zeros(shape, dtype=dtype, device=self.device))
             for _ in range(model_config.num_hidden_layers)
         ]
+        # The host tier of pinned session KV (engine/kv/host_tier.py); pinned memory speeds the copies.
+        host_shape = (num_host_blocks * self.block_size, *shape[1:])
+        pin = self.device.type == "cuda"
+        self.host_kv_caches = [
+            (torch.zeros(host_shape, dtype=dtype, pin_memory=pin), torch.zeros(host_shape, dtype=dtype, pin_memory=pin))
+            for _ in range(model_config.num_hidden_layers)
+        ] if num_host_blocks else []
 
     @torch.inference_mode()
     def execute(self, step: SchedulerOutput) -> StepResult:
@@ -127,6 +136,38 @@ class ModelRunner:
         num_blocks = (num_tokens + bs - 1) // bs
         table = torch.tensor(block_table[:num_blocks], dtype=torch.long)
         return (table.unsqueeze(-1) * bs + torch.arange(bs)).view(-1)[:num_tokens]
+
+    @torch.inference_mode()
+    def swap_kv(self, swaps: list[tuple[str, int, int]]) -> None:
+        """Copy whole blocks between the device pool and the host pool, in the order recorded.
+
+        Consecutive copies in one direction run as one gather per layer, unless a
+        destination repeats (a slot reused within the step), which starts a new group.
+        """
+        group: list[tuple[int, int]] = []
+        direction = None
+        for kind, src, dst in swaps:
+            if kind != direction or any(d == dst for _, d in group):
+                self._swap_group(direction, group)
+                group, direction = [], kind
+            group.append((src, dst))
+        self._swap_group(direction, group)
+
+    def _swap_group(self, direction: str | None, pairs: list[tuple[int, int]]) -> None:
+        if not pairs:
+            return
+        bs = self.block_size
+        src = torch.cat([torch.arange(s * bs, (s + 1) * bs) for s, _ in pairs])
+        dst = torch.cat([torch.arange(d * bs, (d + 1) * bs) for _, d in pairs])
+        to_host = direction == TO_HOST
+        for (k, v), (host_k, host_v) in zip(self.kv_caches, self.host_kv_caches, strict=True):
+            if to_host:
+                # Synchronous: the gathered rows must have landed before the host rows are written.
+                host_k[dst] = k[src.to(k.device)].to("cpu")
+                host_v[dst] = v[src.to(v.device)].to("cpu")
+            else:
+                k[dst.to(k.device)] = host_k[src].to(k.device, non_blocking=True)
+                v[dst.to(v.device)] = host_v[src].to(v.device, non_blocking=True)
 
     def _copy_blocks(self, copies: list[tuple[int, int]]) -> None:
         if not copies:

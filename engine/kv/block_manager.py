@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from loraplex.engine.kv.host_tier import HostTier
     from loraplex.engine.sequence import Sequence
 
 NO_PARENT = b""
@@ -57,6 +58,7 @@ class BlockManager:
         self.hash_to_block_id: dict[bytes, int] = {}
         self.pins: OrderedDict[str, list[int]] = OrderedDict()  # oldest first
         self.num_pins_evicted = 0
+        self.host_tier: HostTier | None = None  # set when a host KV budget is configured
         self.num_prefix_queries = 0  # prompt tokens looked up in the cache
         self.num_prefix_hits = 0     # of those, tokens found
 
@@ -200,14 +202,55 @@ class BlockManager:
         for block_id in block_ids:
             self.blocks[block_id].ref_count += 1
         self.unpin(key)
+        if self.host_tier is not None:
+            self.host_tier.discard(key)  # the device copy is newer
         self.pins[key] = block_ids
         return len(block_ids) * self.block_size
 
+    def restore_pin(self, key: str) -> bool:
+        """Pin again a session whose blocks were offloaded to the host tier (copies run next step)."""
+        if self.host_tier is None or key in self.pins:
+            return False
+        block_ids = self.host_tier.restore(key, self)
+        if block_ids is None:
+            return False
+        self.pins[key] = block_ids
+        return True
+
+    def cached_block(self, h: bytes, token_ids: list[int], salt: tuple, parent: bytes) -> int | None:
+        """The device block holding exactly this cached content, if it is still there."""
+        block_id = self.hash_to_block_id.get(h)
+        if block_id is None:
+            return None
+        block = self.blocks[block_id]
+        if block.token_ids != token_ids or block.salt != salt or block.parent_hash != parent:
+            return None
+        return block_id
+
+    def take_ref(self, block_id: int) -> None:
+        block = self.blocks[block_id]
+        if block.ref_count == 0:
+            self.cached_free.pop(block_id, None)
+        block.ref_count += 1
+
+    def release_ref(self, block_id: int) -> None:
+        self._release(block_id)
+
+    def take_block_for(self, h: bytes, token_ids: list[int], salt: tuple, parent: bytes) -> int:
+        """A free block registered in the prefix cache as holding this content (its K/V are copied in)."""
+        block_id = self._take_free_block()
+        block = self.blocks[block_id]
+        block.hash, block.parent_hash, block.salt, block.token_ids = h, parent, salt, list(token_ids)
+        self.hash_to_block_id[h] = block_id
+        return block_id
+
     def evict_oldest_pin(self) -> str | None:
-        """Drop the oldest pin to make room (its session re-prefills next turn); None if none."""
+        """Drop the oldest pin to make room, offloading it to the host tier if there is one; None if none."""
         if not self.pins:
             return None
         key = next(iter(self.pins))
+        if self.host_tier is not None:
+            self.host_tier.offload(key, [self.blocks[b] for b in self.pins[key]])
         self.unpin(key)
         self.num_pins_evicted += 1
         return key
