@@ -20,7 +20,7 @@ from loraplex.engine.model.llama import LlamaForCausalLM
 from loraplex.engine.model.loader import load_model, random_model
 from loraplex.engine.output.processor import RequestState
 from loraplex.engine.protocol import EngineRequest, FinishReason, RequestOutput
-from loraplex.engine.runner import ModelRunner, StepResult
+from loraplex.engine.runner import StepResult, runner_class_for
 from loraplex.engine.sampler import new_generator
 from loraplex.engine.scheduler import Scheduler, SchedulerOutput
 from loraplex.engine.sequence import Sequence
@@ -42,7 +42,8 @@ class LLMEngine:
         self.config = engine_config
         self.tokenizer = tokenizer
         self.max_model_len = engine_config.resolve_max_model_len(model_config)
-        self.num_blocks = engine_config.resolve_num_blocks(model_config)
+        runner_class = runner_class_for(engine_config.device)
+        self.num_blocks = runner_class.plan_num_blocks(model, model_config, engine_config)
         self.block_manager = BlockManager(self.num_blocks, engine_config.block_size, engine_config.enable_prefix_caching)
         self.scheduler = Scheduler(
             self.block_manager, engine_config.max_num_batched_tokens, engine_config.max_num_seqs, adapter_ready
@@ -50,7 +51,7 @@ class LLMEngine:
         num_host_blocks = engine_config.resolve_num_host_blocks(model_config)
         self.host_tier = HostTier(num_host_blocks) if num_host_blocks else None
         self.block_manager.host_tier = self.host_tier
-        self.runner = ModelRunner(model, model_config, engine_config, self.num_blocks, len(tokenizer), lora,
+        self.runner = runner_class(model, model_config, engine_config, self.num_blocks, len(tokenizer), lora,
                                   num_host_blocks=num_host_blocks)
         self.eos_token_ids = set(model_config.eos_token_ids)
         if getattr(tokenizer, "eos_token_id", None) is not None:
@@ -156,17 +157,27 @@ class LLMEngine:
     # ---- the loop body --------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         scheduled = self.scheduler.schedule()
-        self.last_step_was_idle = scheduled.is_empty
+        outputs = self._fail_unready()
+        self.last_step_was_idle = scheduled.is_empty and not outputs
         if scheduled.is_empty:
-            return []
+            return outputs
         try:
             if self.host_tier is not None:
                 self.runner.swap_kv(self.host_tier.take_swaps())  # before any K/V of this step is written
             result = self.runner.execute(scheduled)
         except Exception as exc:
             logger.exception("model step failed; failing the requests of this batch")
-            return self._fail_batch(scheduled, exc)
-        return self._update(scheduled, result)
+            return outputs + self._fail_batch(scheduled, exc)
+        return outputs + self._update(scheduled, result)
+
+    def _fail_unready(self) -> list[RequestOutput]:
+        outputs = []
+        for seq, exc in self.scheduler.take_failed():
+            state = self.requests.get(seq.request_id)
+            if state is not None:
+                state.finish_all(FinishReason.ERROR, f"adapter {seq.adapter_id!r} unavailable: {exc}")
+                outputs.append(self._retire(state))
+        return outputs
 
     def _update(self, scheduled: SchedulerOutput, result: StepResult) -> list[RequestOutput]:
         touched: dict[str, RequestState] = {}

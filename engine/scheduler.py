@@ -33,6 +33,10 @@ class SchedulerOutput:
 
 
 class Scheduler:
+    """`adapter_ready(adapter_id) -> bool` gates admission of adapter requests (default: always
+    ready); a request whose adapter is not ready waits without blocking others, and one whose
+    `adapter_ready` raises is failed by the engine with that error."""
+
     def __init__(
         self,
         block_manager: BlockManager,
@@ -50,6 +54,8 @@ class Scheduler:
         self.pending_forks: dict[int, list[Sequence]] = {}
         self.tenant_service: dict[str, float] = {}
         self.num_preemptions = 0
+        # Waiting sequences whose adapter_ready raised: the engine fails their requests.
+        self.failed: dict[int, tuple[Sequence, Exception]] = {}
 
     # ---- queue management -----------------------------------------------------------------
     def add(self, seq: Sequence, fork_children: list[Sequence] | None = None) -> None:
@@ -184,7 +190,20 @@ class Scheduler:
         return best
 
     def _is_ready(self, seq: Sequence) -> bool:
-        return seq.adapter_id is None or self.adapter_ready is None or self.adapter_ready(seq.adapter_id)
+        if seq.adapter_id is None or self.adapter_ready is None:
+            return True
+        if seq.seq_id in self.failed:
+            return False
+        try:
+            return self.adapter_ready(seq.adapter_id)
+        except Exception as exc:  # e.g. the adapter cannot load: fail this request, not the loop
+            self.failed[seq.seq_id] = (seq, exc)
+            return False
+
+    def take_failed(self) -> list[tuple[Sequence, Exception]]:
+        failed = list(self.failed.values())
+        self.failed.clear()
+        return failed
 
     def _take_from_queue(self, seq: Sequence) -> None:
         if self.preempted and seq in self.preempted:

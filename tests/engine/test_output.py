@@ -1,0 +1,73 @@
+"""Text output: incremental detokenization (UTF-8 safe) and stop strings across token boundaries."""
+
+from __future__ import annotations
+
+import pytest
+from enginecore_helpers import greedy, output_text, output_tokens, run_to_completion
+from loraplex.engine.output.detokenizer import IncrementalDetokenizer
+from loraplex.engine.output.stop_strings import StopStringMatcher
+from loraplex.engine.protocol import EngineRequest, FinishReason
+
+TEXTS = [
+    "Hello, world! 😀🎉 rocket 🚀 done.",
+    "中文测试：你好，世界。日本語のテキストも。한국어도.",
+    "Mixed: naïve café — 👩‍👩‍👧 family emoji, ½ and ∑ symbols.",
+    "  leading spaces and\nnew lines\n\tand tabs",
+]
+
+
+@pytest.mark.parametrize("text", TEXTS)
+def test_streamed_text_equals_full_decode_and_never_breaks_utf8(smol, text):
+    ids = smol.tokenizer.encode(text)
+    prompt = smol.tokenizer.encode("Say:")
+    detok = IncrementalDetokenizer(smol.tokenizer, prompt)
+    deltas = [detok.add(t) for t in ids]
+    assert all("\ufffd" not in d for d in deltas)
+    assert "".join(deltas) == smol.tokenizer.decode(ids)
+    assert sum(1 for d in deltas if d == "") > 0 or text.isascii()  # multi-byte chars span tokens
+
+
+def test_stop_string_split_over_feeds_is_found_and_held_back():
+    matcher = StopStringMatcher(["STOP", "\n\n"])
+    emitted = [matcher.feed(piece) for piece in ["Hello S", "T", "O", "P and more"]]
+    assert emitted == ["Hello ", "", "", ""]
+    assert matcher.matched == "STOP"
+    partial = StopStringMatcher(["STOP"])
+    assert partial.feed("abc ST") == "abc "
+    assert partial.feed("ay") == "STay"
+    assert partial.flush() == ""
+
+
+def test_stop_string_across_token_boundaries_in_the_engine(smol, chat_prompt_ids):
+    prompt = chat_prompt_ids[1]  # a haiku: words of several characters
+    engine = smol.engine()
+    full = run_to_completion(engine, [EngineRequest("full", prompt, greedy(30))])["full"]
+    text = output_text(full)
+    tokens = output_tokens(full)
+    # A stop string starting inside one multi-character token and ending in the next ones.
+    ends = [len(smol.tokenizer.decode(tokens[: i + 1])) for i in range(len(tokens))]
+    stop = None
+    for i in range(1, len(tokens) - 2):
+        if ends[i] - ends[i - 1] >= 3:
+            candidate = text[ends[i] - 2 : ends[i] + 2]
+            if text.index(candidate) == ends[i] - 2:  # its first occurrence: the cut point is clear
+                stop = candidate
+                break
+    assert stop is not None and len(stop) == 4
+    out = run_to_completion(engine, [EngineRequest("stopped", prompt, greedy(30, stop=[stop]))])["stopped"]
+    assert output_text(out) == text[: text.index(stop)]
+    last = out[-1].choices[-1]
+    assert last.finish_reason == FinishReason.STOP and last.stop_reason == stop
+
+
+def test_eos_and_stop_token_ids_end_with_stop(smol, chat_prompt_ids):
+    engine = smol.engine()
+    out = run_to_completion(engine, [EngineRequest("eos", chat_prompt_ids[6], greedy(200))])["eos"]
+    final = out[-1].choices[-1]
+    assert final.finish_reason == FinishReason.STOP and final.stop_reason is None
+    assert output_tokens(out)[-1] == smol.tokenizer.eos_token_id
+    tokens = output_tokens(out)
+    stop_id = tokens[3]
+    out2 = run_to_completion(engine, [EngineRequest("sid", chat_prompt_ids[6], greedy(200, stop_token_ids=[stop_id]))])
+    assert output_tokens(out2["sid"]) == tokens[: tokens.index(stop_id) + 1]
+    assert out2["sid"][-1].choices[-1].stop_reason == stop_id
