@@ -52,12 +52,14 @@ def throttle_upload(page, bytes_per_second: int) -> None:  # type: ignore[no-unt
     })
 
 
-def delete_with_confirmation(page, name: str) -> None:  # type: ignore[no-untyped-def]
+def delete_with_confirmation(page, name: str, screenshot: Path | None = None) -> None:  # type: ignore[no-untyped-def]
     row = page.locator(f'tr[data-adapter="{name}"]')
     row.get_by_role("button", name=f"Delete {name}").click()
     dialog = page.get_by_role("dialog")
     expect(dialog).to_be_visible()
     expect(dialog).to_contain_text(name)
+    if screenshot is not None:
+        page.screenshot(path=screenshot)
     dialog.get_by_role("button", name="Cancel").click()
     expect(dialog).to_be_hidden()
     expect(row).to_be_visible()
@@ -117,7 +119,7 @@ def test_upload_watch_progress_wait_ready_chat_and_delete(
     page.screenshot(path=artifacts_dir / "playground-adapter-desktop.png", full_page=True)
 
     page.get_by_role("link", name="Adapters").click()
-    delete_with_confirmation(page, name)
+    delete_with_confirmation(page, name, screenshot=artifacts_dir / "adapters-delete-dialog-desktop.png")
     assert name not in {a["name"] for a in adapters_via_api(api_server)}
     assert problems.messages == []
 
@@ -163,7 +165,7 @@ def test_drop_an_archive_at_phone_width(
     expect(page.locator("#list-status")).to_contain_text("Validating")
     expect(row.locator(".badge")).to_have_text("Ready", timeout=READY_TIMEOUT_MS)
     page.screenshot(path=artifacts_dir / "adapters-ready-phone.png", full_page=True)
-    delete_with_confirmation(page, name)
+    delete_with_confirmation(page, name, screenshot=artifacts_dir / "adapters-delete-dialog-phone.png")
     assert problems.messages == []
 
 
