@@ -298,7 +298,7 @@ def sweep(device: str, timer: GpuTimer) -> list[dict]:
 
     stream_configs = [
         LoRAKernelConfig(block_n, 0, 128, warps, num_stages=stages, stream=True)
-        for block_n, warps, stages in [(128, 4, 3), (256, 4, 3), (256, 8, 3), (256, 4, 4), (512, 8, 3)]
+        for block_n, warps, stages in [(128, 4, 3), (256, 4, 3), (256, 8, 3), (128, 8, 3)]
     ]
     picks = [
         (prefill_case(hidden, rank, 512), [16, 32], stream_configs)

@@ -195,6 +195,14 @@ def _stream_a_tile(a_rows, offs_k, k_mask, offs_r, rank, R_MAX: tl.constexpr):
 
 
 @triton.jit
+def _stream_loads(b_rows, y_rows, offs_n, offs_r, m_mask, stride_bn, SLICE_END: tl.constexpr, R_MAX: tl.constexpr):
+    n_mask = offs_n < SLICE_END
+    b_tile = tl.load(b_rows + offs_n[None, :] * stride_bn, mask=(offs_r < R_MAX)[:, None] & n_mask[None, :], other=0.0)
+    y_tile = tl.load(y_rows + offs_n[None, :], mask=m_mask[:, None] & n_mask[None, :], other=0.0)
+    return b_tile, y_tile
+
+
+@triton.jit
 def _stream_expand(
     acc, y_ptr, b_ptr, scalings_ptr, slot, sl, rank, tokens, m_mask, stride_ym, stride_bs, stride_bn,
     NUM_SLICES: tl.constexpr, SLICE_START: tl.constexpr, SLICE_SIZE: tl.constexpr, R_PAD: tl.constexpr,
@@ -205,17 +213,20 @@ def _stream_expand(
         s = (acc * scale).to(b_ptr.dtype.element_ty)
         offs_r = tl.arange(0, R_PAD)
         b_rows = b_ptr + slot.to(tl.int64) * stride_bs + offs_r[:, None]
-        for n0 in range(0, SLICE_SIZE, BLOCK_N):
-            offs_n = SLICE_START + n0 + tl.arange(0, BLOCK_N)
-            n_mask = offs_n < SLICE_START + SLICE_SIZE
-            b_tile = tl.load(b_rows + offs_n[None, :] * stride_bn, mask=(offs_r < R_MAX)[:, None] & n_mask[None, :],
-                             other=0.0)
-            b_tile = tl.where((offs_r < rank)[:, None], b_tile, 0.0)
-            y_ptrs = y_ptr + tokens[:, None] * stride_ym + offs_n[None, :]
-            y_mask = m_mask[:, None] & n_mask[None, :]
-            y_tile = tl.load(y_ptrs, mask=y_mask, other=0.0)
-            acc_y = tl.dot(s, b_tile, input_precision=INPUT_PRECISION)
-            tl.store(y_ptrs, (y_tile.to(tl.float32) + acc_y).to(y_ptr.dtype.element_ty), mask=y_mask)
+        y_rows = y_ptr + tokens[:, None] * stride_ym
+        slice_end = SLICE_START + SLICE_SIZE
+        offs_n = SLICE_START + tl.arange(0, BLOCK_N)
+        b_next, y_next = _stream_loads(b_rows, y_rows, offs_n, offs_r, m_mask, stride_bn, slice_end, R_MAX)
+        for _ in range(0, SLICE_SIZE, BLOCK_N):
+            # Double-buffered: the next column block's loads are in flight while this one computes.
+            b_tile, y_tile = b_next, y_next
+            b_next, y_next = _stream_loads(b_rows, y_rows, offs_n + BLOCK_N, offs_r, m_mask, stride_bn, slice_end,
+                                           R_MAX)
+            acc_y = tl.dot(s, tl.where((offs_r < rank)[:, None], b_tile, 0.0), input_precision=INPUT_PRECISION)
+            y_mask = m_mask[:, None] & (offs_n < slice_end)[None, :]
+            tl.store(y_rows + offs_n[None, :], (y_tile.to(tl.float32) + acc_y).to(y_ptr.dtype.element_ty),
+                     mask=y_mask)
+            offs_n += BLOCK_N
 
 
 @triton.jit
