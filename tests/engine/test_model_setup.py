@@ -1,0 +1,97 @@
+"""Config parsing, rope scaling as transformers computes it, KV budget, and the default model cache."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from loraplex.engine.config import EngineConfig, ModelConfig, rope_inv_freq
+from loraplex.engine.model.default_model import DEFAULT_MODEL_NAME, ensure_default_model
+
+BASE = {"model_type": "llama", "vocab_size": 100, "hidden_size": 64, "intermediate_size": 128,
+        "num_hidden_layers": 2, "num_attention_heads": 4, "max_position_embeddings": 128}
+
+
+def hf_inv_freq(raw: dict) -> torch.Tensor:
+    from transformers import LlamaConfig
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    config = LlamaConfig(**{k: v for k, v in raw.items() if k != "model_type"})
+    rope_type = config.rope_parameters["rope_type"]
+    if rope_type == "default":
+        from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+        return LlamaRotaryEmbedding.compute_default_rope_parameters(config)[0]
+    return ROPE_INIT_FUNCTIONS[rope_type](config, "cpu")[0]
+
+
+@pytest.mark.parametrize("scaling", [
+    None,
+    {"rope_type": "linear", "factor": 4.0},
+    {"type": "linear", "factor": 2.0},  # the legacy key
+    {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+     "original_max_position_embeddings": 32},
+    {"rope_type": "dynamic", "factor": 2.0},
+])
+def test_rope_inverse_frequencies_match_transformers(scaling):
+    raw = dict(BASE, rope_theta=50000.0)
+    if scaling is not None:
+        raw["rope_scaling"] = scaling
+    ours, attention_scaling = rope_inv_freq(ModelConfig.from_hf_dict(raw), max_model_len=128)
+    assert attention_scaling == 1.0
+    assert torch.equal(ours, hf_inv_freq(raw))
+
+
+def test_dynamic_rope_is_rescaled_statically_beyond_the_trained_length():
+    raw = dict(BASE, rope_scaling={"rope_type": "dynamic", "factor": 2.0})
+    config = ModelConfig.from_hf_dict(raw)
+    short, _ = rope_inv_freq(config, 128)
+    long, _ = rope_inv_freq(config, 512)
+    assert torch.all(long <= short) and not torch.equal(long, short)
+
+
+def test_family_flags_and_defaults():
+    qwen2 = ModelConfig.from_hf_dict(dict(BASE, model_type="qwen2", num_key_value_heads=2, eos_token_id=[5, 6]))
+    assert qwen2.qkv_bias and not qwen2.qk_norm and qwen2.num_key_value_heads == 2
+    assert qwen2.eos_token_ids == [5, 6] and qwen2.head_dim == 16
+    qwen3 = ModelConfig.from_hf_dict(dict(BASE, model_type="qwen3", head_dim=32, attention_bias=False))
+    assert qwen3.qk_norm and not qwen3.qkv_bias and qwen3.head_dim == 32
+    with pytest.raises(ValueError, match="unsupported model_type"):
+        ModelConfig.from_hf_dict(dict(BASE, model_type="gpt2"))
+
+
+def test_kv_pool_size_comes_from_the_memory_budget():
+    config = ModelConfig.from_hf_dict(dict(BASE, num_key_value_heads=2))
+    per_block = 2 * 2 * 16 * 2 * 16 * 4  # K and V, layers, block, kv heads, head dim, float32
+    assert EngineConfig(kv_cache_bytes=per_block * 37).resolve_num_blocks(config) == 37
+    assert EngineConfig(kv_cache_bytes=per_block * 37, dtype="bfloat16").resolve_num_blocks(config) == 74
+    assert EngineConfig(num_blocks=5).resolve_num_blocks(config) == 5
+
+
+def test_default_model_cache_is_reused_and_loads_in_transformers(smollm_path: Path):
+    from transformers import AutoTokenizer
+
+    started = time.monotonic()
+    again = ensure_default_model(smollm_path.parent)
+    assert again == smollm_path and time.monotonic() - started < 1.0
+    assert again.name == DEFAULT_MODEL_NAME
+    config = json.loads((again / "config.json").read_text())
+    assert config["model_type"] == "llama" and "quantization_config" not in config
+    assert list(again.glob("*.safetensors"))
+    tokenizer = AutoTokenizer.from_pretrained(again)
+    assert tokenizer.chat_template and "<|im_start|>" in tokenizer.apply_chat_template(
+        [{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True)
+
+
+@pytest.mark.slow
+def test_half_written_cache_is_rebuilt(tmp_path: Path):
+    broken = tmp_path / DEFAULT_MODEL_NAME
+    broken.mkdir()
+    (broken / "config.json").write_text("{")  # an interrupted earlier conversion, no completion marker
+    path = ensure_default_model(tmp_path)
+    assert path == broken
+    assert json.loads((path / "config.json").read_text())["model_type"] == "llama"
+    assert [p.name for p in tmp_path.iterdir()] == [DEFAULT_MODEL_NAME]  # no staging dirs left
