@@ -35,6 +35,12 @@ class GrammarLimits:
     num_compile_threads: int = 2
 
 
+@dataclass(slots=True, eq=False)
+class _Compilation:
+    future: Future[XGrammarCompiledGrammar]
+    started_at: float | None = None  # monotonic; None while queued behind other compilations
+
+
 class GrammarCompilerService:
     """One per served tokenizer; thread-safe; shared by every request."""
 
@@ -47,42 +53,62 @@ class GrammarCompilerService:
         self._pool = ThreadPoolExecutor(
             max_workers=self.limits.num_compile_threads, thread_name_prefix="grammar-compile"
         )
-        self._futures: OrderedDict[str, Future[XGrammarCompiledGrammar]] = OrderedDict()
+        self._compilations: OrderedDict[str, _Compilation] = OrderedDict()
         self._lock = threading.Lock()
         self.num_compiled = 0  # compilations actually run (cache misses)
 
     def submit(self, spec: GrammarSpec) -> Future[XGrammarCompiledGrammar]:
         """The future of `spec`'s compiled grammar; starts a compilation only on a cache miss."""
+        return self._submit(spec).future
+
+    def _submit(self, spec: GrammarSpec) -> _Compilation:
         self._check_spec_size(spec)
         key = spec.cache_key()
         with self._lock:
-            future = self._futures.get(key)
-            if future is not None and not future.cancelled():
-                self._futures.move_to_end(key)
-                return future
-            future = self._pool.submit(self._compile, spec)
-            self._futures[key] = future
-            while len(self._futures) > self.limits.max_cached_grammars:
-                self._futures.popitem(last=False)
-            return future
+            entry = self._compilations.get(key)
+            if entry is not None and not entry.future.cancelled():
+                self._compilations.move_to_end(key)
+                return entry
+            entry = _Compilation(Future())
+            entry.future = self._pool.submit(self._compile, spec, entry)
+            self._compilations[key] = entry
+            while len(self._compilations) > self.limits.max_cached_grammars:
+                self._compilations.popitem(last=False)
+            return entry
 
     async def compile(self, spec: GrammarSpec) -> XGrammarCompiledGrammar:
-        """Await `spec`'s grammar; InvalidRequestError (400) if it is bad, too big or too slow."""
-        future = self.submit(spec)
+        """Await `spec`'s grammar; InvalidRequestError (400) if it is bad, too big or too slow.
+
+        The time limit runs from the moment the compilation starts: a burst of
+        distinct schemas queued behind each other is not "too slow".
+        """
+        entry = self._submit(spec)
         # shield: one caller giving up (disconnect, timeout) must not cancel the shared future.
-        waiter = asyncio.shield(asyncio.wrap_future(future))
-        try:
-            return await asyncio.wait_for(waiter, self.limits.compile_timeout_s)
-        except TimeoutError:
-            raise self._timeout_error(spec) from None
+        waiter = asyncio.shield(asyncio.wrap_future(entry.future))
+        while True:
+            remaining = self._remaining_s(entry)
+            if remaining <= 0:
+                raise self._timeout_error(spec)
+            done, _ = await asyncio.wait({waiter}, timeout=remaining)
+            if done:
+                return waiter.result()
 
     def compile_blocking(self, spec: GrammarSpec) -> XGrammarCompiledGrammar:
         """The same as `compile` for callers without an event loop (CLI, benchmarks, tests)."""
-        future = self.submit(spec)
-        try:
-            return future.result(timeout=self.limits.compile_timeout_s)
-        except FutureTimeoutError:
-            raise self._timeout_error(spec) from None
+        entry = self._submit(spec)
+        while True:
+            remaining = self._remaining_s(entry)
+            if remaining <= 0:
+                raise self._timeout_error(spec)
+            try:
+                return entry.future.result(timeout=remaining)
+            except FutureTimeoutError:
+                continue
+
+    def _remaining_s(self, entry: _Compilation) -> float:
+        if entry.future.done() or entry.started_at is None:
+            return self.limits.compile_timeout_s
+        return entry.started_at + self.limits.compile_timeout_s - time.monotonic()
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
@@ -101,7 +127,8 @@ class GrammarCompilerService:
             param=spec.param,
         )
 
-    def _compile(self, spec: GrammarSpec) -> XGrammarCompiledGrammar:
+    def _compile(self, spec: GrammarSpec, entry: _Compilation) -> XGrammarCompiledGrammar:
+        entry.started_at = time.monotonic()
         started = time.perf_counter()
         try:
             compiled = _COMPILERS[spec.kind](self._compiler, spec.payload)

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 
 import pytest
 from grammar_helpers import SMOLLM2_VOCAB
@@ -83,4 +84,21 @@ async def test_compile_time_limit_is_a_400_and_the_loop_keeps_running(tokenizer)
         assert ticks > 0  # the event loop was never blocked by the compilation
     finally:
         task.cancel()
+        service.close()
+
+
+async def test_time_in_the_queue_does_not_count_against_the_limit(tokenizer):
+    service = GrammarCompilerService(
+        tokenizer, SMOLLM2_VOCAB, GrammarLimits(compile_timeout_s=0.5, num_compile_threads=1)
+    )
+    try:
+        gate = threading.Event()
+        service._pool.submit(gate.wait, 10)  # the only compile thread is busy for a while
+        waiting = asyncio.create_task(service.compile(GrammarSpec(GrammarKind.REGEX, "[0-9]+")))
+        await asyncio.sleep(1.0)  # twice the limit, all of it queued
+        assert not waiting.done()
+        gate.set()
+        grammar = await waiting
+        assert grammar.new_matcher().accept_token(tokenizer.encode("42", add_special_tokens=False)[0])
+    finally:
         service.close()
