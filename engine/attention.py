@@ -4,13 +4,49 @@ Each layer's cache is a pair of tensors `[num_blocks * block_size, kv_heads,
 head_dim]`; a token's slot is `block_id * block_size + offset`.
 Decodes run as ONE masked SDPA over K/V gathered by block table; prefill
 chunks run one SDPA each (causal, or masked over a cached prefix).
+
+Backends plug in through `ATTENTION_BACKENDS` (name -> factory): "torch" here,
+"triton" (the CUDA kernels, `engine/cuda/attention.py`). Each runner picks the
+backend whose metadata it builds and hands it to the model in the step context.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
-from loraplex.engine.context import AttentionMetadata
+from loraplex.engine.context import AttentionBackend, AttentionMetadata, StepContext
+from loraplex.engine.model.layers import apply_rotary
+
+
+class TorchPagedAttention:
+    """The CPU backend: PyTorch rotary, `index_copy_` into the cache, SDPA (the reference path)."""
+
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        kv_cache: tuple[torch.Tensor, torch.Tensor],
+        ctx: StepContext,
+        scale: float,
+    ) -> torch.Tensor:
+        q = apply_rotary(q, ctx.cos, ctx.sin)
+        k = apply_rotary(k, ctx.cos, ctx.sin)
+        return paged_attention(q, k, v, kv_cache[0], kv_cache[1], ctx.attention, scale)
+
+
+def _triton_backend() -> AttentionBackend:
+    from loraplex.engine.cuda.attention import TritonPagedAttention
+
+    return TritonPagedAttention()
+
+
+ATTENTION_BACKENDS: dict[str, Callable[[], AttentionBackend]] = {
+    "torch": TorchPagedAttention,
+    "triton": _triton_backend,
+}
 
 
 def paged_attention(

@@ -135,6 +135,11 @@ class EngineConfig:
     dtype: str = "float32"
     device: str = "cpu"
     enable_prefix_caching: bool = True
+    # CUDA runner (engine/cuda): the KV pool takes this fraction of the GPU's memory, less the
+    # weights and a profiled forward's peak, unless num_blocks is given; decode steps replay
+    # CUDA graphs for batch sizes up to max_num_seqs unless enable_cuda_graphs is False.
+    gpu_memory_utilization: float = 0.9
+    enable_cuda_graphs: bool = True
     host_kv_bytes: int = 0                   # host memory for offloaded session KV; 0: no host tier (drop)
     num_host_blocks: int | None = None       # overrides host_kv_bytes
 

@@ -7,7 +7,7 @@ per step and hands it to `model(input_ids, positions, ctx)`.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 
@@ -51,9 +51,28 @@ class AttentionMetadata:
     prefills: list[PrefillSpan] = field(default_factory=list)
 
 
+class AttentionBackend(Protocol):
+    """One layer's rotary + K/V cache write + paged attention (registry: `engine.attention`).
+
+    q: [T, heads, D], k/v: [T, kv_heads, D] before rotary; `ctx.attention` is the metadata
+    the runner built for this backend. Returns [T, heads * D].
+    """
+
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        kv_cache: tuple[torch.Tensor, torch.Tensor],
+        ctx: StepContext,
+        scale: float,
+    ) -> torch.Tensor: ...
+
+
 @dataclass(slots=True)
 class StepContext:
-    attention: AttentionMetadata
+    attention: Any                            # the backend's metadata (AttentionMetadata for "torch")
     cos: torch.Tensor                         # [T, 1, head_dim]
     sin: torch.Tensor
+    backend: AttentionBackend
     lora: LoRAStepContext | None = None

@@ -7,9 +7,11 @@ are built once per step with vectorised index arithmetic.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
+from loraplex.engine.attention import ATTENTION_BACKENDS
 from loraplex.engine.config import EngineConfig, ModelConfig
 from loraplex.engine.context import AttentionMetadata, LoRAStepBuilder, PrefillSpan, StepContext
 from loraplex.engine.kv.host_tier import TO_HOST
@@ -31,6 +33,13 @@ class StepResult:
 
 
 class ModelRunner:
+    attention_backend_name = "torch"  # the backend whose metadata `_prepare` builds
+
+    @classmethod
+    def plan_num_blocks(cls, model: LlamaForCausalLM, model_config: ModelConfig, engine_config: EngineConfig) -> int:
+        """KV pool size in blocks, decided before the block manager exists."""
+        return engine_config.resolve_num_blocks(model_config)
+
     def __init__(
         self,
         model: LlamaForCausalLM,
@@ -45,6 +54,7 @@ class ModelRunner:
         self.block_size = engine_config.block_size
         self.device = torch.device(engine_config.device)
         self.lora = lora
+        self.attention_backend = ATTENTION_BACKENDS[self.attention_backend_name]()
         self.sampler = Sampler(model_config.vocab_size, tokenizer_vocab_size)
         slots = num_blocks * self.block_size
         shape = (slots, model_config.num_key_value_heads, model_config.head_dim)
@@ -129,7 +139,7 @@ class ModelRunner:
         meta.slot_mapping = torch.cat(slot_chunks)
         cos, sin = self.model.rotary.cos_sin(positions)
         input_ids = torch.tensor(ids, dtype=torch.long)
-        return input_ids, StepContext(attention=meta, cos=cos, sin=sin), last_row
+        return input_ids, StepContext(attention=meta, cos=cos, sin=sin, backend=self.attention_backend), last_row
 
     def _slots(self, block_table: list[int], num_tokens: int) -> torch.Tensor:
         bs = self.block_size
@@ -197,3 +207,17 @@ class ModelRunner:
             result.prompt_logprobs[seq.seq_id] = self.sampler.logprob_entries(
                 logits, targets, seq.sampling.prompt_logprobs or 0
             )
+
+
+def _cuda_runner() -> type[ModelRunner]:
+    from loraplex.engine.cuda.runner import CudaModelRunner
+
+    return CudaModelRunner
+
+
+# device type -> runner class; the engine picks by `EngineConfig.device`
+RUNNERS: dict[str, Callable[[], type[ModelRunner]]] = {"cpu": lambda: ModelRunner, "cuda": _cuda_runner}
+
+
+def runner_class_for(device: str) -> type[ModelRunner]:
+    return RUNNERS[torch.device(device).type]()

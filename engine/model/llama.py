@@ -8,10 +8,9 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from loraplex.engine.attention import paged_attention
 from loraplex.engine.config import ModelConfig, rope_inv_freq
 from loraplex.engine.context import StepContext
-from loraplex.engine.model.layers import LoRALinear, RMSNorm, RotaryEmbedding, apply_rotary
+from loraplex.engine.model.layers import LoRALinear, RMSNorm, RotaryEmbedding
 from torch import nn
 
 
@@ -45,9 +44,7 @@ class Attention(nn.Module):
         if self.q_norm is not None:
             q = self.q_norm(q)
             k = self.k_norm(k)
-        q = apply_rotary(q, ctx.cos, ctx.sin)
-        k = apply_rotary(k, ctx.cos, ctx.sin)
-        out = paged_attention(q, k, v, kv_cache[0], kv_cache[1], ctx.attention, self.scale)
+        out = ctx.backend.forward(q, k, v, kv_cache, ctx, self.scale)  # rotary, cache write, attention
         return self.o_proj(out, ctx)
 
 

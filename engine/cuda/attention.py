@@ -1,0 +1,55 @@
+"""The "triton" attention backend: fused rotary, K/V cache write, paged attention kernels.
+
+The runner builds `TritonAttentionMetadata` once per step (integer tensors already on the
+device). A step whose every sequence has one new token takes the FlashDecoding kernel with a
+split count fixed by shapes (so a CUDA graph can replay it); any other step, prefill chunks
+and decodes mixed, takes the variable-length prefill kernel in one launch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from loraplex.engine.context import StepContext
+from loraplex.engine.cuda.fused_ops import rotary_
+from loraplex.engine.kernels.paged_attention_decode import paged_decode_attention
+from loraplex.engine.kernels.paged_attention_kv_write import write_kv_cache
+from loraplex.engine.kernels.paged_attention_prefill import paged_prefill_attention
+
+
+@dataclass(slots=True)
+class TritonAttentionMetadata:
+    block_size: int
+    slot_mapping: torch.Tensor            # [T] int32 flat cache slot of each new token; -1 = padding row
+    block_tables: torch.Tensor            # [S, W] int32
+    seq_lens: torch.Tensor                # [S] int32 tokens of context after this step (0 = padding)
+    cu_seqlens_q: torch.Tensor | None     # [S + 1] int32 row offsets; None: one row per sequence (decode)
+    num_splits: int = 1                   # decode only: KV-length splits, chosen from shapes
+
+
+class TritonPagedAttention:
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        kv_cache: tuple[torch.Tensor, torch.Tensor],
+        ctx: StepContext,
+        scale: float,
+    ) -> torch.Tensor:
+        meta: TritonAttentionMetadata = ctx.attention
+        rotary_(q, k, ctx.cos, ctx.sin)
+        # The pool is flat [slots, kv_heads, D] (shared with the CPU path's block copies and
+        # host swaps); the kernels read it as [blocks, block_size, kv_heads, D].
+        key_cache = kv_cache[0].view(-1, meta.block_size, *kv_cache[0].shape[1:])
+        value_cache = kv_cache[1].view(-1, meta.block_size, *kv_cache[1].shape[1:])
+        write_kv_cache(k, v, key_cache, value_cache, meta.slot_mapping)
+        out = q.new_empty(q.shape)
+        if meta.cu_seqlens_q is None:
+            paged_decode_attention(q, key_cache, value_cache, meta.block_tables, meta.seq_lens, scale,
+                                   num_splits=meta.num_splits, out=out)
+        else:
+            paged_prefill_attention(q, key_cache, value_cache, meta.block_tables, meta.cu_seqlens_q,
+                                    meta.seq_lens, scale, out=out)
+        return out.view(q.shape[0], -1)

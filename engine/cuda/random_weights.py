@@ -1,0 +1,74 @@
+"""Random bf16 models of real shapes, built on the GPU (nothing is downloaded there).
+
+`named_config("Llama-3.1-8B")` gives the published architecture; `random_device_model`
+allocates on the meta device and draws every weight directly on the target device, so an 8B
+model needs neither host memory nor a host-to-device copy. `SyntheticTokenizer` stands in for
+the real tokenizer where only ids matter (the engine's detokenizer still runs on every token).
+"""
+
+from __future__ import annotations
+
+import torch
+from loraplex.engine.config import ModelConfig, rope_inv_freq
+from loraplex.engine.model.layers import RotaryEmbedding
+from loraplex.engine.model.llama import LlamaForCausalLM
+
+_LLAMA3_ROPE = {"rope_type": "llama3", "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 8192}
+
+NAMED_CONFIGS: dict[str, dict] = {
+    "Llama-3.2-1B": {
+        "model_type": "llama", "vocab_size": 128256, "hidden_size": 2048, "intermediate_size": 8192,
+        "num_hidden_layers": 16, "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 64,
+        "rms_norm_eps": 1e-5, "rope_theta": 500000.0, "max_position_embeddings": 131072,
+        "rope_scaling": {**_LLAMA3_ROPE, "factor": 32.0}, "tie_word_embeddings": True,
+        "bos_token_id": 128000, "eos_token_id": 128001,
+    },
+    "Llama-3.1-8B": {
+        "model_type": "llama", "vocab_size": 128256, "hidden_size": 4096, "intermediate_size": 14336,
+        "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
+        "rms_norm_eps": 1e-5, "rope_theta": 500000.0, "max_position_embeddings": 131072,
+        "rope_scaling": {**_LLAMA3_ROPE, "factor": 8.0}, "tie_word_embeddings": False,
+        "bos_token_id": 128000, "eos_token_id": 128001,
+    },
+}
+
+
+def named_config(name: str) -> ModelConfig:
+    return ModelConfig.from_hf_dict(NAMED_CONFIGS[name])
+
+
+@torch.no_grad()
+def random_device_model(
+    config: ModelConfig, max_model_len: int, *, device: str = "cuda", dtype: torch.dtype = torch.bfloat16,
+    seed: int = 0, std: float = 0.02,
+) -> LlamaForCausalLM:
+    with torch.device("meta"):
+        model = LlamaForCausalLM(config, max_model_len)
+    model = model.to_empty(device=device).to(dtype)
+    if config.tie_word_embeddings:  # to_empty gives each module its own tensor
+        model.lm_head.weight = model.embed_tokens.weight
+    inv_freq, scaling = rope_inv_freq(config, max_model_len)
+    model.rotary = RotaryEmbedding(inv_freq, max(max_model_len, config.max_position_embeddings), scaling).to(device)
+    generator = torch.Generator(device=device).manual_seed(seed)
+    for name, param in model.named_parameters():
+        if name.endswith("norm.weight"):
+            param.fill_(1.0)
+        else:
+            param.normal_(0.0, std, generator=generator)
+    return model.eval()
+
+
+class SyntheticTokenizer:
+    """Ids -> one printable character each; enough for the engine's output path."""
+
+    eos_token_id = None
+
+    def __init__(self, vocab_size: int) -> None:
+        self.vocab_size = vocab_size
+
+    def __len__(self) -> int:
+        return self.vocab_size
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        return "".join(chr(0x4E00 + i % 20000) for i in ids)

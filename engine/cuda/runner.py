@@ -1,0 +1,215 @@
+"""CudaModelRunner: the CUDA path of `ModelRunner` (Triton attention, decode CUDA graphs).
+
+Per step: integer inputs are packed on the host into one pinned buffer and cross in one copy
+(`PinnedStaging`); the forward runs as a graph replay (decode-only steps, batch padded to the
+next ladder size) or eagerly (prefill chunks, mixed steps); while the GPU computes, the host
+fills the grammar bitmask of the sampled rows, which then crosses in one copy and is applied
+on the GPU before the argmax. Requests that need the full sampler (temperature, penalties,
+logprobs) take the base runner's host sampler on their logits.
+
+The KV pool keeps the base runner's flat layout `[slots, kv_heads, D]` (block copies and host
+swaps are inherited unchanged); the attention backend views it as blocks.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import torch
+from loraplex.engine.config import EngineConfig, ModelConfig
+from loraplex.engine.context import StepContext
+from loraplex.engine.cuda.attention import TritonAttentionMetadata
+from loraplex.engine.cuda.fused_ops import fuse_norms
+from loraplex.engine.cuda.graphs import DecodeGraph, batch_ladder, capture_decode_graph
+from loraplex.engine.cuda.memory import profile_num_blocks
+from loraplex.engine.cuda.staging import GrammarMaskBuffers, PinnedStaging
+from loraplex.engine.kernels.paged_attention_decode import choose_num_splits
+from loraplex.engine.kernels.token_bitmask import apply_token_bitmask
+from loraplex.engine.model.llama import LlamaForCausalLM
+from loraplex.engine.runner import ModelRunner, StepResult
+from loraplex.engine.scheduler import SchedulerOutput
+from loraplex.engine.sequence import Sequence
+
+_PADDING_SEQ = SimpleNamespace(adapter_id=None)  # what a padded graph row looks like to the LoRA builder
+
+
+def needs_host_sampler(seq: Sequence) -> bool:
+    sampling = seq.sampling
+    return (
+        (sampling.temperature > 0 and sampling.top_k != 1)
+        or sampling.logprobs is not None
+        or bool(sampling.presence_penalty or sampling.frequency_penalty)
+        or sampling.repetition_penalty != 1.0
+    )
+
+
+class CudaModelRunner(ModelRunner):
+    attention_backend_name = "triton"
+
+    @classmethod
+    def plan_num_blocks(cls, model: LlamaForCausalLM, model_config: ModelConfig, engine_config: EngineConfig) -> int:
+        fuse_norms(model)
+        return profile_num_blocks(model, model_config, engine_config)
+
+    def __init__(self, model: LlamaForCausalLM, model_config: ModelConfig, engine_config: EngineConfig,
+                 *args: Any, **kwargs: Any) -> None:
+        fuse_norms(model)
+        super().__init__(model, model_config, engine_config, *args, **kwargs)
+        self.num_kv_heads = model_config.num_key_value_heads
+        max_model_len = engine_config.resolve_max_model_len(model_config)
+        self.max_blocks_per_seq = -(-max_model_len // self.block_size)
+        self.ladder = batch_ladder(engine_config.max_num_seqs)
+        self.use_graphs = engine_config.enable_cuda_graphs and self.device.type == "cuda"
+        seqs, tokens = engine_config.max_num_seqs, engine_config.max_num_batched_tokens
+        self.staging = PinnedStaging(3 * tokens + 4 * seqs + seqs * self.max_blocks_per_seq + 2, self.device)
+        self.masks = GrammarMaskBuffers(max(self.ladder[-1], seqs), model_config.vocab_size,
+                                        self.sampler.tokenizer_vocab_size, self.device)
+        self.graphs: dict[tuple[int, int | None], DecodeGraph] = {}
+        self._graph_pool: Any = None
+        self.num_graph_steps = 0
+        self.num_eager_steps = 0
+
+    # ---- the step -------------------------------------------------------------------------
+    @torch.inference_mode()
+    def execute(self, step: SchedulerOutput) -> StepResult:
+        self._copy_blocks(step.blocks_to_copy)
+        pairs = list(zip(step.seqs, step.num_new_tokens, strict=True))
+        decodes = [(s, n) for s, n in pairs if n == 1]
+        prefills = [(s, n) for s, n in pairs if n > 1]
+        forks = [s for s, n in pairs if n == 0]
+        ordered = decodes + prefills
+        sampled = [s for s, n in ordered if s.num_computed_tokens + n == len(s.token_ids)]
+        result = StepResult()
+        graphable = (self.use_graphs and not prefills and not forks and decodes
+                     and not any(s.wants_prompt_logprobs for s, _ in decodes))
+        if graphable and sampled == [s for s, _ in decodes]:
+            graph = self._replay_decode(decodes)
+            self._sample(graph.logits[: len(sampled)], sampled, result, graph)
+            return result
+        hidden, logits = self._forward_eager(decodes, prefills, forks, sampled)
+        if logits is not None:
+            self._sample(logits, sampled + forks, result, None)
+        self._prompt_logprobs(hidden, ordered, self._last_row, result)
+        return result
+
+    def _sample(self, logits: torch.Tensor, seqs: list[Sequence], result: StepResult,
+                graph: DecodeGraph | None) -> None:
+        """Greedy rows on the GPU with the grammar mask filled meanwhile; else the host sampler."""
+        if any(needs_host_sampler(s) for s in seqs):
+            self.sampler.sample(logits.float().cpu(), seqs, result)
+            return
+        count = self.masks.fill(seqs, result.errors)  # overlaps the forward still running
+        self.masks.upload(count)
+        if graph is not None:
+            graph.sample.replay()
+            tokens = graph.tokens[: len(seqs)].tolist()
+        else:
+            apply_token_bitmask(logits, self.masks.bitmask[: len(seqs)], self.masks.indices[: len(seqs)])
+            tokens = logits.argmax(dim=-1).tolist()
+        for seq, token in zip(seqs, tokens, strict=True):
+            result.sampled[seq.seq_id] = seq.forced_token_ids[0] if seq.forced_token_ids else token
+
+    # ---- decode through graphs ------------------------------------------------------------
+    def padded_size(self, num_seqs: int) -> int:
+        return next(size for size in self.ladder if size >= num_seqs)
+
+    def _replay_decode(self, decodes: list[tuple[Sequence, int]]) -> DecodeGraph:
+        seqs = [s for s, _ in decodes]
+        size = self.padded_size(len(seqs))
+        lora = None
+        if self.lora is not None:
+            lora = self.lora.build(seqs + [_PADDING_SEQ] * (size - len(seqs)), [1] * size)
+        key = (size, None if lora is None else id(lora.stacks))
+        graph = self.graphs.get(key)
+        if graph is None:
+            graph = self.graphs[key] = self._capture(size, lora)
+        self.staging.upload(self._decode_arrays(seqs, size), target=graph.inputs)
+        graph.replay_forward(lora)
+        self.num_graph_steps += 1
+        return graph
+
+    def _capture(self, size: int, lora: Any | None) -> DecodeGraph:
+        if self._graph_pool is None:
+            self._graph_pool = torch.cuda.graph_pool_handle()
+        return capture_decode_graph(
+            batch_size=size, max_blocks_per_seq=self.max_blocks_per_seq, block_size=self.block_size,
+            num_splits=self._decode_splits(size), lora_batch=lora, masks=self.masks,
+            step_forward=self._step_forward, pool=self._graph_pool, device=self.device,
+        )
+
+    def _step_forward(self, ids: torch.Tensor, positions: torch.Tensor, meta: TritonAttentionMetadata,
+                      lora: Any | None) -> torch.Tensor:
+        cos, sin = self.model.rotary.cos_sin(positions)
+        ctx = StepContext(attention=meta, cos=cos, sin=sin, backend=self.attention_backend, lora=lora)
+        return self.model.compute_logits(self.model(ids, ctx, self.kv_caches)).float()
+
+    def _decode_splits(self, padded_size: int) -> int:
+        return choose_num_splits(padded_size, self.num_kv_heads, self.max_blocks_per_seq * self.block_size,
+                                 self.device)
+
+    def _decode_arrays(self, seqs: list[Sequence], size: int) -> list[np.ndarray]:
+        bs, width = self.block_size, self.max_blocks_per_seq
+        ids = np.zeros(size, dtype=np.int32)
+        positions = np.zeros(size, dtype=np.int32)
+        slots = np.full(size, -1, dtype=np.int32)
+        tables = np.zeros((size, width), dtype=np.int32)
+        for i, seq in enumerate(seqs):
+            position = seq.num_computed_tokens
+            ids[i] = seq.token_ids[position]
+            positions[i] = position
+            table = seq.block_table[:width]
+            tables[i, : len(table)] = table
+            slots[i] = table[position // bs] * bs + position % bs
+        seq_lens = np.where(slots >= 0, positions + 1, 0).astype(np.int32)
+        return [ids, positions, slots, seq_lens, tables]
+
+    # ---- eager forward (prefill chunks, mixed steps, graphs off) --------------------------
+    def _forward_eager(
+        self, decodes: list[tuple[Sequence, int]], prefills: list[tuple[Sequence, int]], forks: list[Sequence],
+        sampled: list[Sequence],
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        bs = self.block_size
+        ordered = decodes + prefills
+        ids: list[int] = []
+        positions: list[np.ndarray] = []
+        q_lens, seq_lens = [], []
+        self._last_row: dict[int, int] = {}
+        for seq, n in ordered:
+            start = seq.num_computed_tokens
+            ids.extend(seq.token_ids[start : start + n])
+            positions.append(np.arange(start, start + n, dtype=np.int32))
+            q_lens.append(n)
+            seq_lens.append(start + n)
+            self._last_row[seq.seq_id] = len(ids) - 1
+        decode_only = not prefills
+        # Decode-only steps use the graphs' table width and split count, so graphs on or off
+        # run the same attention arithmetic.
+        width = self.max_blocks_per_seq if decode_only else max(-(-n // bs) for n in seq_lens)
+        tables = np.zeros((len(ordered), width), dtype=np.int32)
+        slot_chunks = []
+        for i, ((seq, _), pos) in enumerate(zip(ordered, positions, strict=True)):
+            table = np.asarray(seq.block_table[: -(-seq_lens[i] // bs)], dtype=np.int32)
+            tables[i, : len(table)] = table
+            slot_chunks.append(table[pos // bs] * bs + pos % bs)
+        rows = [self._last_row[s.seq_id] for s in sampled] + [self._last_row[s.parent.seq_id] for s in forks]
+        cu = np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32)
+        ids_d, pos_d, slots_d, lens_d, cu_d, tables_d, rows_d = self.staging.upload([
+            np.asarray(ids, dtype=np.int32), np.concatenate(positions), np.concatenate(slot_chunks),
+            np.asarray(seq_lens, dtype=np.int32), cu, tables, np.asarray(rows, dtype=np.int32),
+        ])
+        meta = TritonAttentionMetadata(
+            block_size=bs, slot_mapping=slots_d, block_tables=tables_d.view(len(ordered), width), seq_lens=lens_d,
+            cu_seqlens_q=None if decode_only else cu_d,
+            num_splits=self._decode_splits(self.padded_size(len(ordered))) if decode_only else 1,
+        )
+        cos, sin = self.model.rotary.cos_sin(pos_d)
+        ctx = StepContext(attention=meta, cos=cos, sin=sin, backend=self.attention_backend)
+        if self.lora is not None:
+            ctx.lora = self.lora.build([s for s, _ in ordered], q_lens)
+        hidden = self.model(ids_d, ctx, self.kv_caches)
+        self.num_eager_steps += 1
+        if not rows:
+            return hidden, None
+        return hidden, self.model.compute_logits(hidden[rows_d.long()]).float()
