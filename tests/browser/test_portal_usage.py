@@ -129,4 +129,24 @@ def test_usage_page_charts_table_and_csv(
             lines = list(csv.DictReader(io.StringIO(downloaded)))
             assert [line["day"] for line in lines] == [row["day"] for row in report["data"]]
             assert sum(int(line["requests"]) for line in lines) == expected_requests
+            if viewport == "desktop":
+                check_date_range(page, today=report["end"])
             assert problems.messages == []
+
+
+def check_date_range(page, today: str) -> None:  # type: ignore[no-untyped-def]
+    """A one-day range shows one row; a reversed range is refused before asking the API."""
+    page.get_by_label("From", exact=True).fill(today)
+    page.get_by_label("To", exact=True).fill(today)
+    page.get_by_role("button", name="Show").click()
+    expect(page.locator("#usage-body tr")).to_have_count(1)
+    expect(page.locator("#usage-body tr th")).to_have_text(today)
+    expect(page.locator("#usage-totals .tile-value").first).to_have_text("4")
+    assert page.url.endswith(f"?start={today}&end={today}")
+    page.get_by_label("From", exact=True).fill("2026-12-31")
+    page.get_by_label("To", exact=True).fill("2026-01-01")
+    page.get_by_role("button", name="Show").click()
+    expect(page.locator("#usage-error")).to_have_text("The start date is after the end date.")
+    page.get_by_role("button", name="7 days").click()
+    expect(page.locator("#usage-error")).to_be_hidden()
+    expect(page.locator("#usage-body tr")).to_have_count(len(PAST_DAYS) + 1)  # every past day is within 7
