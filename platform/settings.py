@@ -30,6 +30,7 @@ class Settings(BaseSettings):
     device: str = "auto"                # auto (cuda when available) | cpu | cuda
     dtype: str = "auto"                 # auto (bfloat16 on cuda, float32 on cpu) | float32 | bfloat16 | float16
     kv_cache_memory_mb: int = 256
+    kv_host_memory_mb: int = 256        # host memory for pinned session KV offloaded under pressure; 0: drop instead
     num_kv_blocks: int | None = None    # overrides the memory budget (tests use tiny pools)
     kv_block_size: int = 16
     enable_prefix_caching: bool = True
@@ -42,6 +43,9 @@ class Settings(BaseSettings):
     host: str = "127.0.0.1"
     port: int = 8000
     log_level: str = "info"
+    # Longer than clients' idle pools hold connections, so a reused connection is never one the server
+    # is closing at that very moment (uvicorn's default of 5 s makes idle SDK clients fail now and then).
+    keep_alive_timeout_s: int = 75
 
     # Rate limits per API key (a key may override them); 0 = unlimited
     default_rpm: int = 600
@@ -59,6 +63,7 @@ class Settings(BaseSettings):
     session_ttl_s: int = 3600
     session_max_ttl_s: int = 7 * 86400
     session_lease_s: float = 600.0      # a turn's hold on its session; a crashed turn frees it after this
+    session_busy_wait_s: float = 1.0    # a turn waits this long for the previous one to finish before 409
     session_sweep_interval_s: float = 5.0  # how often expired sessions' pinned KV is released
     replica_id: str = "replica-0"       # names this engine replica in session records
     metering_enabled: bool = True       # off only to measure metering overhead

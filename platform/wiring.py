@@ -40,6 +40,7 @@ def engine_config(settings: Settings) -> Any:
         dtype=settings.resolve_dtype(),
         device=settings.resolve_device(),
         enable_prefix_caching=settings.enable_prefix_caching,
+        host_kv_bytes=settings.kv_host_memory_mb * 1024 * 1024,
     )
 
 

@@ -51,4 +51,7 @@ def serve(
 
     app = create_app(settings.model_copy(update={"model_path": model}))
     console.print(f"serving on http://{settings.host}:{settings.port}/v1")
-    uvicorn.run(app, host=settings.host, port=settings.port, log_config=None, access_log=True)
+    uvicorn.run(
+        app, host=settings.host, port=settings.port, log_config=None, access_log=True,
+        timeout_keep_alive=settings.keep_alive_timeout_s,
+    )

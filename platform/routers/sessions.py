@@ -29,7 +29,7 @@ from loraplex.platform.settings import Settings
 from loraplex.sessions.errors import SessionNotFoundError
 from loraplex.sessions.memory_store import MemorySessionStore
 from loraplex.sessions.redis_store import RedisSessionStore
-from loraplex.sessions.store import SessionRecord, SessionStore, new_session_id
+from loraplex.sessions.store import KVState, SessionRecord, SessionStore, new_session_id
 from loraplex.sessions.turns import AnswerCapture, OpenTurn, SessionTurns, conversation
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
@@ -112,6 +112,9 @@ async def list_sessions(
 @router.get("/sessions/{session_id}")
 async def get_session(session_id: str, key: InferenceKey, services: AppServices) -> dict[str, Any]:
     record = await asyncio.to_thread(_turns(services).store.get, key.tenant_id, session_id)
+    state_of = getattr(services.engine, "session_state", None)
+    if state_of is not None and record.kv_state != KVState.NONE and record.replica_id == services.settings.replica_id:
+        record.kv_state = state_of(record.id)  # the engine knows best where this replica's KV is now
     return session_public(record)
 
 
@@ -177,7 +180,10 @@ class SessionPreparer:
         prepared.after_finish.append(finish_turn)
 
     def _finish(self, turn: OpenTurn, prepared: PreparedRequest, record: RequestRecord) -> None:
-        if record.status not in _RECORDED:
+        # A client that hangs up right after the last chunk can make a finished turn look aborted;
+        # the parser having seen the choice's finish is what says the answer is whole.
+        answered = turn.capture is not None and turn.capture.finish_reason is not None
+        if record.status not in _RECORDED and not (record.status == RequestStatus.ABORTED and answered):
             self.turns.abort(turn)
             return
         try:
@@ -232,7 +238,7 @@ def install_sessions(extensions: Extensions, settings: Settings, *, engine: Any,
     """Register the session preparer (first, so grammar sees the session's tools), the sweeper and metrics."""
     release = getattr(engine, "release_session", None) or (lambda _key: None)
     turns = SessionTurns(make_session_store(settings), replica_id=settings.replica_id,
-                         lease_s=settings.session_lease_s, release=release)
+                         lease_s=settings.session_lease_s, release=release, busy_wait_s=settings.session_busy_wait_s)
     extensions.domain_state["sessions"] = turns
     extensions.preparers.insert(0, SessionPreparer(turns))
     if metrics is not None:
