@@ -94,3 +94,26 @@ def test_models_route_needs_a_key(api_server) -> None:  # type: ignore[no-untype
     assert_openai_error(httpx.get(api_server.base_url + "/v1/models"), 401)
     ok = httpx.get(api_server.base_url + "/v1/models", headers=auth(api_server.keys["globex"]))
     assert [m["id"] for m in ok.json()["data"]] == [MODEL]
+
+
+def test_another_tenants_resources_are_404(api_server) -> None:  # type: ignore[no-untyped-def]
+    """A session belongs to acme; globex gets the same 404 as for an id that never existed."""
+    base = api_server.base_url
+    acme, globex = auth(api_server.keys["all"]), auth(api_server.keys["globex"])
+    created = httpx.post(f"{base}/v1/sessions", json={"model": MODEL}, headers=acme)
+    assert created.status_code == 200, created.text
+    session_id = created.json()["id"]
+    assert httpx.get(f"{base}/v1/sessions/{session_id}", headers=acme).status_code == 200
+
+    theirs = httpx.get(f"{base}/v1/sessions/{session_id}", headers=globex)
+    missing = httpx.get(f"{base}/v1/sessions/{session_id[:-4]}zzzz", headers=globex)
+    assert_openai_error(theirs, 404)
+    assert_openai_error(missing, 404)
+    assert theirs.json()["error"]["message"].replace(session_id, "X") == missing.json()["error"]["message"].replace(
+        session_id[:-4] + "zzzz", "X"
+    )
+    assert session_id not in [s["id"] for s in httpx.get(f"{base}/v1/sessions", headers=globex).json()["data"]]
+    assert_openai_error(httpx.delete(f"{base}/v1/sessions/{session_id}", headers=globex), 404)
+    chat = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1, "session_id": session_id}
+    assert_openai_error(httpx.post(f"{base}/v1/chat/completions", json=chat, headers=globex, timeout=60), 404)
+    assert httpx.get(f"{base}/v1/sessions/{session_id}", headers=acme).status_code == 200
