@@ -8,8 +8,11 @@ the real tokenizer where only ids matter (the engine's detokenizer still runs on
 
 from __future__ import annotations
 
+import zlib
+
 import torch
 from loraplex.engine.config import ModelConfig, rope_inv_freq
+from loraplex.engine.interfaces import AdapterWeights, LoRAModuleWeights
 from loraplex.engine.model.layers import RotaryEmbedding
 from loraplex.engine.model.llama import LlamaForCausalLM
 
@@ -72,3 +75,36 @@ class SyntheticTokenizer:
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return "".join(chr(0x4E00 + i % 20000) for i in ids)
+
+
+class RandomAdapterSource:
+    """An `AdapterSource` of random LoRA adapters on every projection, seeded by the adapter id."""
+
+    MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+    def __init__(self, config: ModelConfig, rank: int, *, dtype: torch.dtype = torch.float32,
+                 device: str = "cpu", std: float = 0.05, alpha: float = 32.0) -> None:
+        self.config, self.rank, self.dtype, self.device = config, rank, dtype, device
+        self.std, self.scaling = std, alpha / rank
+
+    def shapes(self) -> dict[str, tuple[int, int]]:
+        c = self.config
+        q, kv = c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim
+        h, i = c.hidden_size, c.intermediate_size
+        return {"q_proj": (h, q), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (q, h),
+                "gate_proj": (h, i), "up_proj": (h, i), "down_proj": (i, h)}
+
+    def num_bytes(self) -> int:
+        element = torch.tensor([], dtype=self.dtype).element_size()
+        per_layer = sum(self.rank * (fan_in + fan_out) for fan_in, fan_out in self.shapes().values())
+        return per_layer * self.config.num_hidden_layers * element
+
+    def load(self, adapter_id: str) -> AdapterWeights:
+        generator = torch.Generator(device=self.device).manual_seed(zlib.crc32(adapter_id.encode()))
+        modules = {}
+        for layer in range(self.config.num_hidden_layers):
+            for name, (fan_in, fan_out) in self.shapes().items():
+                a = torch.randn(self.rank, fan_in, generator=generator, device=self.device) * self.std
+                b = torch.randn(fan_out, self.rank, generator=generator, device=self.device) * self.std
+                modules[(layer, name)] = LoRAModuleWeights(a.to(self.dtype), b.to(self.dtype), self.scaling)
+        return AdapterWeights(adapter_id, self.rank, modules)

@@ -1,0 +1,135 @@
+"""The CUDA engine against the CPU engine on the same small random model.
+
+float32: greedy tokens equal (CUDA graphs on), also with mixed LoRA adapters and grammar masks
+in one batch; bfloat16: prompt logprobs close to the float32 CPU engine's and most first tokens
+equal; graphs on and off give the same tokens; the KV pool is sized from the memory fraction.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from enginecore_helpers import greedy, output_tokens, run_to_completion, tiny_random_config
+from grammar_double import FixedSetGrammar
+from loraplex.engine.config import EngineConfig
+from loraplex.engine.cuda.random_weights import RandomAdapterSource, SyntheticTokenizer
+from loraplex.engine.cuda.runner import CudaModelRunner
+from loraplex.engine.llm_engine import LLMEngine
+from loraplex.engine.lora.manager import LoRAManager
+from loraplex.engine.model.loader import random_model
+from loraplex.engine.protocol import EngineRequest, SamplingParams
+
+pytestmark = pytest.mark.gpu
+
+VOCAB = 1000  # not a multiple of 32: the bitmask's last word is partial
+CONFIG = tiny_random_config(vocab_size=VOCAB)
+MAX_LEN = 256
+GPU_DEVICE = "cuda"
+
+
+def make_engine(device: str, dtype: str = "float32", lora: bool = False, **overrides: Any) -> LLMEngine:
+    settings = {"num_blocks": 96, "block_size": 16, "max_model_len": MAX_LEN, "max_num_batched_tokens": 64,
+                "max_num_seqs": 8, "dtype": dtype, "device": device} | overrides
+    config = EngineConfig(**settings)
+    model = random_model(CONFIG, MAX_LEN, seed=0, dtype=config.torch_dtype, device=device)
+    engine = LLMEngine(model, CONFIG, config, SyntheticTokenizer(VOCAB))
+    if lora:
+        source = RandomAdapterSource(CONFIG, rank=8, dtype=config.torch_dtype, std=0.1)
+        LoRAManager.for_engine(engine, source, max_loras=4, max_cpu_loras=8, max_lora_rank=8)
+    return engine
+
+
+def prompts(count: int, seed: int = 1) -> list[list[int]]:
+    generator = torch.Generator().manual_seed(seed)
+    lengths = [3, 17, 40, 64, 90, 5, 33, 128][:count]
+    return [torch.randint(0, VOCAB, (n,), generator=generator).tolist() for n in lengths]
+
+
+def generate(engine: LLMEngine, requests: list[EngineRequest]) -> dict[str, list[int]]:
+    return {rid: output_tokens(outs) for rid, outs in run_to_completion(engine, requests).items()}
+
+
+def plain_requests(max_tokens: int = 12) -> list[EngineRequest]:
+    return [EngineRequest(f"r{i}", p, greedy(max_tokens, ignore_eos=True)) for i, p in enumerate(prompts(8))]
+
+
+def test_cuda_runner_is_selected_by_device() -> None:
+    engine = make_engine(GPU_DEVICE)
+    assert isinstance(engine.runner, CudaModelRunner)
+    assert engine.runner.kv_caches[0][0].is_cuda
+
+
+def test_float32_greedy_equals_cpu_engine_with_graphs() -> None:
+    expected = generate(make_engine("cpu"), plain_requests())
+    engine = make_engine(GPU_DEVICE)
+    assert generate(engine, plain_requests()) == expected
+    assert engine.runner.num_graph_steps > 0 and engine.runner.num_eager_steps > 0
+
+
+def test_graphs_on_and_off_give_the_same_tokens_bf16() -> None:
+    on = make_engine(GPU_DEVICE, "bfloat16")
+    off = make_engine(GPU_DEVICE, "bfloat16", enable_cuda_graphs=False)
+    tokens_on = generate(on, plain_requests(20))
+    assert tokens_on == generate(off, plain_requests(20))
+    assert on.runner.num_graph_steps > 0 and off.runner.num_graph_steps == 0
+    assert all(len(t) == 20 for t in tokens_on.values())
+
+
+def test_bfloat16_stays_close_to_float32_cpu() -> None:
+    def requests() -> list[EngineRequest]:
+        sampling = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0, ignore_eos=True)
+        return [EngineRequest(f"r{i}", p, sampling) for i, p in enumerate(prompts(8))]
+
+    def run(engine: LLMEngine) -> dict[str, tuple[list[float], list[int]]]:
+        out = {}
+        for rid, outs in run_to_completion(engine, requests()).items():
+            logprobs = [lp.logprob for o in outs if o.prompt_logprobs for lp in o.prompt_logprobs if lp is not None]
+            out[rid] = (logprobs, output_tokens(outs))
+        return out
+
+    reference, ours = run(make_engine("cpu")), run(make_engine(GPU_DEVICE, "bfloat16"))
+    diffs = [abs(a - b) for rid in reference for a, b in zip(reference[rid][0], ours[rid][0], strict=True)]
+    assert len(diffs) == sum(len(p) - 1 for p in prompts(8))
+    assert max(diffs) < 0.1, max(diffs)
+    same_first = sum(reference[rid][1] == ours[rid][1] for rid in reference)
+    assert same_first >= 6, same_first
+
+
+def mixed_requests() -> list[EngineRequest]:
+    """Adapters a/b/c and the base model, half of them under a grammar, in one batch."""
+    allowed = [[7, 100, 999], [31, 32, 33, 500], [1, 2, 3, 4, 5, 6], [998, 997], [64, 128, 256, 512]]
+    requests = []
+    for i, prompt in enumerate(prompts(8)):
+        adapter = [None, "a", "b", "c"][i % 4]
+        grammar = FixedSetGrammar(allowed) if i % 2 else None
+        max_tokens = len(allowed) if grammar else 10
+        requests.append(EngineRequest(f"r{i}", prompt, greedy(max_tokens, ignore_eos=True), adapter_id=adapter,
+                                      grammar=grammar))
+    return requests
+
+
+def test_mixed_lora_and_grammar_batch_equals_cpu_engine() -> None:
+    expected = generate(make_engine("cpu", lora=True), mixed_requests())
+    engine = make_engine(GPU_DEVICE, lora=True)
+    got = generate(engine, mixed_requests())
+    assert got == expected
+    assert engine.runner.num_graph_steps > 0
+    assert any(key[1] is not None for key in engine.runner.graphs)  # a LoRA graph was replayed
+    allowed = mixed_requests()[1].grammar.allowed
+    for i in (1, 3, 5, 7):
+        tokens = got[f"r{i}"]
+        assert len(tokens) == len(allowed) and all(t in allowed[k] for k, t in enumerate(tokens))
+    # Adapters change the output: the same prompt without its adapter differs.
+    base = generate(make_engine(GPU_DEVICE), [EngineRequest("x", prompts(8)[2], greedy(10, ignore_eos=True))])
+    assert base["x"] != got["r2"]
+
+
+def test_kv_pool_is_sized_from_the_memory_fraction() -> None:
+    engine = make_engine(GPU_DEVICE, num_blocks=None, gpu_memory_utilization=0.2)
+    total = torch.cuda.get_device_properties(0).total_memory
+    pool = sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in engine.runner.kv_caches)
+    assert engine.num_blocks > 1000
+    assert pool <= 0.2 * total
+    assert generate(engine, plain_requests(4))["r0"]
