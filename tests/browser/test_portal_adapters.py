@@ -13,7 +13,7 @@ from pathlib import Path
 
 import httpx
 from playwright.sync_api import expect
-from test_portal_playground import WATCH_ANSWER, sign_in
+from portal_steps import WATCH_ANSWER, answer_snapshots, sign_in
 
 READY_TIMEOUT_MS = 180_000  # validation includes a smoke forward pass on a shared 2-core machine
 
@@ -114,7 +114,7 @@ def test_upload_watch_progress_wait_ready_chat_and_delete(
     page.get_by_role("button", name="Send").click()
     answer = page.locator(".turn-assistant.done .turn-content")
     expect(answer).to_have_text(re.compile(r"^Arr"), timeout=60_000)
-    snapshots = {s for s in page.evaluate("window.__answerSnapshots") if s}
+    snapshots = set(answer_snapshots(page))
     assert len(snapshots) >= 3, f"expected a streamed answer, saw {snapshots}"
     page.screenshot(path=artifacts_dir / "playground-adapter-desktop.png", full_page=True)
 

@@ -8,7 +8,7 @@ from urllib.parse import urlsplit
 
 import httpx
 import pytest
-from test_portal_playground import sign_in
+from portal_steps import sign_in
 
 PAGES = ["/portal/adapters", "/portal/playground", "/portal/usage"]
 

@@ -3,26 +3,10 @@
 from __future__ import annotations
 
 from pathlib import Path
-from urllib.parse import quote, urlsplit
+from urllib.parse import urlsplit
 
 from playwright.sync_api import expect
-
-# Records every text the answer bubble shows while it streams, so the test can
-# tell a token-by-token stream from one answer arriving at once.
-WATCH_ANSWER = """() => {
-  window.__answerSnapshots = [];
-  new MutationObserver(() => {
-    const bubble = document.querySelector('.turn-assistant .turn-content');
-    if (bubble) window.__answerSnapshots.push(bubble.textContent);
-  }).observe(document.getElementById('transcript'), { subtree: true, childList: true, characterData: true });
-}"""
-
-
-def sign_in(page, base_url: str, key: str, *, then: str = "/portal/adapters") -> None:  # type: ignore[no-untyped-def]
-    page.goto(f"{base_url}/portal/signin?next={quote(then)}")
-    page.get_by_label("API key").fill(key)
-    page.get_by_role("button", name="Sign in").click()
-    page.wait_for_url(lambda url: urlsplit(url).path == urlsplit(then).path)
+from portal_steps import WATCH_ANSWER, answer_snapshots, sign_in
 
 
 def test_sign_in_rejects_a_revoked_key_and_signs_out(api_server, new_page) -> None:  # type: ignore[no-untyped-def]
@@ -63,7 +47,7 @@ def test_playground_streams_an_answer_from_the_base_model(
         done = page.locator(".turn-assistant.done .turn-content")
         expect(done).not_to_be_empty(timeout=60_000)
         answer = done.inner_text()
-        snapshots = [s for s in page.evaluate("window.__answerSnapshots") if s]
+        snapshots = answer_snapshots(page)
         assert len(set(snapshots)) >= 3, f"expected a streamed answer, saw {snapshots}"
         assert all(answer.startswith(s.rstrip()) for s in snapshots), "each snapshot is a prefix of the answer"
         expect(page.locator("#chat-stats")).to_contain_text("completion tokens")

@@ -18,7 +18,7 @@ from loraplex.billing.events import UsageEvent, UsageStatus
 from loraplex.billing.ledger import Ledger
 from loraplex.billing.pricing import PriceBook, add_price
 from playwright.sync_api import expect
-from test_portal_playground import sign_in
+from portal_steps import sign_in
 
 PAST_DAYS = {1: (1200, 300, 400, 0), 2: (800, 0, 250, 60), 4: (2500, 1200, 900, 200), 6: (400, 0, 120, 0)}
 
