@@ -296,12 +296,12 @@ def summarize(rows: list[dict], launch: float) -> dict:
 def sweep(device: str, timer: GpuTimer) -> list[dict]:
     from loraplex.engine.kernels.lora_triton import LoRAKernelConfig, choose_config
 
-    stream_configs = [
-        LoRAKernelConfig(block_n, 0, 128, warps, num_stages=stages, stream=True)
-        for block_n, warps, stages in [(128, 4, 3), (256, 4, 3), (256, 8, 3), (128, 8, 3)]
+    prefill_configs = [
+        LoRAKernelConfig(block_n, split_k, 128, 4, fused=False, rank_masked_loads=masked)
+        for block_n, split_k, masked in [(256, 2048, True), (256, 1024, False), (128, 4096, False)]
     ]
     picks = [
-        (prefill_case(hidden, rank, 512), [16, 32], stream_configs)
+        (prefill_case(hidden, rank, 512), [16, 32], prefill_configs)
         for hidden, rank in [(4096, 16), (4096, 64), (2048, 16), (2048, 64)]
     ]
     gen = torch.Generator().manual_seed(1)
@@ -318,8 +318,7 @@ def sweep(device: str, timer: GpuTimer) -> list[dict]:
             for cfg in [choose_config(p.stack, p.meta), *configs]:
                 row = {"case": case.name, "block_m": block_m, "fused": cfg.fused, "block_n": cfg.block_n,
                        "split_k": cfg.split_k, "num_warps": cfg.num_warps,
-                       "num_stages": cfg.num_stages, "rank_masked_loads": cfg.rank_masked_loads,
-                       "stream": cfg.stream}
+                       "num_stages": cfg.num_stages, "rank_masked_loads": cfg.rank_masked_loads}
                 p.y.copy_(y_start)
                 try:
                     row["rel_error"] = check(p, ours(p, cfg), expected, 2e-2)

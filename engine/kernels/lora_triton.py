@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import torch
 import triton
 from loraplex.engine.kernels.lora_metadata import LoRAMetadata
-from loraplex.engine.kernels.lora_triton_programs import lora_kernel, lora_stream_kernel
+from loraplex.engine.kernels.lora_triton_programs import lora_kernel
 from loraplex.engine.kernels.lora_weights import LoRAStack
 
 
@@ -42,9 +42,6 @@ class LoRAKernelConfig:
     # True: A rows / B columns past a slot's rank move no bytes, but those loads wait for the
     # rank; False: no wait, padding read then dropped (prefill, where A and B bytes are few).
     rank_masked_loads: bool = True
-    # One program per tile that shrinks then streams the tile's y (no hand-off, no partials);
-    # block_n, split_k and fused do not apply.
-    stream: bool = False
 
 
 def choose_config(stack: LoRAStack, meta: LoRAMetadata) -> LoRAKernelConfig:
@@ -109,23 +106,6 @@ def _launch(
     )
 
 
-def _launch_stream(
-    *, x: torch.Tensor, y: torch.Tensor, stack: LoRAStack, meta: LoRAMetadata, config: LoRAKernelConfig
-) -> None:
-    sizes = (*stack.out_sizes, 0, 0)[:3]
-    lora_stream_kernel[(meta.max_tiles,)](
-        x, y, stack.lora_a, stack.lora_b, stack.ranks, stack.scalings, meta.tile_table,
-        stack.in_features, x.stride(0), y.stride(0),
-        stack.lora_a.stride(0), stack.lora_a.stride(1), stack.lora_a.stride(2),
-        stack.lora_b.stride(0), stack.lora_b.stride(1),
-        NUM_SLICES=stack.num_slices, OUT0=sizes[0], OUT1=sizes[1], OUT2=sizes[2],
-        R_PAD=rank_pad(stack.max_rank), R_MAX=stack.max_rank,
-        BLOCK_M=meta.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
-        INPUT_PRECISION="ieee" if stack.lora_a.dtype == torch.float32 else None,
-        num_warps=config.num_warps, num_stages=config.num_stages,
-    )
-
-
 def _partials(stack: LoRAStack, meta: LoRAMetadata, config: LoRAKernelConfig, device: torch.device) -> torch.Tensor:
     rank_cols = triton.next_power_of_2(stack.num_slices * rank_pad(stack.max_rank))
     k_splits = triton.cdiv(stack.in_features, config.split_k)
@@ -178,9 +158,6 @@ def add_lora(
     _check_rows(x, meta)
     _check_rows(y, meta)
     config = config or choose_config(stack, meta)
-    if config.stream:
-        _launch_stream(x=x, y=y, stack=stack, meta=meta, config=config)
-        return
     partials = _partials(stack, meta, config, x.device)
     common = {"mid": partials, "stack": stack, "meta": meta, "config": config, "token_io": False}
     if config.fused:
