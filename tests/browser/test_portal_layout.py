@@ -25,10 +25,13 @@ AUDIT = """() => {
 
 
 @pytest.mark.parametrize("viewport", ["desktop", "phone"])
-def test_pages_fit_the_screen_and_label_every_control(api_server, new_page, viewport: str) -> None:  # type: ignore[no-untyped-def]
+def test_pages_fit_the_screen_and_label_every_control(
+    api_server, new_page, viewport: str, artifacts_dir: Path  # type: ignore[no-untyped-def]
+) -> None:
     page, problems = new_page(viewport)
     page.goto(api_server.base_url + "/portal/signin")
     assert page.evaluate(AUDIT) == {"unlabelled": [], "unnamed": [], "overflow": 0, "h1": 1}
+    page.screenshot(path=artifacts_dir / f"signin-{viewport}.png", full_page=True)
     sign_in(page, api_server.base_url, api_server.keys["all"])
     for path in PAGES:
         page.goto(api_server.base_url + path)
