@@ -57,7 +57,8 @@ def choose_config(stack: LoRAStack, meta: LoRAMetadata) -> LoRAKernelConfig:
         split_k = 2048 if stack.in_features >= 4096 else 1024
         return LoRAKernelConfig(block_n=256, split_k=max(block_k, split_k), block_k=block_k, num_warps=4,
                                 fused=False, rank_masked_loads=False)
-    short_split = meta.num_tokens <= 16 or stack.in_features <= 2048
+    # Each expand program re-reads K_SPLITS x BLOCK_M x rank_cols partials: wide ranks want fewer splits.
+    short_split = rank_cols < 64 and (meta.num_tokens <= 16 or stack.in_features <= 2048)
     return LoRAKernelConfig(block_n=256, split_k=256 if short_split else 512, block_k=block_k, num_warps=4)
 
 
