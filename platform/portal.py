@@ -8,12 +8,14 @@ no CSRF token and no server-side state of its own.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from fastapi import APIRouter, Request
-from fastapi.responses import HTMLResponse, RedirectResponse
+from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
+from starlette.types import Scope
 
 DEFAULT_WEB_DIR = Path(__file__).resolve().parents[1] / "web"
 
@@ -37,11 +39,24 @@ _SECURITY_HEADERS = {
 }
 
 
+class RevalidatedStaticFiles(StaticFiles):
+    """Asset names carry no content hash, so browsers must revalidate (a cheap 304) before reusing
+    a cached copy; otherwise a deploy could pair new page shells with yesterday's modules."""
+
+    def file_response(
+        self, full_path: str | os.PathLike[str], stat_result: os.stat_result, scope: Scope, status_code: int = 200
+    ) -> Response:
+        response = super().file_response(full_path, stat_result, scope, status_code)
+        response.headers["Cache-Control"] = "no-cache"
+        response.headers["X-Content-Type-Options"] = "nosniff"
+        return response
+
+
 def build_portal_router(web_dir: Path = DEFAULT_WEB_DIR) -> APIRouter:
     """Register with `app.include_router(build_portal_router())`; no prefix needed."""
     templates = Jinja2Templates(directory=web_dir / "templates")
     router = APIRouter(include_in_schema=False)
-    router.mount("/portal/static", StaticFiles(directory=web_dir / "static"), name="portal-static")
+    router.mount("/portal/static", RevalidatedStaticFiles(directory=web_dir / "static"), name="portal-static")
 
     def render(request: Request, template: str, *, page: str, title: str) -> HTMLResponse:
         root = request.scope.get("root_path", "").rstrip("/")

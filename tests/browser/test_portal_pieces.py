@@ -20,7 +20,12 @@ def test_pages_and_assets_are_served_locally_with_a_strict_policy(portal_only_ur
             assert "http://" not in response.text and "https://" not in response.text, "no external assets"
             assert '<main id="main"' in response.text
         for asset in ["portal.css", "favicon.svg", "js/adapters.js", "js/sse.js", "js/charts.js"]:
-            assert client.get(f"/portal/static/{asset}").status_code == 200, asset
+            response = client.get(f"/portal/static/{asset}")
+            assert response.status_code == 200, asset
+            assert response.headers["cache-control"] == "no-cache", "unhashed assets are revalidated"
+            again = client.get(f"/portal/static/{asset}", headers={"If-None-Match": response.headers["etag"]})
+            assert again.status_code == 304
+        assert client.get("/portal/static/js/sse.js").headers["content-type"].startswith("text/javascript")
         assert client.get("/portal/static/js/nope.js").status_code == 404
         assert client.get("/portal/static/../templates/base.html").status_code == 404
         assert client.get("/portal/static/%2e%2e/templates/base.html").status_code == 404
