@@ -28,7 +28,8 @@ from loraplex.grammar.spec import GrammarKind, GrammarSpec, choice_ebnf
 
 @dataclass(slots=True)
 class GrammarLimits:
-    compile_timeout_s: float = 10.0
+    # xgrammar expands bounded repetitions: a string with maxLength 60 alone takes ~1.5 s here.
+    compile_timeout_s: float = 30.0
     max_spec_bytes: int = 256 * 1024           # canonical JSON of the spec
     max_compiled_bytes: int = 256 * 1024 * 1024  # xgrammar's own estimate of the compiled grammar
     max_cached_grammars: int = 1024

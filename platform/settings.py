@@ -58,7 +58,7 @@ class Settings(BaseSettings):
     max_lora_rank: int = 64
     adapter_storage_dir: Path | None = None  # None: <data_dir>/adapters
     max_reasoning_tokens: int | None = None  # default thinking budget; None: unbounded
-    grammar_compile_timeout_s: float = 10.0  # a request waits this long for its grammar, then 400
+    grammar_compile_timeout_s: float = 30.0  # a compilation running longer than this: 400
     grammar_max_spec_bytes: int = 256 * 1024  # response_format / tools larger than this: 400
     session_ttl_s: int = 3600
     session_max_ttl_s: int = 7 * 86400
