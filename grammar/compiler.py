@@ -3,9 +3,9 @@
 The cache holds compile *futures* keyed by the spec's canonical JSON, so a
 burst of identical requests compiles once and every request awaits the same
 future. xgrammar releases the GIL while it compiles, so the engine loop keeps
-stepping the rest of the batch. A request waits at most `compile_timeout_s`
-for its grammar; past that, or past the size limits, it gets a 400 that names
-the request field.
+stepping the rest of the batch. A compilation that runs longer than
+`compile_timeout_s` (time queued behind others does not count), or a spec past
+the size limits, gets a 400 that names the request field.
 """
 
 from __future__ import annotations
