@@ -1,9 +1,10 @@
 """Paged attention in plain PyTorch (the CPU path).
 
 Each layer's cache is a pair of tensors `[num_blocks * block_size, kv_heads,
-head_dim]`; a token's slot is `block_id * block_size + offset`.
-Decodes run as ONE masked SDPA over K/V gathered by block table; prefill
-chunks run one SDPA each (causal, or masked over a cached prefix).
+head_dim]`; a token's slot is `block_id * block_size + offset`. K/V are
+gathered whole blocks at a time (one contiguous copy per block, much cheaper
+than per-slot indexing). Decodes run as ONE masked SDPA over the gathered
+blocks; prefill chunks run one SDPA each (causal, or masked over a cached prefix).
 
 Backends plug in through `ATTENTION_BACKENDS` (name -> factory): "torch" here,
 "triton" (the CUDA kernels, `engine/cuda/attention.py`). Each runner picks the
@@ -66,8 +67,8 @@ def paged_attention(
     gqa = num_heads != k.shape[1]
     nd = meta.num_decode_tokens
     if nd:
-        kd = k_cache[meta.decode_slots].transpose(1, 2)  # [B, kv_heads, S, D]
-        vd = v_cache[meta.decode_slots].transpose(1, 2)
+        kd = gather_blocks(k_cache, meta.decode_blocks, nd, meta.block_size).transpose(1, 2)  # [B, kv, S, D]
+        vd = gather_blocks(v_cache, meta.decode_blocks, nd, meta.block_size).transpose(1, 2)
         qd = q[:nd].unsqueeze(2)                          # [B, heads, 1, D]
         od = F.scaled_dot_product_attention(
             qd, kd, vd, attn_mask=meta.decode_mask, scale=scale, enable_gqa=gqa
@@ -75,13 +76,20 @@ def paged_attention(
         out[:nd] = od.squeeze(2)
     for span in meta.prefills:
         qs = q[span.start : span.end].transpose(0, 1).unsqueeze(0)  # [1, heads, L, D]
-        if span.context_slots is None:
+        if span.context_blocks is None:
             ks = k[span.start : span.end].transpose(0, 1).unsqueeze(0)
             vs = v[span.start : span.end].transpose(0, 1).unsqueeze(0)
             os_ = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, scale=scale, enable_gqa=gqa)
         else:
-            ks = k_cache[span.context_slots].transpose(0, 1).unsqueeze(0)
-            vs = v_cache[span.context_slots].transpose(0, 1).unsqueeze(0)
+            ks = gather_blocks(k_cache, span.context_blocks, 1, meta.block_size).transpose(1, 2)
+            vs = gather_blocks(v_cache, span.context_blocks, 1, meta.block_size).transpose(1, 2)
             os_ = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=span.mask, scale=scale, enable_gqa=gqa)
         out[span.start : span.end] = os_.squeeze(0).transpose(0, 1)
     return out.view(num_tokens, num_heads * head_dim)
+
+
+def gather_blocks(cache: torch.Tensor, block_ids: torch.Tensor, batch: int, block_size: int) -> torch.Tensor:
+    """[slots, kv_heads, D] cache, [batch * blocks] ids -> [batch, blocks * block_size, kv_heads, D]."""
+    _, kv_heads, head_dim = cache.shape
+    rows = cache.view(-1, block_size * kv_heads * head_dim).index_select(0, block_ids)
+    return rows.view(batch, -1, kv_heads, head_dim)

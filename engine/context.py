@@ -36,9 +36,9 @@ class PrefillSpan:
 
     start: int
     end: int
-    # Flat KV-cache slots of the whole context (cached prefix + this chunk) and the
-    # causal mask over it; both None when the chunk is the sequence's whole context.
-    context_slots: torch.Tensor | None = None
+    # Block ids of the whole context (cached prefix + this chunk) and the causal mask
+    # over those blocks' slots; both None when the chunk is the sequence's whole context.
+    context_blocks: torch.Tensor | None = None
     mask: torch.Tensor | None = None
 
 
@@ -46,8 +46,9 @@ class PrefillSpan:
 class AttentionMetadata:
     slot_mapping: torch.Tensor                # [T] flat cache slot each new token's K/V goes to
     num_decode_tokens: int = 0                # decodes are rows [0, num_decode_tokens)
-    decode_slots: torch.Tensor | None = None  # [B_decode, max_context] flat slots to gather
-    decode_mask: torch.Tensor | None = None   # [B_decode, 1, 1, max_context] True = attend
+    block_size: int = 16
+    decode_blocks: torch.Tensor | None = None  # [B_decode * max_blocks] block ids to gather, row-major
+    decode_mask: torch.Tensor | None = None    # [B_decode, 1, 1, max_blocks * block_size] True = attend
     prefills: list[PrefillSpan] = field(default_factory=list)
 
 

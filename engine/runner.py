@@ -102,21 +102,20 @@ class ModelRunner:
         pos_chunks: list[torch.Tensor] = []
         slot_chunks: list[torch.Tensor] = []
         last_row: dict[int, int] = {}
-        meta = AttentionMetadata(slot_mapping=torch.empty(0, dtype=torch.long))
+        meta = AttentionMetadata(slot_mapping=torch.empty(0, dtype=torch.long), block_size=bs)
         if decodes:
             seqs = [s for s, _ in decodes]
             lengths = torch.tensor([s.num_computed_tokens + 1 for s in seqs], dtype=torch.long)
-            max_len = int(lengths.max())
-            max_blocks = (max_len + bs - 1) // bs
-            table = torch.tensor([s.block_table[:max_blocks] + [0] * (max_blocks - len(s.block_table[:max_blocks]))
-                                  for s in seqs], dtype=torch.long)
-            slots = (table.unsqueeze(-1) * bs + torch.arange(bs)).view(len(seqs), -1)[:, :max_len]
+            max_blocks = (int(lengths.max()) + bs - 1) // bs
+            table = torch.tensor([_padded(s.block_table, max_blocks) for s in seqs], dtype=torch.long)
             meta.num_decode_tokens = len(seqs)
-            meta.decode_slots = slots
-            meta.decode_mask = (torch.arange(max_len) < lengths.unsqueeze(1)).view(len(seqs), 1, 1, max_len)
+            meta.decode_blocks = table.view(-1)
+            span = max_blocks * bs
+            meta.decode_mask = (torch.arange(span) < lengths.unsqueeze(1)).view(len(seqs), 1, 1, span)
             ids.extend(s.token_ids[s.num_computed_tokens] for s in seqs)
-            pos_chunks.append(lengths - 1)
-            slot_chunks.append(slots.gather(1, (lengths - 1).unsqueeze(1)).squeeze(1))
+            positions = lengths - 1
+            pos_chunks.append(positions)
+            slot_chunks.append(table.gather(1, (positions // bs).unsqueeze(1)).squeeze(1) * bs + positions % bs)
             for i, s in enumerate(seqs):
                 last_row[s.seq_id] = i
         row = len(ids)
@@ -124,14 +123,15 @@ class ModelRunner:
             start = seq.num_computed_tokens
             end = start + n
             ids.extend(seq.token_ids[start:end])
-            context = self._slots(seq.block_table, end)
+            num_blocks = (end + bs - 1) // bs
+            blocks = torch.tensor(seq.block_table[:num_blocks], dtype=torch.long)
             positions = torch.arange(start, end)
             pos_chunks.append(positions)
-            slot_chunks.append(context[start:end])
+            slot_chunks.append(blocks[positions // bs] * bs + positions % bs)
             span = PrefillSpan(row, row + n)
             if start > 0:
-                span.context_slots = context
-                span.mask = torch.arange(end).unsqueeze(0) <= positions.unsqueeze(1)
+                span.context_blocks = blocks
+                span.mask = torch.arange(num_blocks * bs).unsqueeze(0) <= positions.unsqueeze(1)
             meta.prefills.append(span)
             row += n
             last_row[seq.seq_id] = row - 1
@@ -140,12 +140,6 @@ class ModelRunner:
         cos, sin = self.model.rotary.cos_sin(positions)
         input_ids = torch.tensor(ids, dtype=torch.long)
         return input_ids, StepContext(attention=meta, cos=cos, sin=sin, backend=self.attention_backend), last_row
-
-    def _slots(self, block_table: list[int], num_tokens: int) -> torch.Tensor:
-        bs = self.block_size
-        num_blocks = (num_tokens + bs - 1) // bs
-        table = torch.tensor(block_table[:num_blocks], dtype=torch.long)
-        return (table.unsqueeze(-1) * bs + torch.arange(bs)).view(-1)[:num_tokens]
 
     @torch.inference_mode()
     def swap_kv(self, swaps: list[tuple[str, int, int]]) -> None:
@@ -221,3 +215,9 @@ RUNNERS: dict[str, Callable[[], type[ModelRunner]]] = {"cpu": lambda: ModelRunne
 
 def runner_class_for(device: str) -> type[ModelRunner]:
     return RUNNERS[torch.device(device).type]()
+
+
+def _padded(block_table: list[int], length: int) -> list[int]:
+    """The first `length` block ids, padded with block 0 (masked out) for shorter sequences."""
+    head = block_table[:length]
+    return head + [0] * (length - len(head))
