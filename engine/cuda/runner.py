@@ -68,6 +68,7 @@ class CudaModelRunner(ModelRunner):
                                         self.sampler.tokenizer_vocab_size, self.device)
         self.graphs: dict[tuple[int, int | None], DecodeGraph] = {}
         self._graph_pool: Any = None
+        self.last_graph: DecodeGraph | None = None
         self.num_graph_steps = 0
         self.num_eager_steps = 0
 
@@ -128,6 +129,7 @@ class CudaModelRunner(ModelRunner):
         self.staging.upload(self._decode_arrays(seqs, size), target=graph.inputs)
         graph.replay_forward(lora)
         self.num_graph_steps += 1
+        self.last_graph = graph
         return graph
 
     def _capture(self, size: int, lora: Any | None) -> DecodeGraph:

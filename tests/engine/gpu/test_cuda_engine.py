@@ -34,6 +34,8 @@ def make_engine(device: str, dtype: str = "float32", lora: bool = False, **overr
                 "max_num_seqs": 8, "dtype": dtype, "device": device} | overrides
     config = EngineConfig(**settings)
     model = random_model(CONFIG, MAX_LEN, seed=0, dtype=config.torch_dtype, device=device)
+    with torch.no_grad():  # peaked logits: greedy choices are never rounding-noise ties
+        model.lm_head.weight.mul_(10.0)
     engine = LLMEngine(model, CONFIG, config, SyntheticTokenizer(VOCAB))
     if lora:
         source = RandomAdapterSource(CONFIG, rank=8, dtype=config.torch_dtype, std=0.1)
@@ -92,7 +94,7 @@ def test_bfloat16_stays_close_to_float32_cpu() -> None:
     reference, ours = run(make_engine("cpu")), run(make_engine(GPU_DEVICE, "bfloat16"))
     diffs = [abs(a - b) for rid in reference for a, b in zip(reference[rid][0], ours[rid][0], strict=True)]
     assert len(diffs) == sum(len(p) - 1 for p in prompts(8))
-    assert max(diffs) < 0.1, max(diffs)
+    assert max(diffs) < 0.2, max(diffs)
     same_first = sum(reference[rid][1] == ours[rid][1] for rid in reference)
     assert same_first >= 6, same_first
 
@@ -127,9 +129,9 @@ def test_mixed_lora_and_grammar_batch_equals_cpu_engine() -> None:
 
 
 def test_kv_pool_is_sized_from_the_memory_fraction() -> None:
-    engine = make_engine(GPU_DEVICE, num_blocks=None, gpu_memory_utilization=0.2)
+    engine = make_engine(GPU_DEVICE, num_blocks=None, gpu_memory_utilization=0.05)
     total = torch.cuda.get_device_properties(0).total_memory
     pool = sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in engine.runner.kv_caches)
     assert engine.num_blocks > 1000
-    assert pool <= 0.2 * total
+    assert pool <= 0.05 * total
     assert generate(engine, plain_requests(4))["r0"]
