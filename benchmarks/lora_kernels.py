@@ -289,6 +289,10 @@ def summarize(rows: list[dict], launch: float) -> dict:
         "worst_raw_ratio_to_floor_n_ge_8": max(r["ours_us"] / r["floor_us"] for r in decode_n8),
         "prefill_ratio_to_floor": max(r["ours_us"] / r["floor_us"] for r in prefill),
         "cases_beating_all_baselines_fraction": sum(beats) / len(beats),
+        "cases_beating_gather_and_loop_fraction": sum(
+            r["ours_us"] < min(r["gather_us"], r["loop_us"]) for r in rows) / len(rows),
+        # Cases where even the floor is slower than the base GEMM: no kernel can beat that baseline.
+        "cases_with_floor_above_base_gemm": sum(r["floor_us"] > r["base_us"] for r in rows),
         "launch_us": launch,
     }
 
