@@ -1,10 +1,10 @@
 """API overhead benchmark (issue 3): the same engine and requests, through HTTP vs in-process.
 
 One run, one machine, one AsyncEngine: the API (`create_app` served by
-uvicorn from a thread of this process) runs on the very engine the
-in-process phase calls directly, so only the API path differs. The client
-shares the process, so its own work counts against the API (a conservative
-figure). Phases alternate over the repeats:
+uvicorn from a thread of this process, as in `loraplex serve`) runs on the
+very engine the in-process phase calls directly, so only the API path
+differs. The HTTP clients run in a separate process, as real clients do.
+Phases alternate over the repeats:
 
 - in-process: 16 concurrent workers call `AsyncEngine.generate` directly;
 - HTTP: 16 concurrent `openai.AsyncOpenAI` clients, non-streaming and streaming.
@@ -28,6 +28,7 @@ import argparse
 import asyncio
 import datetime
 import json
+import multiprocessing
 import os
 import platform
 import socket
@@ -35,6 +36,7 @@ import statistics
 import tempfile
 import threading
 import time
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -141,6 +143,47 @@ async def http_request(client: Any, model: str, prompt: str, max_tokens: int, st
     return timing
 
 
+def http_phase(base_url: str, key: str, model: str, num_requests: int, concurrency: int, max_tokens: int,
+               stream: bool) -> list[Timing]:
+    """One HTTP phase, run in the client process (so the client's own work never competes with the server)."""
+    import openai
+
+    async def go() -> list[Timing]:
+        client = openai.AsyncOpenAI(base_url=base_url, api_key=key, max_retries=0, timeout=600)
+        try:
+            return await run_concurrently(
+                lambda i: http_request(client, model, PROMPTS[i % len(PROMPTS)], max_tokens, stream),
+                num_requests, concurrency,
+            )
+        finally:
+            await client.close()
+
+    return asyncio.run(go())
+
+
+def streams_phase(base_url: str, key: str, model: str, num_streams: int, max_tokens: int) -> int:
+    """`num_streams` concurrent streams; how many failed or came back incomplete."""
+    import openai
+
+    async def go() -> int:
+        client = openai.AsyncOpenAI(base_url=base_url, api_key=key, max_retries=0, timeout=600)
+
+        async def one(i: int) -> bool:
+            try:
+                t = await http_request(client, model, PROMPTS[i % len(PROMPTS)], max_tokens, True)
+                return t.num_tokens == max_tokens and bool(t.text)
+            except Exception:
+                return False
+
+        try:
+            results = await asyncio.gather(*(one(i) for i in range(num_streams)))
+        finally:
+            await client.close()
+        return sum(not ok for ok in results)
+
+    return asyncio.run(go())
+
+
 async def run_concurrently(make: Any, num_requests: int, concurrency: int) -> list[Timing]:
     """`concurrency` workers draining `num_requests` jobs; results in job order."""
     results: list[Timing | None] = [None] * num_requests
@@ -169,7 +212,8 @@ def bench_settings(data_dir: Path, model_path: Path, max_tokens: int, device: st
     from loraplex.platform.settings import Settings
 
     return Settings(
-        data_dir=data_dir, model_path=model_path, device=device, kv_cache_memory_mb=512, max_num_seqs=64,
+        data_dir=data_dir, model_path=model_path, device=device,
+        gil_switch_interval_ms=float(os.environ.get("BENCH_SWITCH_MS", "0.5")) or None, kv_cache_memory_mb=512, max_num_seqs=64,
         max_model_len=max(512, 64 + max_tokens), default_rpm=0, default_tpm=0, log_level="warning",
         enable_prefix_caching=False,  # both sides prefill every prompt in full
     )
@@ -212,19 +256,29 @@ def create_key(settings: Any) -> str:
 # ---- the benchmark ---------------------------------------------------------------------------------
 
 async def measure(args: argparse.Namespace) -> dict[str, Any]:
-    import openai
     from loraplex.engine.async_engine import AsyncEngine
     from loraplex.engine.model.default_model import DEFAULT_MODEL_NAME, ensure_default_model
     from loraplex.platform.app import create_app
     from loraplex.platform.wiring import engine_config
 
-    model_path = ensure_default_model(ROOT / "data" / "models")
+    model_path = args.random_weights or ensure_default_model(ROOT / "data" / "models")
     settings = bench_settings(Path(tempfile.mkdtemp(prefix="api-overhead-")), model_path, args.max_tokens, args.device)
     key = create_key(settings)
     port = free_port()
-    engine = AsyncEngine.from_model_path(model_path, engine_config(settings))
+    if args.random_weights:
+        # Same architecture and tokenizer, random weights: where the GGUF cannot travel (the API cost is the same).
+        from loraplex.engine.config import ModelConfig
+        from transformers import AutoTokenizer
+
+        engine = AsyncEngine.from_random(
+            ModelConfig.from_pretrained(model_path), engine_config(settings), AutoTokenizer.from_pretrained(model_path)
+        )
+    else:
+        engine = AsyncEngine.from_model_path(model_path, engine_config(settings))
     server = ThreadedServer(create_app(settings, engine=engine), port, settings.keep_alive_timeout_s).__enter__()
-    client = openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=key, max_retries=0, timeout=600)
+    clients = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"))
+    base_url = f"http://127.0.0.1:{port}/v1"
+    loop = asyncio.get_running_loop()
     tokenizer = engine.tokenizer
     prompt_ids = [
         tokenizer(tokenizer.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True,
@@ -233,27 +287,34 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
     ]
     n, c, m = args.requests, args.concurrency, args.max_tokens
     counter = iter(range(10**9))
+    served = model_path.name
 
     def inproc(i: int) -> Any:
         return inprocess_request(engine, f"bench-{next(counter)}", prompt_ids[i % len(PROMPTS)], m)
 
-    def http(stream: bool) -> Any:
-        return lambda i: http_request(client, DEFAULT_MODEL_NAME, PROMPTS[i % len(PROMPTS)], m, stream)
+    async def http(num: int, concurrency: int, stream: bool) -> list[Timing]:
+        return await loop.run_in_executor(clients, http_phase, base_url, key, served, num, concurrency, m, stream)
 
     try:
-        # Check first: identical greedy outputs both ways, every request exactly max_tokens long.
-        reference = await run_concurrently(inproc, len(PROMPTS), c)
-        via_http = await run_concurrently(http(False), len(PROMPTS), c)
-        via_stream = await run_concurrently(http(True), len(PROMPTS), c)
+        # Check first: identical greedy outputs both ways, every request exactly max_tokens long. One request
+        # at a time, so batch composition (which may move near-tied logits of random weights) is the same.
+        reference = await run_concurrently(inproc, len(PROMPTS), 1)
+        via_http = await http(len(PROMPTS), 1, False)
+        via_stream = await http(len(PROMPTS), 1, True)
         for ref, whole, streamed in zip(reference, via_http, via_stream, strict=True):
             if not (ref.text == whole.text == streamed.text and ref.num_tokens == whole.num_tokens == streamed.num_tokens == m):
                 raise SystemExit(f"outputs differ: {ref.text!r} / {whole.text!r} / {streamed.text!r}")
 
+        # Warm up at the timed concurrency (kernel compilation, CUDA graphs, connection pools), untimed.
+        await run_concurrently(inproc, c, c)
+        await http(c, c, False)
+        await http(c, c, True)
+
         rounds: list[dict[str, float]] = []
         for _ in range(args.repeats):
             inp = await run_concurrently(inproc, n, c)
-            whole = await run_concurrently(http(False), n, c)
-            streamed = await run_concurrently(http(True), n, c)
+            whole = await http(n, c, False)
+            streamed = await http(n, c, True)
             rounds.append({
                 "inprocess_latency_ms": 1000 * p50([t.latency_s for t in inp]),
                 "http_latency_ms": 1000 * p50([t.latency_s for t in whole]),
@@ -262,24 +323,9 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
                 "http_inter_token_ms": 1000 * p50([t.inter_token_s for t in streamed if t.inter_token_s]),
             })
 
-        errors = 0
-        streams = 64
-
-        async def one_stream(i: int) -> None:
-            nonlocal errors
-            try:
-                t = await http_request(client, DEFAULT_MODEL_NAME, PROMPTS[i % len(PROMPTS)], args.stream_tokens, True)
-                if t.num_tokens != args.stream_tokens or t.text != reference_long[i % len(PROMPTS)]:
-                    errors += 1
-            except Exception:
-                errors += 1
-
-        reference_long = [
-            (await inprocess_request(engine, f"long-{i}", ids, args.stream_tokens)).text for i, ids in enumerate(prompt_ids)
-        ]
-        await asyncio.gather(*(one_stream(i) for i in range(streams)))
+        errors = await loop.run_in_executor(clients, streams_phase, base_url, key, served, 64, args.stream_tokens)
     finally:
-        await client.close()
+        clients.shutdown()
         server.__exit__()
         engine.shutdown()
 
@@ -300,9 +346,10 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
         "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "machine": machine(),
         "config": {
-            "model": DEFAULT_MODEL_NAME, "dtype": settings.resolve_dtype(), "device": settings.resolve_device(),
+            "model": DEFAULT_MODEL_NAME, "weights": "random (same architecture)" if args.random_weights else "GGUF Q4_1, dequantized",
+            "dtype": settings.resolve_dtype(), "device": settings.resolve_device(),
             "requests_per_phase": n, "concurrency": c, "max_tokens": m, "repeats": args.repeats,
-            "stream_tokens_at_64": args.stream_tokens, "client": "openai.AsyncOpenAI",
+            "stream_tokens_at_64": args.stream_tokens, "client": "openai.AsyncOpenAI in a separate process",
             "server": "create_app + uvicorn in a thread of the benchmark process, on the same AsyncEngine",
         },
         "metrics": metrics,
@@ -319,6 +366,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="small sizes, one repeat, writes nothing")
     parser.add_argument("--device", default="auto", help="engine device: auto, cpu or cuda")
+    parser.add_argument("--random-weights", type=Path, default=None, metavar="MODEL_DIR",
+                        help="a folder with the model's config.json and tokenizer: random weights instead of the GGUF")
     parser.add_argument("--out", type=Path, default=None, help="where to write the JSON (default: results/ on full runs)")
     args = parser.parse_args()
     args.requests, args.concurrency, args.max_tokens, args.repeats, args.stream_tokens = (

@@ -38,6 +38,9 @@ class Settings(BaseSettings):
     max_num_batched_tokens: int = 512
     max_model_len: int = 2048
     max_pending_requests: int = 256     # requests admitted by the API at once; beyond: 503
+    # The engine loop thread and the HTTP event loop share one GIL; Python's default 5 ms switch interval
+    # makes the HTTP side wait up to that long whenever the engine thread holds it (a whole token's time).
+    gil_switch_interval_ms: float | None = 0.5  # None: leave Python's default
 
     # HTTP
     host: str = "127.0.0.1"

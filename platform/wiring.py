@@ -8,6 +8,7 @@ imports the platform.
 from __future__ import annotations
 
 import logging
+import sys
 from typing import Any
 
 from loraplex.platform.api.logprobs import TokenTexts
@@ -91,6 +92,8 @@ def prepare_database(settings: Settings) -> None:
 
 
 def build_services(settings: Settings, engine: Any | None = None, *, metrics: Metrics | None = None) -> Services:
+    if settings.gil_switch_interval_ms is not None:
+        sys.setswitchinterval(settings.gil_switch_interval_ms / 1000)
     prepare_database(settings)
     owns_engine = engine is None
     if engine is None:
