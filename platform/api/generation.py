@@ -15,6 +15,7 @@ from collections.abc import AsyncGenerator, Awaitable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+import anyio
 from fastapi import Request
 from loraplex.engine.protocol import EngineRequest, FinishReason, RequestOutput
 from loraplex.platform.deps import Principal
@@ -185,6 +186,12 @@ class Generation:
         if self._closed:
             return
         self._closed = True
+        # A client disconnect cancels the streaming task (anyio cancels again at every await): without
+        # the shield, the first await below would skip the usage record and the after-finish hooks.
+        with anyio.CancelScope(shield=True):
+            await self._close(error)
+
+    async def _close(self, error: BaseException | None) -> None:
         services = self.services
         for index, counts in enumerate(self.prompt_counts):
             if index in self._started and not counts.finished:

@@ -19,7 +19,7 @@ QUESTIONS = [
 
 @pytest.fixture(scope="module", params=["memory", "redis"])
 def server(request, start_server, redis_url, redis_prefix):
-    overrides = {"session_sweep_interval_s": 0.2}
+    overrides = {"session_sweep_interval_s": 0.2, "session_busy_wait_s": 0.5}
     if request.param == "redis":
         overrides |= {"redis_url": redis_url, "redis_key_prefix": f"{redis_prefix}sess:"}
     with start_server(**overrides) as running:
@@ -81,7 +81,7 @@ def test_streamed_turn_is_recorded(server):
         extra_body={"session_id": session["id"]},
     )
     text = "".join(chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices)
-    got = httpx.get(f"{server.base_url}/v1/sessions/{session['id']}", headers=_auth(server), timeout=30).json()
+    got = _session_at_version(server, session["id"], 1)
     assert got["messages"] == [{"role": "user", "content": "Hi!"}, {"role": "assistant", "content": text}]
 
 
@@ -89,8 +89,8 @@ def test_concurrent_turn_gets_409_and_transcript_stays_consistent(server):
     client = server.client("all")
     session = _create(server)
     stream = client.chat.completions.create(
-        model=MODEL, messages=[{"role": "user", "content": "Tell me a long story."}], max_tokens=40,
-        temperature=0, stream=True, extra_body={"session_id": session["id"]},
+        model=MODEL, messages=[{"role": "user", "content": "Tell me a long story."}], max_tokens=120,
+        temperature=0, stream=True, extra_body={"session_id": session["id"], "ignore_eos": True},
     )
     first = next(iter(stream))  # the turn is running
     with pytest.raises(openai.ConflictError) as raised:
@@ -99,8 +99,9 @@ def test_concurrent_turn_gets_409_and_transcript_stays_consistent(server):
     assert raised.value.body["code"] == "session_busy"
     rest = "".join(chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices)
     text = (first.choices[0].delta.content or "") + rest
-    got = httpx.get(f"{server.base_url}/v1/sessions/{session['id']}", headers=_auth(server), timeout=30).json()
-    assert got["version"] == 1
+    got = _session_at_version(server, session["id"], 1)
+    time.sleep(0.3)
+    assert _session_at_version(server, session["id"], 1)["version"] == 1, "the refused turn recorded nothing"
     assert got["messages"] == [{"role": "user", "content": "Tell me a long story."},
                                {"role": "assistant", "content": text}]
 
@@ -184,6 +185,15 @@ def test_bad_session_requests_are_typed_errors(server):
     completions = httpx.post(f"{server.base_url}/v1/completions", headers=headers, timeout=30, json={
         "model": MODEL, "prompt": "hi", "session_id": session["id"]})
     assert completions.status_code in (200, 400)  # /v1/completions ignores unknown fields (no session_id there)
+
+
+def _session_at_version(server, session_id: str, version: int) -> dict:
+    """A streamed turn is recorded just after its last chunk: poll briefly for it."""
+    url = f"{server.base_url}/v1/sessions/{session_id}"
+    got: dict = {}
+    _wait(lambda: got.update(httpx.get(url, headers=_auth(server), timeout=30).json()) or got["version"] >= version,
+          timeout_s=20)
+    return got
 
 
 def _wait(predicate, timeout_s: float = 5.0) -> None:

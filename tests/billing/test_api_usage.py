@@ -1,0 +1,106 @@
+"""Billing through the real server: one ledger row per request, /v1/usage reports, quotas as 429."""
+
+from __future__ import annotations
+
+import csv
+import io
+from datetime import UTC, datetime
+
+import httpx
+import openai
+import pytest
+from loraplex.billing.models import UsageEventRow
+from loraplex.billing.quotas import set_budget
+from sqlalchemy import select
+
+MODEL = "SmolLM2-135M-Instruct"
+HELLO = [{"role": "user", "content": "Name a colour."}]
+
+
+def meter_of(server):
+    return next(r.meter for r in server.services.extensions.usage_recorders if hasattr(r, "meter"))
+
+
+def ledger_rows(server) -> dict[str, UsageEventRow]:
+    assert meter_of(server).flush()
+    with server.services.db_sessions() as db:
+        return {row.request_id: row for row in db.scalars(select(UsageEventRow))}
+
+
+def _get(server, label: str, **params) -> httpx.Response:
+    return httpx.get(f"{server.base_url}/v1/usage", params=params,
+                     headers={"Authorization": f"Bearer {server.keys[label]}"}, timeout=30)
+
+
+@pytest.fixture(scope="module")
+def server(start_server):
+    with start_server() as running:
+        yield running
+
+
+def test_each_request_is_one_ledger_row_with_the_served_usage(server):
+    client = server.client("all")
+    raw = client.chat.completions.with_raw_response.create(model=MODEL, messages=HELLO, max_tokens=5, temperature=0)
+    answer = raw.parse()
+    request_id = raw.headers["x-request-id"]
+    row = ledger_rows(server)[request_id]
+    assert (row.input_tokens, row.cached_input_tokens, row.output_tokens) == (
+        answer.usage.prompt_tokens, answer.usage.prompt_tokens_details.cached_tokens, answer.usage.completion_tokens)
+    assert row.tenant_id == server.tenants["acme"] and row.api_key_id == server.key_ids["all"]
+    assert row.status == "length" and row.model == MODEL and row.adapter_id is None
+    assert row.duration_ms > 0 and row.ttft_ms is not None
+
+
+def test_usage_report_json_csv_scopes_and_tenant_isolation(server):
+    acme, globex = server.client("all"), server.client("globex")
+    served = [acme.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=3, temperature=0)
+              for _ in range(3)]
+    globex.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=4, temperature=0)
+    ledger = ledger_rows(server)
+    acme_rows = [r for r in ledger.values() if r.tenant_id == server.tenants["acme"]]
+    assert len([r for r in ledger.values() if r.tenant_id == server.tenants["globex"]]) == 1
+    assert sum(a.usage.completion_tokens for a in served) <= sum(r.output_tokens for r in acme_rows)
+
+    report = _get(server, "usage", group_by="model").json()  # a key with only the usage scope
+    assert report["tenant_id"] == server.tenants["acme"]
+    assert report["totals"]["requests"] == len(acme_rows)
+    assert report["totals"]["input_tokens"] == sum(r.input_tokens for r in acme_rows)
+    assert report["totals"]["output_tokens"] == sum(r.output_tokens for r in acme_rows)
+    assert [row["model"] for row in report["data"]] == [MODEL]
+
+    by_key = _get(server, "usage", group_by="api_key", format="csv")
+    assert by_key.headers["content-type"].startswith("text/csv")
+    assert "attachment" in by_key.headers["content-disposition"]
+    lines = list(csv.DictReader(io.StringIO(by_key.text)))
+    assert {line["api_key"]: int(line["requests"]) for line in lines} == {
+        key: sum(1 for r in acme_rows if r.api_key_id == key) for key in {r.api_key_id for r in acme_rows}}
+
+    mine = _get(server, "globex", group_by="day").json()
+    assert mine["totals"]["requests"] == 1
+    assert _get(server, "globex", tenant_id=server.tenants["acme"]).status_code == 403
+    assert _get(server, "inference").status_code == 403
+    assert _get(server, "usage", group_by="colour").json()["error"]["param"] == "group_by"
+
+    admin_view = _get(server, "admin", tenant_id=server.tenants["globex"]).json()
+    assert admin_view["totals"]["requests"] == 1
+    everyone = _get(server, "admin", tenant_id="*", group_by="tenant").json()
+    assert {row["tenant"] for row in everyone["data"]} == {server.tenants["acme"], server.tenants["globex"]}
+
+
+def test_spent_budget_refuses_with_429_before_queueing(start_server):
+    with start_server() as server:
+        with server.services.db_sessions() as db, db.begin():
+            set_budget(db, tenant_id=server.tenants["globex"], monthly_token_limit=40)
+        client = server.client("globex")
+        client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=30, temperature=0,
+                                       extra_body={"ignore_eos": True})
+        assert meter_of(server).flush()
+        before = server.services.engine.stats()["prompt_tokens_total"]
+        with pytest.raises(openai.RateLimitError) as raised:
+            client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=3)
+        error = raised.value.body
+        assert error["code"] == "insufficient_quota"
+        month = datetime.now(UTC).strftime("%Y-%m")
+        assert f"of 40 tokens used in {month}" in error["message"] and "resets on" in error["message"]
+        assert server.services.engine.stats()["prompt_tokens_total"] == before, "refused before the engine"
+        server.client("all").chat.completions.create(model=MODEL, messages=HELLO, max_tokens=2)  # acme unaffected
