@@ -36,8 +36,8 @@ class PrefillSpan:
 
     start: int
     end: int
-    # Block ids of the whole context (cached prefix + this chunk) and the causal mask
-    # over those blocks' slots; both None when the chunk is the sequence's whole context.
+    # Block ids of the whole context (cached prefix + this chunk) and the causal mask over
+    # those blocks' slots (additive: 0 or -inf); both None when the chunk is its whole context.
     context_blocks: torch.Tensor | None = None
     mask: torch.Tensor | None = None
 
@@ -48,7 +48,7 @@ class AttentionMetadata:
     num_decode_tokens: int = 0                # decodes are rows [0, num_decode_tokens)
     block_size: int = 16
     decode_blocks: torch.Tensor | None = None  # [B_decode * max_blocks] block ids to gather, row-major
-    decode_mask: torch.Tensor | None = None    # [B_decode, 1, 1, max_blocks * block_size] True = attend
+    decode_mask: torch.Tensor | None = None    # [B_decode, 1, 1, max_blocks * bs] additive; None: no padding
     prefills: list[PrefillSpan] = field(default_factory=list)
 
 

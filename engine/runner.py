@@ -111,7 +111,9 @@ class ModelRunner:
             meta.num_decode_tokens = len(seqs)
             meta.decode_blocks = table.view(-1)
             span = max_blocks * bs
-            meta.decode_mask = (torch.arange(span) < lengths.unsqueeze(1)).view(len(seqs), 1, 1, span)
+            if int(lengths.min()) < span:  # padding to mask (never for one sequence on a block boundary)
+                meta.decode_mask = _additive((torch.arange(span) < lengths.unsqueeze(1)).view(len(seqs), 1, 1, span),
+                                             self.kv_caches[0][0].dtype)
             ids.extend(s.token_ids[s.num_computed_tokens] for s in seqs)
             positions = lengths - 1
             pos_chunks.append(positions)
@@ -131,7 +133,8 @@ class ModelRunner:
             span = PrefillSpan(row, row + n)
             if start > 0:
                 span.context_blocks = blocks
-                span.mask = torch.arange(num_blocks * bs).unsqueeze(0) <= positions.unsqueeze(1)
+                span.mask = _additive(torch.arange(num_blocks * bs).unsqueeze(0) <= positions.unsqueeze(1),
+                                      self.kv_caches[0][0].dtype)
             meta.prefills.append(span)
             row += n
             last_row[seq.seq_id] = row - 1
@@ -221,3 +224,8 @@ def _padded(block_table: list[int], length: int) -> list[int]:
     """The first `length` block ids, padded with block 0 (masked out) for shorter sequences."""
     head = block_table[:length]
     return head + [0] * (length - len(head))
+
+
+def _additive(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A boolean attend-mask as the float mask SDPA would make of it, built once per step, not per layer."""
+    return torch.zeros(allowed.shape, dtype=dtype).masked_fill_(~allowed, float("-inf"))
