@@ -13,6 +13,7 @@ import contextlib
 import logging
 import queue
 import threading
+from collections import OrderedDict
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,7 @@ from loraplex.engine.protocol import EngineRequest, RequestOutput
 logger = logging.getLogger(__name__)
 
 _STOP = object()
+_MAX_ABANDONED = 4096  # abandoned streams nobody collects are forgotten beyond this
 
 
 class _Stream:
@@ -50,6 +52,7 @@ class AsyncEngine:
         self._commands: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
         self._wakeup = threading.Event()
         self._streams: dict[str, _Stream] = {}
+        self._abandoned: OrderedDict[str, _Stream] = OrderedDict()  # stopped early; tail kept for billing
         self._lock = threading.Lock()
         self._stats: dict[str, int] = engine.stats()
         self._dead: BaseException | None = None
@@ -75,8 +78,8 @@ class AsyncEngine:
         Raises a typed `EngineError` before queueing anything if the input is bad.
         Stopping the iteration early (or cancelling it) aborts the request.
         """
-        if self._dead is not None:
-            raise EngineDeadError(f"the engine loop has stopped: {self._dead}")
+        if self._dead is not None or not self._thread.is_alive():
+            raise EngineDeadError(f"the engine loop has stopped: {self._dead or 'shut down'}")
         self.engine.validate(request)
         stream = _Stream(asyncio.get_running_loop())
         with self._lock:
@@ -98,7 +101,35 @@ class AsyncEngine:
                     return
         finally:
             if not finished:
+                with self._lock:
+                    self._abandoned[request.request_id] = stream
+                    while len(self._abandoned) > _MAX_ABANDONED:
+                        self._abandoned.popitem(last=False)
                 self.abort(request.request_id)
+
+    async def take_abandoned_outputs(self, request_id: str, timeout_s: float = 10.0) -> list[RequestOutput]:
+        """The outputs a generate() stopped early never read, through the final one (cumulative counts).
+
+        Whoever stopped reading (a client went away) still owes the request's final token counts
+        to billing; they arrive after the abort. Empty if the request ended normally.
+        """
+        with self._lock:
+            stream = self._abandoned.pop(request_id, None)
+        if stream is None:
+            return []
+        outputs: list[RequestOutput] = []
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        while True:
+            remaining = deadline - asyncio.get_running_loop().time()
+            try:
+                item = await asyncio.wait_for(stream.queue.get(), max(remaining, 0.0))
+            except TimeoutError:
+                return outputs
+            if isinstance(item, BaseException):
+                return outputs
+            outputs.append(item)
+            if item.finished:
+                return outputs
 
     def abort(self, request_id: str) -> None:
         """Free every block of the request at the next loop turn (immediately if idle)."""
@@ -116,6 +147,7 @@ class AsyncEngine:
         return dict(self._stats)
 
     def shutdown(self) -> None:
+        """Abort every running request (their streams end with `abort`) and stop the loop."""
         self._commands.put(("stop", None))
         self._wakeup.set()
         self._thread.join(timeout=30)
@@ -163,7 +195,11 @@ class AsyncEngine:
                 kind, payload = self._commands.get_nowait()
             except queue.Empty:
                 return True
-            if kind == "stop":
+            if kind == "stop":  # shutting down: end every open stream with `abort`, never leave one hanging
+                for request_id in list(self.engine.requests):
+                    out = self.engine.abort(request_id)
+                    if out is not None:
+                        self._deliver(out)
                 return False
             if kind == "add":
                 self._add(payload)

@@ -198,3 +198,17 @@ async def test_session_pin_makes_the_next_turn_a_cache_hit(smollm_engine, chat_p
             break
         await asyncio.sleep(0.02)
     assert smollm_engine.stats()["num_blocks_pinned"] == 0
+
+
+async def test_shutdown_ends_open_streams_and_refuses_new_work(smol):
+    from loraplex.engine.errors import EngineDeadError
+
+    engine = AsyncEngine.from_random(tiny_random_config(num_hidden_layers=1),
+                                     EngineConfig(num_blocks=64, max_model_len=512), smol.tokenizer)
+    stream = engine.generate(EngineRequest("open", [5, 6, 7], SamplingParams(max_tokens=400, ignore_eos=True)))
+    await stream.__anext__()
+    await asyncio.get_running_loop().run_in_executor(None, engine.shutdown)
+    rest = [out async for out in stream]
+    assert rest[-1].finished and rest[-1].choices[-1].finish_reason == FinishReason.ABORT
+    with pytest.raises(EngineDeadError):
+        await collect(engine, EngineRequest("late", [5, 6], SamplingParams()))
