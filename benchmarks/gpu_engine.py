@@ -275,6 +275,10 @@ def run_offline(report: Report, model, config, max_num_seqs: int, max_num_batche
     report.add(**{f"offline_num_blocks{suffix}": engine.num_blocks,
                   f"offline_config{suffix}": {"max_num_seqs": max_num_seqs,
                                               "max_num_batched_tokens": max_num_batched_tokens}})
+    start = time.perf_counter()
+    captured = engine.runner.capture_decode_graphs()  # start-up work, as transformers' warm-up is
+    report.add(**{f"offline_graphs_captured{suffix}": captured,
+                  f"offline_graph_capture_s{suffix}": time.perf_counter() - start})
     prompts = random_prompts(512, 512, config.vocab_size, seed=8)
     sampling = SamplingParams(max_tokens=256, temperature=0.0, ignore_eos=True)
     counts: dict[str, int] = {}

@@ -72,7 +72,9 @@ def test_float32_greedy_equals_cpu_engine_with_graphs() -> None:
 
 def test_graphs_on_and_off_give_the_same_tokens_bf16() -> None:
     on = make_engine(GPU_DEVICE, "bfloat16")
+    assert on.runner.capture_decode_graphs() == len(on.runner.ladder)  # start-up capture of every size
     off = make_engine(GPU_DEVICE, "bfloat16", enable_cuda_graphs=False)
+    assert off.runner.capture_decode_graphs() == 0
     tokens_on = generate(on, plain_requests(20))
     assert tokens_on == generate(off, plain_requests(20))
     assert on.runner.num_graph_steps > 0 and off.runner.num_graph_steps == 0
