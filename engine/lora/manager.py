@@ -26,7 +26,7 @@ import torch
 from loraplex.engine.interfaces import AdapterSource
 from loraplex.engine.lora.host_cache import HostAdapterCache
 from loraplex.engine.lora.slot_pool import AdapterShapeError, LoRASlotPool
-from loraplex.engine.lora.step import LoRABatch, lora_backend_for
+from loraplex.engine.lora.step import LORA_BATCHES, LoRABatch
 from torch import nn
 
 RunningAdapters = Callable[[], Iterable[str | None]]
@@ -46,7 +46,7 @@ class LoRAManager:
     ) -> None:
         self.pool = LoRASlotPool(model, max_loras=max_loras, max_lora_rank=max_lora_rank, dtype=dtype, device=device)
         self.host = HostAdapterCache(source, max_cpu_loras=max_cpu_loras)
-        self.add_lora = lora_backend_for(torch.device(device))
+        self._build_batch = LORA_BATCHES[torch.device(device).type]
         self._slots: OrderedDict[str, int] = OrderedDict()  # adapter id -> slot, least recently used first
         self._free = list(range(max_loras - 1, -1, -1))
         self._running: RunningAdapters = lambda: ()
@@ -130,7 +130,7 @@ class LoRAManager:
             token_slots.extend([slot] * count)
         if not token_slots:
             return None
-        return LoRABatch.build(token_slots, self.pool, self.add_lora)
+        return self._build_batch(token_slots, self.pool)
 
     def _slot_of(self, adapter_id: str) -> int:
         slot = self._slots.get(adapter_id)

@@ -9,6 +9,8 @@ touch as rank 0, which the kernels skip.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 from loraplex.engine.interfaces import AdapterWeights
 from loraplex.engine.kernels.lora_weights import LoRAStack
@@ -16,6 +18,16 @@ from loraplex.engine.model.layers import LoRALinear
 from torch import nn
 
 StackKey = tuple[int, tuple[tuple[str, int, int], ...]]  # (layer_index, the linear's slices)
+
+
+class SliceEntry(NamedTuple):
+    """One adapted slice of one slot, as plain Python (the CPU path reads no tensors to find it)."""
+
+    index: int
+    rank: int
+    out_start: int
+    out_end: int
+    scaling: float
 
 
 class AdapterShapeError(ValueError):
@@ -30,6 +42,10 @@ class LoRASlotPool:
         self.max_lora_rank = max_lora_rank
         self.device = torch.device(device)
         self.stacks: dict[StackKey, LoRAStack] = {}
+        # stack key -> slot -> the slices that slot adapts (absent: the slot adapts nothing there)
+        self.slot_slices: dict[StackKey, dict[int, list[SliceEntry]]] = {}
+        # stack key -> [max_loras, num_slices] scaling, 0 where a slot does not adapt a slice (CPU path)
+        self.slice_scalings: dict[StackKey, torch.Tensor] = {}
         # (layer, module name) -> (stack key, slice index), to place an adapter's modules
         self._placement: dict[tuple[int, str], tuple[StackKey, int]] = {}
         for module in model.modules():
@@ -41,6 +57,8 @@ class LoRASlotPool:
                 num_slots=max_loras, max_rank=max_lora_rank, in_features=module.in_features,
                 out_sizes=out_sizes, dtype=dtype, device=self.device,
             )
+            self.slot_slices[key] = {}
+            self.slice_scalings[key] = torch.zeros(max_loras, len(module.slices), dtype=torch.float32)
             for index, (name, _, _) in enumerate(module.slices):
                 self._placement[(module.layer_index, name)] = (key, index)
 
@@ -70,11 +88,18 @@ class LoRASlotPool:
         self.clear(slot)
         for (layer, name), w in weights.modules.items():
             key, index = self._placement[(layer, name)]
-            self.stacks[key].set_slot(
+            stack = self.stacks[key]
+            stack.set_slot(
                 slot, index, w.lora_a.to(self.device, non_blocking=True), w.lora_b.to(self.device, non_blocking=True),
                 w.scaling,
             )
+            start = stack.out_offset(index)
+            entry = SliceEntry(index, w.lora_a.shape[0], start, start + stack.out_sizes[index], float(w.scaling))
+            self.slot_slices[key].setdefault(slot, []).append(entry)
+            self.slice_scalings[key][slot, index] = float(w.scaling)
 
     def clear(self, slot: int) -> None:
-        for stack in self.stacks.values():
+        for key, stack in self.stacks.items():
             stack.clear_slot(slot)
+            self.slot_slices[key].pop(slot, None)
+            self.slice_scalings[key][slot].zero_()

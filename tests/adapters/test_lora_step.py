@@ -1,0 +1,81 @@
+"""The engine's slot pool and the CPU LoRA path, against the kernels' PyTorch reference."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from loraplex.adapters.peft_format import read_peft_adapter
+from loraplex.engine.config import ModelConfig
+from loraplex.engine.kernels.lora_metadata import build_lora_metadata
+from loraplex.engine.kernels.lora_reference import add_lora_ref
+from loraplex.engine.lora.slot_pool import AdapterShapeError, LoRASlotPool
+from loraplex.engine.lora.step import PaddedCpuLoRABatch
+from loraplex.engine.model.loader import random_model
+from random_adapters import TINY_HF_CONFIG, write_random_adapter
+
+
+@pytest.fixture(scope="module")
+def tiny_model():  # type: ignore[no-untyped-def]
+    return random_model(ModelConfig.from_hf_dict(TINY_HF_CONFIG), 64, 0, torch.float32, "cpu")
+
+
+@pytest.fixture
+def pool(tiny_model, tmp_path, spec):  # type: ignore[no-untyped-def]
+    pool = LoRASlotPool(tiny_model, max_loras=4, max_lora_rank=16, dtype=torch.float32, device="cpu")
+    shapes = [(4, ("q_proj", "v_proj")), (16, ("q_proj", "k_proj", "v_proj", "o_proj", "down_proj")),
+              (1, ("gate_proj", "up_proj"))]
+    for slot, (rank, targets) in enumerate(shapes):
+        folder = write_random_adapter(tmp_path / f"a{slot}", spec, r=rank, targets=targets, seed=slot, b_scale=0.5)
+        pool.write(slot, read_peft_adapter(folder, f"a{slot}", spec))
+    return pool
+
+
+@pytest.mark.parametrize(
+    "token_slots",
+    [[-1, 0, 0, 1, 2, -1, 1], [0, 0, 0], [2, 2, -1, -1], [-1, -1, 1], [1, 0, 2, 1, 0, 2, -1, 1], [-1, -1]],
+)
+def test_padded_cpu_path_matches_kernel_reference(pool, token_slots):  # type: ignore[no-untyped-def]
+    generator = torch.Generator().manual_seed(len(token_slots))
+    batch = PaddedCpuLoRABatch.build(token_slots, pool)
+    meta = build_lora_metadata(token_slots, max_loras=pool.max_loras, device="cpu")
+    for (layer, slices), stack in pool.stacks.items():
+        x = torch.randn(len(token_slots), stack.in_features, generator=generator)
+        y = torch.randn(len(token_slots), stack.out_features, generator=generator)
+        ours, ref = y.clone(), y.clone()
+        batch.apply(x, ours, layer, slices)
+        add_lora_ref(ref, x, stack, meta)
+        torch.testing.assert_close(ours, ref, rtol=1e-5, atol=1e-5)
+        base_rows = [i for i, s in enumerate(token_slots) if s < 0]
+        assert torch.equal(ours[base_rows], y[base_rows])
+
+
+def test_clear_and_limits(pool, tmp_path, spec):  # type: ignore[no-untyped-def]
+    pool.clear(1)
+    assert all(1 not in table for table in pool.slot_slices.values())
+    assert all(int(stack.ranks[1].sum()) == 0 for stack in pool.stacks.values())
+    big = write_random_adapter(tmp_path / "big", spec, r=32, targets=("q_proj",))
+    with pytest.raises(AdapterShapeError, match="rank 32 > max_lora_rank 16"):
+        pool.write(1, read_peft_adapter(big, "big", spec))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_kernel_batch_on_gpu_matches_reference(tmp_path, spec, dtype):  # type: ignore[no-untyped-def]
+    from loraplex.engine.lora.step import KernelLoRABatch
+
+    model = random_model(ModelConfig.from_hf_dict(TINY_HF_CONFIG), 64, 0, dtype, "cuda")
+    pool = LoRASlotPool(model, max_loras=4, max_lora_rank=16, dtype=dtype, device="cuda")
+    for slot, (rank, targets) in enumerate([(4, ("q_proj", "v_proj")), (16, ("o_proj", "gate_proj", "down_proj"))]):
+        folder = write_random_adapter(tmp_path / f"g{slot}", spec, r=rank, targets=targets, seed=slot, b_scale=0.5)
+        pool.write(slot, read_peft_adapter(folder, f"g{slot}", spec, dtype=dtype))
+    token_slots = [-1, 0, 1, 1, 0, -1, 1, 0, 0]
+    batch = KernelLoRABatch.build(token_slots, pool)
+    meta = build_lora_metadata(token_slots, max_loras=pool.max_loras, device="cuda")
+    generator = torch.Generator(device="cuda").manual_seed(0)
+    for (layer, slices), stack in pool.stacks.items():
+        x = torch.randn(len(token_slots), stack.in_features, generator=generator, device="cuda").to(dtype)
+        y = torch.randn(len(token_slots), stack.out_features, generator=generator, device="cuda").to(dtype)
+        ours, ref = y.clone(), y.clone()
+        batch.apply(x, ours, layer, slices)
+        add_lora_ref(ref, x, stack, meta)
+        torch.testing.assert_close(ours, ref, rtol=2e-2, atol=2e-2)
