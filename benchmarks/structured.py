@@ -150,7 +150,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
     args = parser.parse_args()
-    num_requests, max_tokens, repeats = (4, 48, 1) if args.quick else (16, 120, 3)
+    num_requests, max_tokens, repeats = (4, 32, 1) if args.quick else (16, 120, 3)
     torch.manual_seed(0)
     model_dir = ensure_default_model(ROOT / "data" / "models")
     engine = LLMEngine.from_model_path(model_dir, EngineConfig(
@@ -161,7 +161,7 @@ def main() -> None:
     step_ns: list[int] = []
     time_grammar_steps(step_ns)
 
-    cold_ms, cached_ms = measure_compile(compiler, 2 if args.quick else 5)
+    cold_ms, cached_ms = measure_compile(compiler, 1 if args.quick else 5)
     cases = [SCHEMAS[i % len(SCHEMAS)] for i in range(num_requests)]
     grammars = [TimedGrammar(compiler.compile_blocking(GrammarSpec(GrammarKind.JSON_SCHEMA, s)), fill_ns) for _, s in cases]
     prompts = [prompt_ids(tokenizer, p) for p, _ in cases]
