@@ -8,6 +8,7 @@ from urllib.parse import urlsplit
 
 import httpx
 import pytest
+from playwright.sync_api import expect
 from portal_steps import sign_in
 
 PAGES = ["/portal/adapters", "/portal/playground", "/portal/usage"]
@@ -54,3 +55,13 @@ def test_a_revoked_key_signs_the_tab_out(api_server, new_page, artifacts_dir: Pa
     page.wait_for_load_state("networkidle")
     assert urlsplit(page.url).path == "/portal/signin", "no redirect loop back to the page"
     assert page.evaluate("sessionStorage.length") == 0
+
+
+def test_a_key_without_the_scope_sees_why(api_server, new_page) -> None:  # type: ignore[no-untyped-def]
+    page, problems = new_page("desktop")
+    sign_in(page, api_server.base_url, api_server.keys["usage"], then="/portal/adapters")
+    expect(page.locator("#list-error")).to_contain_text("adapters")
+    page.wait_for_timeout(7000)  # longer than the retry delay: a 403 is not retried
+    # sign-in's check (a 403 still proves the key is live), then the one refused listing
+    assert problems.messages == [f"HTTP 403 GET {api_server.base_url}/v1/models",
+                                 f"HTTP 403 GET {api_server.base_url}/v1/adapters"]

@@ -90,7 +90,8 @@ async function refresh() {
     if (data.some((a) => a.status === "validating")) pollTimer = setTimeout(refresh, POLL_MS);
   } catch (err) {
     showError(listError, `Cannot load adapters: ${err.message}`);
-    pollTimer = setTimeout(refresh, POLL_MS * 4);
+    // a refusal (e.g. a key without the adapters scope) stays a refusal; outages may pass
+    if (!(err.status >= 400 && err.status < 500)) pollTimer = setTimeout(refresh, POLL_MS * 4);
   }
 }
 
