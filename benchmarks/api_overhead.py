@@ -323,6 +323,19 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
                 "http_inter_token_ms": 1000 * p50([t.inter_token_s for t in streamed if t.inter_token_s]),
             })
 
+        # One request at a time: the same engine work both ways, so the difference is the API path alone.
+        solo: list[dict[str, float]] = []
+        for _ in range(args.repeats):
+            inp = await run_concurrently(inproc, len(PROMPTS), 1)
+            whole = await http(len(PROMPTS), 1, False)
+            streamed = await http(len(PROMPTS), 1, True)
+            solo.append({
+                "solo_inprocess_latency_ms": 1000 * p50([t.latency_s for t in inp]),
+                "solo_http_latency_ms": 1000 * p50([t.latency_s for t in whole]),
+                "solo_inprocess_inter_token_ms": 1000 * p50([t.inter_token_s for t in inp if t.inter_token_s]),
+                "solo_http_inter_token_ms": 1000 * p50([t.inter_token_s for t in streamed if t.inter_token_s]),
+            })
+
         errors = await loop.run_in_executor(clients, streams_phase, base_url, key, served, 64, args.stream_tokens)
     finally:
         clients.shutdown()
@@ -332,12 +345,19 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
     def med(key: str) -> float:
         return statistics.median(r[key] for r in rounds)
 
+    def solo_med(key: str) -> float:
+        return statistics.median(r[key] for r in solo)
+
     metrics = {
         "p50_added_ms_per_request": med("http_latency_ms") - med("inprocess_latency_ms"),
         "p50_added_ms_per_token": med("http_inter_token_ms") - med("inprocess_inter_token_ms"),
         "errors_at_64_streams": errors,
         "p50_added_ms_per_streamed_request": med("http_stream_latency_ms") - med("inprocess_latency_ms"),
         **{f"p50_{k}": med(k) for k in rounds[0]},
+        "p50_added_ms_per_request_one_at_a_time": solo_med("solo_http_latency_ms") - solo_med("solo_inprocess_latency_ms"),
+        "p50_added_ms_per_token_one_at_a_time": solo_med("solo_http_inter_token_ms")
+        - solo_med("solo_inprocess_inter_token_ms"),
+        **{f"p50_{k}": solo_med(k) for k in solo[0]},
         "spread_added_ms_per_request": [r["http_latency_ms"] - r["inprocess_latency_ms"] for r in rounds],
         "spread_added_ms_per_token": [r["http_inter_token_ms"] - r["inprocess_inter_token_ms"] for r in rounds],
     }

@@ -10,7 +10,7 @@ from loraplex.engine.errors import EngineError
 from loraplex.engine.protocol import RequestOutput
 from loraplex.platform.api.generation import Generation
 from loraplex.platform.api.logprobs import TokenTexts, chat_logprobs
-from loraplex.platform.api.sse import DONE, sse, sse_error
+from loraplex.platform.api.sse import DONE, ChunkEncoder, sse, sse_error
 from loraplex.platform.errors import ApiError
 from loraplex.platform.extensions import MessageDelta, MessageParser
 
@@ -125,8 +125,10 @@ async def stream_chat(
         base["usage"] = None
     parsers = [prepared.parser_factory() for _ in gen.choices]
 
+    encoder = ChunkEncoder(base)
+
     def chunk(index: int, delta: dict[str, Any], finish_reason: str | None = None, logprobs: Any = None) -> bytes:
-        return sse({**base, "choices": [{"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}]})
+        return encoder.encode([{"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}])
 
     error: BaseException | None = None
     try:

@@ -11,7 +11,7 @@ from loraplex.engine.protocol import RequestOutput
 from loraplex.platform.api.chat_response import SYSTEM_FINGERPRINT, ChoiceFailed
 from loraplex.platform.api.generation import Generation
 from loraplex.platform.api.logprobs import LegacyLogprobs, TokenTexts
-from loraplex.platform.api.sse import DONE, sse, sse_error
+from loraplex.platform.api.sse import DONE, ChunkEncoder, sse, sse_error
 from loraplex.platform.errors import ApiError
 
 
@@ -95,8 +95,10 @@ async def stream_completion(
     if include_usage:
         base["usage"] = None
 
+    encoder = ChunkEncoder(base)
+
     def chunk(index: int, text: str, logprobs: Any = None, finish_reason: str | None = None) -> bytes:
-        return sse({**base, "choices": [{"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}]})
+        return encoder.encode([{"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}])
 
     error: BaseException | None = None
     try:

@@ -8,6 +8,7 @@ requests (client gone, error), the metrics and the usage record.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import logging
 import time
@@ -61,6 +62,7 @@ class Generation:
             prepared.request_id if num_prompts == 1 else f"{prepared.request_id}-{i}" for i in range(num_prompts)
         ]
         self._started: set[int] = set()
+        self._engine_streams: dict[int, AsyncGenerator[RequestOutput, None]] = {}
         self._admitted = False
         self._closed = False
         self._aborted = False
@@ -99,7 +101,8 @@ class Generation:
     async def outputs(self) -> AsyncGenerator[tuple[int, RequestOutput], None]:
         """(prompt index, output) as the engine produces them; counts are updated on the way."""
         if len(self.prepared.prompts) == 1:
-            async for output in self.services.engine.generate(self._engine_request(0)):
+            stream = self._engine_streams[0] = self.services.engine.generate(self._engine_request(0))
+            async for output in stream:
                 self._account(0, output)
                 yield 0, output
             return
@@ -107,7 +110,9 @@ class Generation:
 
         async def pump(index: int) -> None:
             try:
-                async for output in self.services.engine.generate(self._engine_request(index)):
+                stream = self._engine_streams[index] = self.services.engine.generate(self._engine_request(index))
+                async for output in stream:
+                    self._account(index, output)  # counted on arrival: what the engine did, read or not
                     await queue.put((index, output))
             except BaseException as exc:  # handed to the consumer, which re-raises it
                 await queue.put((index, exc))
@@ -124,7 +129,6 @@ class Generation:
                 elif isinstance(item, BaseException):
                     raise item
                 else:
-                    self._account(index, item)
                     yield index, item
         finally:
             for task in tasks:
@@ -195,7 +199,7 @@ class Generation:
         services = self.services
         for index, counts in enumerate(self.prompt_counts):
             if index in self._started and not counts.finished:
-                await _maybe_await(services.engine.abort(self.engine_request_ids[index]))
+                await self._abort_and_count_tail(index)
         if not self._admitted:
             return
         services.num_inflight -= 1
@@ -225,6 +229,20 @@ class Generation:
                 await hook(record)
             except Exception:
                 log.exception("after-finish hook failed for %s", record.request_id)
+
+    async def _abort_and_count_tail(self, index: int) -> None:
+        """Abort an unfinished engine request and count the outputs nobody read (billing needs them all)."""
+        engine = self.services.engine
+        request_id = self.engine_request_ids[index]
+        stream = self._engine_streams.get(index)
+        if stream is not None:
+            with contextlib.suppress(RuntimeError):  # still running elsewhere: its own finally aborts it
+                await stream.aclose()  # generate()'s finally aborts and keeps the unread tail
+        await _maybe_await(engine.abort(request_id))
+        take_tail = getattr(engine, "take_abandoned_outputs", None)
+        if take_tail is not None:
+            for output in await take_tail(request_id):
+                self._account(index, output)
 
     def _record(self, error: BaseException | None) -> RequestRecord:
         usage = self.usage()

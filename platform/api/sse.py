@@ -18,6 +18,17 @@ def sse(payload: dict[str, Any]) -> bytes:
     return b"data: " + json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode() + b"\n\n"
 
 
+class ChunkEncoder:
+    """SSE bytes of one chunk; the fields every chunk of a request repeats are serialised once."""
+
+    def __init__(self, base: dict[str, Any]) -> None:
+        head = json.dumps(base, separators=(",", ":"), ensure_ascii=False)
+        self._prefix = b"data: " + head[:-1].encode() + (b',"choices":' if base else b'"choices":')
+
+    def encode(self, choices: list[dict[str, Any]]) -> bytes:
+        return self._prefix + json.dumps(choices, separators=(",", ":"), ensure_ascii=False).encode() + b"}\n\n"
+
+
 def sse_error(status: int, message: str, *, code: str | None = None) -> bytes:
     """A failure after the 200 header went out: OpenAI's SDK raises on an `error` event."""
     return sse(error_body(status, message, code=code))
