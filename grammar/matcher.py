@@ -16,13 +16,14 @@ from loraplex.grammar.spec import GrammarSpec
 class XGrammarCompiledGrammar:
     """A compiled grammar plus what every matcher of it needs; shared by all requests with its spec."""
 
-    __slots__ = ("_stop_bits", "compile_ms", "spec", "xgr_grammar")
+    __slots__ = ("_stop_bits", "compile_ms", "spec", "stop_token_ids", "xgr_grammar")
 
     def __init__(self, spec: GrammarSpec, xgr_grammar: xgr.CompiledGrammar, compile_ms: float) -> None:
         self.spec = spec
         self.xgr_grammar = xgr_grammar
         self.compile_ms = compile_ms
         info = xgr_grammar.tokenizer_info
+        self.stop_token_ids = list(info.stop_token_ids)
         bits = torch.zeros(xgr.get_bitmask_shape(1, info.vocab_size)[1], dtype=torch.int32)
         for token_id in info.stop_token_ids:
             word, bit = divmod(token_id, 32)

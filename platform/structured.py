@@ -14,6 +14,7 @@ from typing import Any
 
 from loraplex.grammar.compiler import GrammarCompilerService, GrammarLimits
 from loraplex.grammar.reasoning import ReasoningFormat, ReasoningParser
+from loraplex.grammar.reasoning_gate import ReasoningGatedGrammar
 from loraplex.grammar.spec import GrammarSpec
 from loraplex.grammar.tool_parser import ToolCallStreamParser
 from loraplex.grammar.tools import (
@@ -93,7 +94,10 @@ class StructuredOutputPreparer:
             if tools is not None:
                 spec = self._prepare_tools(prepared, tools, spec)
         if spec is not None:
-            prepared.grammar = await self.compiler.compile(spec)
+            grammar = await self.compiler.compile(spec)
+            # A reasoning model thinks freely first; the grammar constrains its answer.
+            # (prepared.reasoning is set by the reasoning preparer, which runs before this one.)
+            prepared.grammar = grammar if prepared.reasoning is None else ReasoningGatedGrammar(grammar, prepared.reasoning)
             prepared.metadata["grammar"] = spec.kind
 
     def _prepare_tools(self, prepared: PreparedRequest, tools: ToolRequest, spec: GrammarSpec | None) -> GrammarSpec | None:
