@@ -17,7 +17,7 @@ submitting the request to the step that produced its first token, with the
 engine otherwise idle; the figure is the median over the repeats.
 
     python benchmarks/sessions.py           # full: writes benchmarks/results/sessions.json
-    python benchmarks/sessions.py --quick   # 4 turns, ~800 tokens, one repeat; writes nothing
+    python benchmarks/sessions.py --quick   # 3 short turns, one repeat; writes nothing
 """
 
 from __future__ import annotations
@@ -106,7 +106,7 @@ def overwrite_device_copies(engine: Any, key: str, prompt: list[int]) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="4 turns, ~800 tokens, one repeat; writes nothing")
+    parser.add_argument("--quick", action="store_true", help="3 short turns, one repeat; writes nothing")
     args = parser.parse_args()
     import torch
     from loraplex.engine.config import EngineConfig
@@ -114,7 +114,7 @@ def main() -> None:
     from loraplex.engine.model.default_model import ensure_default_model
     from loraplex.engine.protocol import EngineRequest, SamplingParams
 
-    turns, words, repeats, answer_tokens = (4, 180, 1, 8) if args.quick else (10, 230, 3, 16)
+    turns, words, repeats, answer_tokens = (3, 40, 1, 4) if args.quick else (10, 230, 3, 16)
     model_path = ensure_default_model(ROOT / "data" / "models")
     config = EngineConfig(num_blocks=600 if not args.quick else 200, num_host_blocks=400 if not args.quick else 120,
                           max_model_len=4096, max_num_batched_tokens=512, dtype="float32", device="cpu")

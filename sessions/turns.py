@@ -11,10 +11,12 @@ end the turn. The replica remembers which sessions it pinned KV for, and
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from loraplex.sessions.errors import SessionBusyError
 from loraplex.sessions.store import KVState, SessionRecord, SessionStore, TurnLease, TurnResult
 
 
@@ -102,10 +104,11 @@ class OpenTurn:
 
 class SessionTurns:
     def __init__(self, store: SessionStore, *, replica_id: str, lease_s: float,
-                 release: Callable[[str], None]) -> None:
+                 release: Callable[[str], None], busy_wait_s: float = 1.0) -> None:
         self.store = store
         self.replica_id = replica_id
         self.lease_s = lease_s
+        self.busy_wait_s = busy_wait_s
         self._release = release
         self._pinned_here: set[str] = set()
         self._lock = threading.Lock()
@@ -116,8 +119,20 @@ class SessionTurns:
         return len(self._pinned_here)
 
     def begin(self, tenant_id: str, session_id: str, new_messages: list[dict[str, Any]]) -> OpenTurn:
-        lease = self.store.begin_turn(tenant_id, session_id, lease_s=self.lease_s)
-        return OpenTurn(lease=lease, new_messages=new_messages)
+        """Take the lease, waiting up to `busy_wait_s` for a turn that is just finishing.
+
+        A streamed turn is recorded right after its last chunk is sent, so a client
+        that sends the next turn at once would otherwise race the previous one's end.
+        """
+        deadline = time.monotonic() + self.busy_wait_s
+        while True:
+            try:
+                lease = self.store.begin_turn(tenant_id, session_id, lease_s=self.lease_s)
+                return OpenTurn(lease=lease, new_messages=new_messages)
+            except SessionBusyError:
+                if time.monotonic() >= deadline:
+                    raise
+                time.sleep(0.02)
 
     def complete(self, turn: OpenTurn, *, prompt_token_ids: list[int], cached_tokens: int,
                  output_tokens: int) -> SessionRecord | None:

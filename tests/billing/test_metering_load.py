@@ -67,7 +67,7 @@ def test_ledger_equals_engine_counts_under_load(start_server, pg_url):
         client = server.client("all", timeout=300)
         sessions = [httpx.post(f"{server.base_url}/v1/sessions", json={"model": MODEL}, timeout=30,
                                headers={"Authorization": f"Bearer {server.keys['all']}"}).json()["id"]
-                    for _ in range(4)]
+                    for _ in range(8)]
         rng = random.Random(11)
         kinds = (["plain"] * 30 + ["stream"] * 25 + ["disconnect"] * 12 + ["n2"] * 15 + ["stop"] * 15
                  + ["session"] * 20 + ["tools"] * 3)[:NUM_REQUESTS]
