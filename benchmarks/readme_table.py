@@ -1,0 +1,98 @@
+"""Render the README's benchmark table from benchmarks/results/*.json.
+
+`python benchmarks/readme_table.py` prints the table; `--write` replaces the
+block between the markers in README.md, so the README never drifts from the
+recorded results (tests/test_readme_benchmarks.py checks that it has not).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results"
+README = ROOT / "README.md"
+START, END = "<!-- benchmarks:start -->", "<!-- benchmarks:end -->"
+
+# The figures each issue asks for (BENCHMARKS.md), in the order the README shows them.
+HEADLINE_KEYS: dict[str, list[str]] = {
+    "engine_cpu": ["throughput_ratio_vs_transformers", "batch1_ratio_vs_transformers", "prefix_ttft_speedup",
+                   "ours_tokens_per_s", "transformers_tokens_per_s"],
+    "api_overhead": ["p50_added_ms_per_request", "p50_added_ms_per_token", "errors_at_64_streams"],
+    "lora_engine_cpu": ["throughput_ratio_vs_peft", "lora_overhead_ratio"],
+    "lora_kernels": ["worst_ratio_to_floor_n_ge_8", "prefill_ratio_to_floor", "cases_beating_all_baselines_fraction"],
+    "structured": ["constrained_over_unconstrained", "schema_valid_fraction", "mask_fill_us_p50",
+                   "mask_fill_us_p99", "compile_ms_cold", "compile_ms_cached"],
+    "sessions": ["pinned_ttft_speedup", "host_restore_ttft_speedup"],
+    "billing": ["metering_overhead_ms_p50", "metering_overhead_ms_p99", "ledger_writes_per_s_postgres"],
+    "gpu_engine": ["decode_b1_fraction_of_roofline", "decode_b64_fraction_of_roofline",
+                   "throughput_ratio_vs_transformers", "lora_8_adapters_step_ratio", "attention_bw_fraction"],
+    "attention_kernels": ["attention_bw_fraction"],
+}
+OPS = {">=": lambda a, b: a >= b, "<=": lambda a, b: a <= b, "==": lambda a, b: a == b,
+       ">": lambda a, b: a > b, "<": lambda a, b: a < b}
+
+
+def machine_name(machine: dict) -> str:
+    if machine.get("gpu"):
+        return str(machine["gpu"]).replace("NVIDIA ", "")
+    return f"CPU, {machine.get('cores', '?')} cores"
+
+
+def fmt(value: object) -> str:
+    if isinstance(value, float):
+        return f"{value:.3g}" if abs(value) < 1000 else f"{value:,.0f}"
+    return str(value)
+
+
+def rows() -> list[str]:
+    out = []
+    for name, keys in HEADLINE_KEYS.items():
+        path = RESULTS / f"{name}.json"
+        if not path.exists():
+            out.append(f"| `{name}` | (not yet recorded) | | | |")
+            continue
+        data = json.loads(path.read_text())
+        metrics, targets = data.get("metrics", {}), data.get("targets", {})
+        where = machine_name(data.get("machine", {}))
+        for key in keys:
+            if key not in metrics:
+                continue
+            value, target = metrics[key], targets.get(key)
+            if target:
+                met = OPS[target["op"]](value, target["value"])
+                verdict = f"{target['op']} {fmt(target['value'])}: {'met' if met else '**missed**'}"
+            else:
+                verdict = ""
+            out.append(f"| `{name}` | `{key}` | {fmt(value)} | {verdict} | {where} |")
+    return out
+
+
+def table() -> str:
+    head = ["| benchmark | metric | value | target | machine |", "|---|---|---|---|---|"]
+    return "\n".join([START, *head, *rows(), END])
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--write", action="store_true", help="rewrite the table block in README.md")
+    args = parser.parse_args()
+    rendered = table()
+    if not args.write:
+        print(rendered)
+        return 0
+    text = README.read_text()
+    if START not in text or END not in text:
+        print("README.md has no benchmark markers", file=sys.stderr)
+        return 1
+    before, rest = text.split(START, 1)
+    after = rest.split(END, 1)[1]
+    README.write_text(before + rendered + after)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
