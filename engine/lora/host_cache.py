@@ -50,9 +50,11 @@ class HostAdapterCache:
         with self._lock:
             return self._errors.get(adapter_id)
 
-    def forget_error(self, adapter_id: str) -> None:
+    def fail(self, adapter_id: str, reason: str) -> None:
+        """Drop the host copy and remember why the adapter cannot be served."""
         with self._lock:
-            self._errors.pop(adapter_id, None)
+            self._weights.pop(adapter_id, None)
+            self._errors[adapter_id] = reason
 
     def drop(self, adapter_id: str) -> None:
         with self._lock:

@@ -92,14 +92,17 @@ class LoRAManager:
         if weights is None:
             self.host.request(adapter_id)
             return False
+        try:
+            self.pool.check(weights)
+        except AdapterShapeError as exc:
+            # Never raise into the scheduler (it would stop the engine loop); the request waits and
+            # `load_error` tells why. Checked before a slot is taken, so no resident adapter is evicted.
+            self.host.fail(adapter_id, str(exc))
+            return False
         slot = self._take_slot()
         if slot is None:
             return False  # every slot is held by running requests; retry when one finishes
-        try:
-            self.pool.write(slot, weights)
-        except AdapterShapeError:
-            self._free.append(slot)
-            raise
+        self.pool.write(slot, weights)
         self._slots[adapter_id] = slot
         self.num_slot_writes += 1
         return True

@@ -79,3 +79,38 @@ def test_kernel_batch_on_gpu_matches_reference(tmp_path, spec, dtype):  # type: 
         batch.apply(x, ours, layer, slices)
         add_lora_ref(ref, x, stack, meta)
         torch.testing.assert_close(ours, ref, rtol=2e-2, atol=2e-2)
+
+
+def test_manager_loads_in_background_and_reports_unservable_adapters(tiny_model, tmp_path, spec):  # type: ignore[no-untyped-def]
+    import time
+
+    from loraplex.adapters.source import FolderAdapterSource
+    from loraplex.engine.lora.manager import LoRAManager
+
+    folders = {
+        "ok": write_random_adapter(tmp_path / "ok", spec, r=8, targets=("q_proj",)),
+        "too-big": write_random_adapter(tmp_path / "too-big", spec, r=32, targets=("q_proj",)),
+    }
+    manager = LoRAManager(tiny_model, FolderAdapterSource(folders, spec, torch.float32), max_loras=1,
+                          max_cpu_loras=2, max_lora_rank=16, dtype=torch.float32, device="cpu")
+    held: list[str] = []
+    manager.attach(lambda: held)
+    results: dict[str, bool] = {}
+    deadline = time.monotonic() + 30
+    while len(results) < 2 and time.monotonic() < deadline:
+        for name in folders:
+            if name not in results and (manager.adapter_ready(name) or manager.load_error(name)):
+                results[name] = manager.adapter_ready(name)
+        time.sleep(0.01)
+    assert results == {"ok": True, "too-big": False}
+    assert "rank 32 > max_lora_rank 16" in manager.load_error("too-big")
+    assert manager.resident_adapter_ids == ["ok"]
+    held.append("ok")  # a running request holds the only slot: another adapter must wait
+    manager.host.source.folders["next"] = write_random_adapter(tmp_path / "next", spec, r=4, targets=("v_proj",))
+    while "next" not in manager.host and time.monotonic() < deadline + 30:
+        manager.adapter_ready("next")
+        time.sleep(0.01)
+    assert manager.adapter_ready("next") is False
+    held.clear()
+    assert manager.adapter_ready("next") is True and manager.resident_adapter_ids == ["next"]
+    manager.shutdown()
