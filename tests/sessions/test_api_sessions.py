@@ -204,3 +204,23 @@ def _wait(predicate, timeout_s: float = 5.0) -> None:
         time.sleep(0.05)
 
 
+
+
+def test_session_lost_by_the_store_is_a_clear_404_and_metrics_are_exported(server):
+    session = _create(server)
+    if server.settings.redis_url:  # Redis lost the key (say, restarted without persistence)
+        import redis
+
+        client = redis.Redis.from_url(server.settings.redis_url)
+        client.delete(f"{server.settings.redis_key_prefix}session:{session['id']}")
+        client.close()
+    else:
+        server.services.extensions.domain_state["sessions"].store.delete(server.tenants["acme"], session["id"])
+    chat = httpx.post(f"{server.base_url}/v1/chat/completions", headers=_auth(server), timeout=30, json={
+        "model": MODEL, "messages": [{"role": "user", "content": "hi"}], "session_id": session["id"]})
+    assert chat.status_code == 404
+    assert "Create a new session" in chat.json()["error"]["message"]
+    metrics = httpx.get(f"{server.base_url}/metrics", timeout=30).text
+    for name in ("loraplex_sessions_pinned", "loraplex_session_turns_total", "loraplex_session_turn_cache_hit_rate",
+                 "loraplex_num_session_offloads", "loraplex_num_blocks_pinned_host"):
+        assert name in metrics, name
