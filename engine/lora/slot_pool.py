@@ -44,8 +44,6 @@ class LoRASlotPool:
         self.stacks: dict[StackKey, LoRAStack] = {}
         # stack key -> slot -> the slices that slot adapts (absent: the slot adapts nothing there)
         self.slot_slices: dict[StackKey, dict[int, list[SliceEntry]]] = {}
-        # stack key -> [max_loras, num_slices] scaling, 0 where a slot does not adapt a slice (CPU path)
-        self.slice_scalings: dict[StackKey, torch.Tensor] = {}
         # (layer, module name) -> (stack key, slice index), to place an adapter's modules
         self._placement: dict[tuple[int, str], tuple[StackKey, int]] = {}
         for module in model.modules():
@@ -58,7 +56,6 @@ class LoRASlotPool:
                 out_sizes=out_sizes, dtype=dtype, device=self.device,
             )
             self.slot_slices[key] = {}
-            self.slice_scalings[key] = torch.zeros(max_loras, len(module.slices), dtype=torch.float32)
             for index, (name, _, _) in enumerate(module.slices):
                 self._placement[(module.layer_index, name)] = (key, index)
 
@@ -96,10 +93,8 @@ class LoRASlotPool:
             start = stack.out_offset(index)
             entry = SliceEntry(index, w.lora_a.shape[0], start, start + stack.out_sizes[index], float(w.scaling))
             self.slot_slices[key].setdefault(slot, []).append(entry)
-            self.slice_scalings[key][slot, index] = float(w.scaling)
 
     def clear(self, slot: int) -> None:
         for key, stack in self.stacks.items():
             stack.clear_slot(slot)
             self.slot_slices[key].pop(slot, None)
-            self.slice_scalings[key][slot].zero_()

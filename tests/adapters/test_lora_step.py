@@ -9,7 +9,7 @@ from loraplex.engine.config import ModelConfig
 from loraplex.engine.kernels.lora_metadata import build_lora_metadata
 from loraplex.engine.kernels.lora_reference import add_lora_ref
 from loraplex.engine.lora.slot_pool import AdapterShapeError, LoRASlotPool
-from loraplex.engine.lora.step import PaddedCpuLoRABatch
+from loraplex.engine.lora.step import GroupedCpuLoRABatch
 from loraplex.engine.model.loader import random_model
 from random_adapters import TINY_HF_CONFIG, write_random_adapter
 
@@ -34,9 +34,9 @@ def pool(tiny_model, tmp_path, spec):  # type: ignore[no-untyped-def]
     "token_slots",
     [[-1, 0, 0, 1, 2, -1, 1], [0, 0, 0], [2, 2, -1, -1], [-1, -1, 1], [1, 0, 2, 1, 0, 2, -1, 1], [-1, -1]],
 )
-def test_padded_cpu_path_matches_kernel_reference(pool, token_slots):  # type: ignore[no-untyped-def]
+def test_grouped_cpu_path_matches_kernel_reference(pool, token_slots):  # type: ignore[no-untyped-def]
     generator = torch.Generator().manual_seed(len(token_slots))
-    batch = PaddedCpuLoRABatch.build(token_slots, pool)
+    batch = GroupedCpuLoRABatch.build(token_slots, pool)
     meta = build_lora_metadata(token_slots, max_loras=pool.max_loras, device="cpu")
     for (layer, slices), stack in pool.stacks.items():
         x = torch.randn(len(token_slots), stack.in_features, generator=generator)
