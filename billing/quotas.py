@@ -137,7 +137,8 @@ class QuotaGuard:
                 continue
             spend = self._counter.get(month, tenant_id, scope)
             resets = month_bounds(month)[1].isoformat()
-            if budget.token_limit is not None and spend.tokens + estimated_tokens > budget.token_limit:
+            limit = budget.token_limit
+            if limit is not None and (spend.tokens >= limit or spend.tokens + estimated_tokens > limit):
                 raise QuotaExceededError(
                     f"The monthly token budget of {who} is spent: {spend.tokens:,} of {budget.token_limit:,} "
                     f"tokens used in {month} (this request needs about {estimated_tokens:,} more). "

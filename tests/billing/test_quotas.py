@@ -40,7 +40,8 @@ def test_tenant_token_budget_refuses_with_429_and_resets_next_month(session_fact
         guard.check(tenant_id="ten_a", api_key_id="key_a1", estimated_tokens=101, now=NOV)
     assert raised.value.status == 429
     assert "900 of 1,000 tokens" in raised.value.message and "2026-12-01" in raised.value.message
-    _spend(session_factory, guard, [make_event("r6", created_at=NOV)])
+    _spend(session_factory, guard, [make_event("r6", created_at=NOV, input_tokens=50, cached_input_tokens=0,
+                                               output_tokens=50, thinking_tokens=0)])  # exactly 1,000: spent
     with pytest.raises(QuotaExceededError):
         guard.check(tenant_id="ten_a", api_key_id=None, now=NOV)
     guard.check(tenant_id="ten_b", api_key_id=None, now=NOV)  # another tenant is unaffected
