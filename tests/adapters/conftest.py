@@ -8,7 +8,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import torch
 
 # tests/fixtures holds plain scripts (no package); make them importable by name.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures"))
@@ -18,15 +17,6 @@ from loraplex.adapters.registry import SqlAdapterRegistry
 from random_adapters import tiny_spec
 from sqlalchemy import create_engine, text
 from sqlalchemy.orm import sessionmaker
-
-
-def pytest_collection_modifyitems(config, items):  # type: ignore[no-untyped-def]
-    if torch.cuda.is_available():
-        return
-    skip = pytest.mark.skip(reason="needs a CUDA GPU (run through the device tool)")
-    for item in items:
-        if "gpu" in item.keywords:
-            item.add_marker(skip)
 
 
 @pytest.fixture(scope="session")
