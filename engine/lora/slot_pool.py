@@ -28,6 +28,8 @@ class SliceEntry(NamedTuple):
     out_start: int
     out_end: int
     scaling: float
+    col_start: int = 0  # this slice's columns in the slot's concatenated shrink (see `shrink_a`)
+    col_end: int = 0
 
 
 class AdapterShapeError(ValueError):
@@ -44,6 +46,9 @@ class LoRASlotPool:
         self.stacks: dict[StackKey, LoRAStack] = {}
         # stack key -> slot -> the slices that slot adapts (absent: the slot adapts nothing there)
         self.slot_slices: dict[StackKey, dict[int, list[SliceEntry]]] = {}
+        # stack key -> slot -> the A of every slice it adapts, stacked [sum of ranks, in_features]: on the
+        # CPU one matmul shrinks all slices of a merged linear (q/k/v, gate/up) at once
+        self.shrink_a: dict[StackKey, dict[int, torch.Tensor]] = {}
         # (layer, module name) -> (stack key, slice index), to place an adapter's modules
         self._placement: dict[tuple[int, str], tuple[StackKey, int]] = {}
         for module in model.modules():
@@ -56,6 +61,7 @@ class LoRASlotPool:
                 out_sizes=out_sizes, dtype=dtype, device=self.device,
             )
             self.slot_slices[key] = {}
+            self.shrink_a[key] = {}
             for index, (name, _, _) in enumerate(module.slices):
                 self._placement[(module.layer_index, name)] = (key, index)
 
@@ -93,8 +99,22 @@ class LoRASlotPool:
             start = stack.out_offset(index)
             entry = SliceEntry(index, w.lora_a.shape[0], start, start + stack.out_sizes[index], float(w.scaling))
             self.slot_slices[key].setdefault(slot, []).append(entry)
+        if self.device.type == "cpu":
+            for key, table in self.slot_slices.items():
+                if slot in table:
+                    self._stack_shrink(key, slot)
+
+    def _stack_shrink(self, key: StackKey, slot: int) -> None:
+        entries, placed, column = sorted(self.slot_slices[key][slot]), [], 0
+        for e in entries:
+            placed.append(e._replace(col_start=column, col_end=column + e.rank))
+            column += e.rank
+        self.slot_slices[key][slot] = placed
+        stack = self.stacks[key]
+        self.shrink_a[key][slot] = torch.cat([stack.lora_a[slot, e.index, : e.rank] for e in placed]).contiguous()
 
     def clear(self, slot: int) -> None:
         for key, stack in self.stacks.items():
             stack.clear_slot(slot)
             self.slot_slices[key].pop(slot, None)
+            self.shrink_a[key].pop(slot, None)

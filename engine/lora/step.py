@@ -7,8 +7,9 @@ device type through `LORA_BATCHES`:
 - `KernelLoRABatch` (CUDA): the kernels' metadata (one host-to-device copy per
   step) and the fused Triton shrink/expand, one launch per linear.
 - `GroupedCpuLoRABatch` (CPU): tokens sorted by slot once per step; per linear
-  one gather of x, one exact-rank shrink matmul and one fused expand-add
-  (`addmm_`) per (slot, slice) over contiguous views, and one `index_add_`
+  one gather of x, then per slot one exact-rank shrink matmul for all its
+  slices (their A stacked at slot-write time) and one fused expand-add
+  (`addmm_`) per slice over contiguous views, and one `index_add_`
   back into y (none of that copying when the adapted rows are already one run,
   as in a prefill). It moves only the bytes each adapter has: padding all
   slots to the largest rank and batching them with `bmm` measured 1.8x slower
@@ -88,12 +89,16 @@ class GroupedCpuLoRABatch:
         else:
             xs = x.index_select(0, self.perm)
             delta = torch.zeros(self.num_adapted, y.shape[1], dtype=y.dtype)
+        shrink_a = self.pool.shrink_a[key]
         for slot, start, end in self.groups:
-            for entry in table.get(slot, ()):
-                lora_a = stack.lora_a[slot, entry.index, : entry.rank]
-                lora_b = stack.lora_b[slot, entry.out_start : entry.out_end, : entry.rank]
-                shrunk = xs[start:end] @ lora_a.T
-                delta[start:end, entry.out_start : entry.out_end].addmm_(shrunk, lora_b.T, alpha=entry.scaling)
+            entries = table.get(slot)
+            if not entries:
+                continue
+            shrunk = xs[start:end] @ shrink_a[slot].T  # every slice of this slot in one matmul
+            for e in entries:
+                lora_b = stack.lora_b[slot, e.out_start : e.out_end, : e.rank]
+                delta[start:end, e.out_start : e.out_end].addmm_(shrunk[:, e.col_start : e.col_end], lora_b.T,
+                                                                  alpha=e.scaling)
         if self.perm is not None:
             y.index_add_(0, self.perm, delta)
 
