@@ -1,12 +1,12 @@
 """Background validation of an uploaded adapter: one plain function, two ways to run it.
 
 `validate_adapter_job(adapter_id, job)` is the task body. `job` is a plain,
-JSON-serialisable dict (database URL, storage dir, model dir, limits), so a
-Celery worker needs nothing but the message to build its context. The
-platform's Celery app registers it under `VALIDATE_TASK_NAME`
-(`register_validation_task(celery_app)`); `CeleryValidationDispatcher` sends it
-through the broker, and `ThreadValidationDispatcher` runs the SAME function in
-a worker thread when no Redis is configured: validation is never skipped.
+JSON-serialisable dict (database URL, storage dir, the served model's shapes,
+max rank, dtype), so a Celery worker needs nothing but the message to build
+its context. The platform's Celery app registers it under `VALIDATE_TASK_NAME`
+(its `TASKS` table); `CeleryValidationDispatcher` sends it through the broker,
+and `ThreadValidationDispatcher` runs the SAME function in a worker thread
+when no Redis is configured: validation is never skipped.
 """
 
 from __future__ import annotations
@@ -112,11 +112,6 @@ def run_validation(adapter_id: str, context: ValidationContext) -> str:
 
 class ValidationDispatcher(Protocol):
     def submit(self, adapter_id: str) -> None: ...
-
-
-def register_validation_task(celery_app: Any) -> Any:
-    """Register the task on a Celery app (the platform's, or a test's); returns the task object."""
-    return celery_app.task(name=VALIDATE_TASK_NAME, acks_late=True)(validate_adapter_job)
 
 
 class CeleryValidationDispatcher:
