@@ -3,8 +3,10 @@
 Each layer's cache is a pair of tensors `[num_blocks * block_size, kv_heads,
 head_dim]`; a token's slot is `block_id * block_size + offset`. K/V are
 gathered whole blocks at a time (one contiguous copy per block, much cheaper
-than per-slot indexing). Decodes run as ONE masked SDPA over the gathered
-blocks; prefill chunks run one SDPA each (causal, or masked over a cached prefix).
+than per-slot indexing). Decodes, sorted by context length, run as one masked
+SDPA per length bucket (a few; see `runner.decode_buckets`), so a short context
+is not padded to the step's longest; prefill chunks run one SDPA each (causal,
+or masked over a cached prefix).
 
 Backends plug in through `ATTENTION_BACKENDS` (name -> factory): "torch" here,
 "triton" (the CUDA kernels, `engine/cuda/attention.py`). Each runner picks the
@@ -65,15 +67,13 @@ def paged_attention(
     num_tokens, num_heads, head_dim = q.shape
     out = q.new_empty(num_tokens, num_heads, head_dim)
     gqa = num_heads != k.shape[1]
-    nd = meta.num_decode_tokens
-    if nd:
-        kd = gather_blocks(k_cache, meta.decode_blocks, nd, meta.block_size).transpose(1, 2)  # [B, kv, S, D]
-        vd = gather_blocks(v_cache, meta.decode_blocks, nd, meta.block_size).transpose(1, 2)
-        qd = q[:nd].unsqueeze(2)                          # [B, heads, 1, D]
-        od = F.scaled_dot_product_attention(
-            qd, kd, vd, attn_mask=meta.decode_mask, scale=scale, enable_gqa=gqa
-        )
-        out[:nd] = od.squeeze(2)
+    for bucket in meta.decode_buckets:  # rows sorted by length: each bucket pads only to its own longest
+        rows = bucket.end - bucket.start
+        kd = gather_blocks(k_cache, bucket.blocks, rows, meta.block_size).transpose(1, 2)  # [b, kv, S, D]
+        vd = gather_blocks(v_cache, bucket.blocks, rows, meta.block_size).transpose(1, 2)
+        qd = q[bucket.start : bucket.end].unsqueeze(2)   # [b, heads, 1, D]
+        od = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=bucket.mask, scale=scale, enable_gqa=gqa)
+        out[bucket.start : bucket.end] = od.squeeze(2)
     for span in meta.prefills:
         qs = q[span.start : span.end].transpose(0, 1).unsqueeze(0)  # [1, heads, L, D]
         if span.context_blocks is None:

@@ -43,12 +43,22 @@ class PrefillSpan:
 
 
 @dataclass(slots=True)
+class DecodeBucket:
+    """Decode rows [start, end) of the step (sorted by context length), padded to this bucket's longest."""
+
+    start: int
+    end: int
+    blocks: torch.Tensor                      # [(end - start) * max_blocks] block ids to gather, row-major
+    mask: torch.Tensor | None = None          # [end - start, 1, 1, max_blocks * bs] additive; None: no padding
+
+
+@dataclass(slots=True)
 class AttentionMetadata:
     slot_mapping: torch.Tensor                # [T] flat cache slot each new token's K/V goes to
     num_decode_tokens: int = 0                # decodes are rows [0, num_decode_tokens)
     block_size: int = 16
-    decode_blocks: torch.Tensor | None = None  # [B_decode * max_blocks] block ids to gather, row-major
-    decode_mask: torch.Tensor | None = None    # [B_decode, 1, 1, max_blocks * bs] additive; None: no padding
+    # Decode rows grouped by context length, one masked SDPA each (less padding than one batch)
+    decode_buckets: list[DecodeBucket] = field(default_factory=list)
     prefills: list[PrefillSpan] = field(default_factory=list)
 
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import torch
 from loraplex.engine.attention import ATTENTION_BACKENDS
 from loraplex.engine.config import EngineConfig, ModelConfig
-from loraplex.engine.context import AttentionMetadata, LoRAStepBuilder, PrefillSpan, StepContext
+from loraplex.engine.context import AttentionMetadata, DecodeBucket, LoRAStepBuilder, PrefillSpan, StepContext
 from loraplex.engine.kv.host_tier import TO_HOST
 from loraplex.engine.model.llama import LlamaForCausalLM
 from loraplex.engine.protocol import TokenLogprob
@@ -75,6 +75,7 @@ class ModelRunner:
     def execute(self, step: SchedulerOutput) -> StepResult:
         self._copy_blocks(step.blocks_to_copy)
         decodes = [(s, n) for s, n in zip(step.seqs, step.num_new_tokens, strict=True) if n == 1]
+        decodes.sort(key=lambda d: d[0].num_computed_tokens)  # length order: contiguous attention buckets
         prefills = [(s, n) for s, n in zip(step.seqs, step.num_new_tokens, strict=True) if n > 1]
         forks = [s for s, n in zip(step.seqs, step.num_new_tokens, strict=True) if n == 0]
         ordered = decodes + prefills
@@ -104,16 +105,20 @@ class ModelRunner:
         last_row: dict[int, int] = {}
         meta = AttentionMetadata(slot_mapping=torch.empty(0, dtype=torch.long), block_size=bs)
         if decodes:
-            seqs = [s for s, _ in decodes]
+            seqs = [s for s, _ in decodes]  # sorted by context length in `execute`
             lengths = torch.tensor([s.num_computed_tokens + 1 for s in seqs], dtype=torch.long)
-            max_blocks = (int(lengths.max()) + bs - 1) // bs
-            table = torch.tensor([_padded(s.block_table, max_blocks) for s in seqs], dtype=torch.long)
+            num_blocks = [(s.num_computed_tokens + bs) // bs for s in seqs]
+            table = torch.tensor([_padded(s.block_table, num_blocks[-1]) for s in seqs], dtype=torch.long)
             meta.num_decode_tokens = len(seqs)
-            meta.decode_blocks = table.view(-1)
-            span = max_blocks * bs
-            if int(lengths.min()) < span:  # padding to mask (never for one sequence on a block boundary)
-                meta.decode_mask = _additive((torch.arange(span) < lengths.unsqueeze(1)).view(len(seqs), 1, 1, span),
-                                             self.kv_caches[0][0].dtype)
+            dtype = self.kv_caches[0][0].dtype
+            for start, end in decode_buckets(num_blocks):
+                width = num_blocks[end - 1]
+                bucket = DecodeBucket(start, end, table[start:end, :width].reshape(-1))
+                span = width * bs
+                if int(lengths[start]) < span:  # padding to mask (none when every row fills its blocks)
+                    allowed = torch.arange(span) < lengths[start:end].unsqueeze(1)
+                    bucket.mask = _additive(allowed.view(end - start, 1, 1, span), dtype)
+                meta.decode_buckets.append(bucket)
             ids.extend(s.token_ids[s.num_computed_tokens] for s in seqs)
             positions = lengths - 1
             pos_chunks.append(positions)
@@ -218,6 +223,46 @@ RUNNERS: dict[str, Callable[[], type[ModelRunner]]] = {"cpu": lambda: ModelRunne
 
 def runner_class_for(device: str) -> type[ModelRunner]:
     return RUNNERS[torch.device(device).type]()
+
+
+def decode_buckets(num_blocks: list[int], max_buckets: int = 4, overhead: int = 2) -> list[tuple[int, int]]:
+    """Split decode rows, sorted by blocks of context, into <= `max_buckets` row ranges [start, end).
+
+    Each bucket is gathered and attended padded to its longest row, so the split minimises
+    sum(rows * longest) + `overhead` per bucket (the fixed cost of a gather + SDPA call, in
+    blocks). Exact dynamic programme over the distinct lengths: a few hundred steps per step.
+    """
+    ends: list[int] = []      # row end of each run of equal lengths
+    widths: list[int] = []    # that run's blocks
+    for i, n in enumerate(num_blocks):
+        if widths and widths[-1] == n:
+            ends[-1] = i + 1
+        else:
+            ends.append(i + 1)
+            widths.append(n)
+    runs = len(widths)
+    inf = float("inf")
+    # best[k][j]: least cost covering the first j runs with k buckets; cut[k][j]: where the last one starts
+    best = [[0.0] + [inf] * runs]
+    cut: list[list[int]] = [[0] * (runs + 1)]
+    for k in range(1, min(max_buckets, runs) + 1):
+        prev, row, cuts = best[-1], [inf] * (runs + 1), [0] * (runs + 1)
+        for j in range(1, runs + 1):
+            end, width = ends[j - 1], widths[j - 1]
+            for i in range(k - 1, j):
+                cost = prev[i] + (end - (ends[i - 1] if i else 0)) * width + overhead
+                if cost < row[j]:
+                    row[j], cuts[j] = cost, i
+        best.append(row)
+        cut.append(cuts)
+    k = min(range(1, len(best)), key=lambda b: best[b][runs])
+    buckets: list[tuple[int, int]] = []
+    j = runs
+    while k:
+        i = cut[k][j]
+        buckets.append((ends[i - 1] if i else 0, ends[j - 1]))
+        j, k = i, k - 1
+    return buckets[::-1]
 
 
 def _padded(block_table: list[int], length: int) -> list[int]:
