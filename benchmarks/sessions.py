@@ -123,7 +123,7 @@ def main() -> None:
     from loraplex.engine.model.default_model import ensure_default_model
     from loraplex.engine.protocol import EngineRequest, SamplingParams
 
-    turns, words, repeats, answer_tokens = (3, 40, 1, 4) if args.quick else (10, 230, 2, 12)
+    turns, words, repeats, answer_tokens = (3, 40, 1, 4) if args.quick else (10, 155, 2, 12)
     model_path = ensure_default_model(ROOT / "data" / "models")
     config = EngineConfig(num_blocks=640 if not args.quick else 200, num_host_blocks=400 if not args.quick else 120,
                           max_model_len=4096, max_num_batched_tokens=512, dtype="float32", device="cpu")
