@@ -171,13 +171,28 @@ class LLMEngine:
         return outputs + self._update(scheduled, result)
 
     def _fail_unready(self) -> list[RequestOutput]:
+        failed = [(seq, f"adapter {seq.adapter_id!r} unavailable: {exc}") for seq, exc in self.scheduler.take_failed()]
+        failed += self._adapter_load_failures()
         outputs = []
-        for seq, exc in self.scheduler.take_failed():
+        for seq, reason in failed:
             state = self.requests.get(seq.request_id)
             if state is not None:
-                state.finish_all(FinishReason.ERROR, f"adapter {seq.adapter_id!r} unavailable: {exc}")
+                state.finish_all(FinishReason.ERROR, reason)
                 outputs.append(self._retire(state))
         return outputs
+
+    def _adapter_load_failures(self) -> list[tuple[Sequence, str]]:
+        """Waiting sequences whose adapter's weights could not be loaded: they would wait forever."""
+        load_error = getattr(getattr(self.runner, "lora", None), "load_error", None)
+        if load_error is None or not self.scheduler.num_waiting:
+            return []
+        waiting = [s for q in self.scheduler.waiting.values() for s in q] + list(self.scheduler.preempted)
+        failed = []
+        for seq in waiting:
+            reason = load_error(seq.adapter_id) if seq.adapter_id is not None else None
+            if reason:
+                failed.append((seq, reason))
+        return failed
 
     def _update(self, scheduled: SchedulerOutput, result: StepResult) -> list[RequestOutput]:
         touched: dict[str, RequestState] = {}

@@ -1,0 +1,80 @@
+"""Requests for an adapter that cannot load fail (never wait forever); waiting for a load never busy-spins."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from engine_helpers import drain, greedy, make_engine
+from loraplex.adapters.source import FolderAdapterSource
+from loraplex.engine.config import ModelConfig
+from loraplex.engine.interfaces import AdapterWeights
+from loraplex.engine.model.loader import load_model
+from loraplex.engine.protocol import EngineRequest, FinishReason
+from random_adapters import write_random_adapter
+from train_adapters import chat_prompt_ids
+from transformers import AutoTokenizer
+
+pytestmark = pytest.mark.timeout(300)
+
+
+class BrokenSource:
+    """Loads `good` adapters from folders; reading any other id fails like a corrupt or vanished blob."""
+
+    def __init__(self, inner: FolderAdapterSource) -> None:
+        self.inner = inner
+
+    def load(self, adapter_id: str) -> AdapterWeights:
+        if adapter_id in self.inner.folders:
+            return self.inner.load(adapter_id)
+        raise OSError(f"blob for {adapter_id} is unreadable")
+
+
+@pytest.fixture(scope="module")
+def tokenizer(smollm_dir):  # type: ignore[no-untyped-def]
+    return AutoTokenizer.from_pretrained(smollm_dir)
+
+
+@pytest.fixture(scope="module")
+def ours(smollm_dir):  # type: ignore[no-untyped-def]
+    return load_model(smollm_dir, 512, torch.float32, "cpu"), ModelConfig.from_pretrained(smollm_dir)
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory, smollm_spec):  # type: ignore[no-untyped-def]
+    root = tmp_path_factory.mktemp("load-failures")
+    return {"good": write_random_adapter(root / "good", smollm_spec, r=4, targets=("q_proj",), seed=1)}
+
+
+def test_unloadable_adapter_fails_its_requests_and_frees_everything(ours, tokenizer, folders, smollm_spec):
+    model, config = ours
+    source = BrokenSource(FolderAdapterSource(folders, smollm_spec, torch.float32))
+    engine, manager = make_engine(model, config, tokenizer, folders, smollm_spec, max_loras=2, source=source)
+    prompt = chat_prompt_ids(tokenizer, "Name a fruit.")
+    requests = [EngineRequest("broken-1", prompt, greedy(4), adapter_id="broken"),
+                EngineRequest("broken-n2", prompt, dataclasses.replace(greedy(4), n=2), adapter_id="broken"),
+                EngineRequest("good", prompt, greedy(4), adapter_id="good"),
+                EngineRequest("base", prompt, greedy(4))]
+    for request in requests:
+        engine.add_request(request)
+    results = drain(engine, timeout_s=60)
+
+    for request_id in ("broken-1", "broken-n2"):
+        assert results[request_id].error is not None, request_id
+        assert "blob for broken is unreadable" in results[request_id].error
+        assert results[request_id].token_ids == []
+    for request_id in ("good", "base"):
+        assert results[request_id].error is None and len(results[request_id].token_ids) == 4
+    assert manager.load_error("broken") is not None and not manager.is_in_use("broken")
+    stats = engine.stats()
+    assert (stats["num_running"], stats["num_waiting"]) == (0, 0)
+    assert engine.block_manager.num_free_blocks == engine.num_blocks  # nothing held by the failed requests
+
+    # A later request for the same adapter fails at once, with the same reason.
+    engine.add_request(EngineRequest("broken-again", prompt, greedy(4), adapter_id="broken"))
+    out = engine.step()
+    assert [o.request_id for o in out] == ["broken-again"] and out[0].finished
+    assert out[0].choices[0].finish_reason == FinishReason.ERROR
+    assert "unreadable" in out[0].error
+    manager.shutdown()
