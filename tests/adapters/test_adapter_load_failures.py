@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+import time
 
 import pytest
 import torch
-from engine_helpers import drain, greedy, make_engine
+from engine_helpers import GatedSource, drain, greedy, make_engine
 from loraplex.adapters.source import FolderAdapterSource
+from loraplex.engine.async_engine import AsyncEngine
 from loraplex.engine.config import ModelConfig
 from loraplex.engine.interfaces import AdapterWeights
 from loraplex.engine.model.loader import load_model
@@ -78,3 +81,40 @@ def test_unloadable_adapter_fails_its_requests_and_frees_everything(ours, tokeni
     assert out[0].choices[0].finish_reason == FinishReason.ERROR
     assert "unreadable" in out[0].error
     manager.shutdown()
+
+
+def test_engine_loop_sleeps_while_only_adapter_loads_wait(ours, tokenizer, folders, smollm_spec):
+    model, config = ours
+    source = GatedSource(FolderAdapterSource(folders, smollm_spec, torch.float32), {"good"})
+    llm, manager = make_engine(model, config, tokenizer, folders, smollm_spec, max_loras=2, source=source)
+    engine = AsyncEngine(llm)
+    prompt = chat_prompt_ids(tokenizer, "Name a fruit.")
+
+    async def scenario() -> tuple[float, list]:
+        async def collect() -> list:
+            return [o async for o in engine.generate(EngineRequest("slow", prompt, greedy(4), adapter_id="good"))]
+
+        task = asyncio.create_task(collect())
+        deadline = time.monotonic() + 10
+        while not manager.host.is_loading("good"):  # the request is queued and its load started
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.1)
+        cpu_before, wall_before = time.process_time(), time.monotonic()
+        await asyncio.sleep(1.0)  # only the gated adapter load is pending
+        cpu = (time.process_time() - cpu_before) / (time.monotonic() - wall_before)
+        assert not task.done()
+        source.gate.set()
+        started = time.monotonic()
+        outputs = await asyncio.wait_for(task, 60)
+        return cpu, [outputs, time.monotonic() - started]
+
+    try:
+        cpu_per_s, (outputs, after_load_s) = asyncio.run(scenario())
+    finally:
+        engine.shutdown()
+        manager.shutdown()
+    print(f"process CPU while waiting for the adapter: {cpu_per_s:.3f} s/s; first answer {after_load_s:.3f}s after load")
+    assert cpu_per_s < 0.3, cpu_per_s
+    assert outputs[-1].finished and outputs[-1].error is None
+    assert sum(len(c.token_ids) for o in outputs for c in o.choices) == 4
