@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from loraplex.adapters.archive import UploadLimits
 from loraplex.adapters.base_model import BaseModelSpec
 from loraplex.adapters.errors import AdapterNotFoundError
@@ -30,6 +30,7 @@ from loraplex.platform.errors import NotFoundError
 from loraplex.platform.extensions import Extensions, ServedModel
 from loraplex.platform.settings import Settings
 from sqlalchemy.orm import Session, sessionmaker
+from starlette.requests import ClientDisconnect
 
 log = logging.getLogger(__name__)
 router = APIRouter(prefix="/v1", tags=["adapters"])
@@ -61,10 +62,16 @@ def _service(services: Any) -> AdapterService:
 @router.post("/adapters", status_code=202)
 async def upload_adapter(request: Request, key: AdaptersKey, services: AppServices) -> JSONResponse:
     length = request.headers.get("content-length")
-    info = await _service(services).create_from_upload(
-        tenant_id=key.tenant_id, chunks=request.stream(), content_type=request.headers.get("content-type", ""),
-        content_length=int(length) if length and length.isdigit() else None,
-    )
+    try:
+        info = await _service(services).create_from_upload(
+            tenant_id=key.tenant_id, chunks=request.stream(), content_type=request.headers.get("content-type", ""),
+            content_length=int(length) if length and length.isdigit() else None,
+        )
+    except ClientDisconnect:
+        # The client went away mid-upload: a normal abort, not a server error. The service has
+        # already removed the staging folder; nothing was stored. Nobody reads this response.
+        log.info("adapter upload aborted: the client disconnected")
+        return Response(status_code=499)
     return JSONResponse(adapter_public(info), status_code=202)
 
 
