@@ -2,8 +2,9 @@
 
 Callers on any asyncio loop submit requests; the engine thread applies
 commands (add / abort / release_session) between steps and pushes each
-request's outputs back onto the caller's loop. Input is validated before
-anything is queued, so bad input raises at once and never hangs.
+request's outputs back onto the caller's loop (one wake-up per loop per step,
+however many streams). Input is validated before anything is queued, so bad
+input raises at once and never hangs.
 """
 
 from __future__ import annotations
@@ -38,9 +39,19 @@ class _Stream:
         self.queue: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
 
     def put(self, item: RequestOutput | BaseException) -> None:
-        # RuntimeError: the caller's loop is closed; nobody is listening.
-        with contextlib.suppress(RuntimeError):
-            self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
+        _post(self.loop, [(self.queue, item)])
+
+
+def _post(loop: asyncio.AbstractEventLoop, items: list[tuple[asyncio.Queue, Any]]) -> None:
+    """Hand `items` to their queues on `loop` with ONE thread-safe wake-up (not one per item)."""
+    # RuntimeError: the caller's loop is closed; nobody is listening.
+    with contextlib.suppress(RuntimeError):
+        loop.call_soon_threadsafe(_put_all, items)
+
+
+def _put_all(items: list[tuple[asyncio.Queue, Any]]) -> None:
+    for q, item in items:
+        q.put_nowait(item)
 
 
 class AsyncEngine:
@@ -178,8 +189,7 @@ class AsyncEngine:
                 if self.engine.last_step_was_idle:  # don't spin while e.g. an adapter loads
                     self._wakeup.wait(0.005)
                     self._wakeup.clear()
-                for out in outputs:
-                    self._deliver(out)
+                self._deliver(*outputs)
         except BaseException as exc:  # the loop itself broke: fail every caller, never hang them
             logger.exception("engine loop died")
             self._dead = exc
@@ -196,10 +206,8 @@ class AsyncEngine:
             except queue.Empty:
                 return True
             if kind == "stop":  # shutting down: end every open stream with `abort`, never leave one hanging
-                for request_id in list(self.engine.requests):
-                    out = self.engine.abort(request_id)
-                    if out is not None:
-                        self._deliver(out)
+                aborted = [self.engine.abort(request_id) for request_id in list(self.engine.requests)]
+                self._deliver(*(out for out in aborted if out is not None))
                 return False
             if kind == "add":
                 self._add(payload)
@@ -219,10 +227,20 @@ class AsyncEngine:
             if stream is not None:
                 stream.put(exc)
 
-    def _deliver(self, out: RequestOutput) -> None:
+    def _deliver(self, *outputs: RequestOutput) -> None:
+        """Post a step's outputs: one `call_soon_threadsafe` per caller loop, however many streams.
+
+        Per-loop batching keeps a step with many concurrent streams from waking the loop (and
+        taking the GIL from the HTTP server) once per stream; order per request is kept because
+        each loop runs its batches in the order they were posted.
+        """
+        batches: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Queue, Any]]] = {}
         with self._lock:
-            stream = self._streams.get(out.request_id)
-            if out.finished:
-                self._streams.pop(out.request_id, None)
-        if stream is not None:
-            stream.put(out)
+            for out in outputs:
+                stream = self._streams.get(out.request_id)
+                if out.finished:
+                    self._streams.pop(out.request_id, None)
+                if stream is not None:
+                    batches.setdefault(stream.loop, []).append((stream.queue, out))
+        for loop, items in batches.items():
+            _post(loop, items)

@@ -1,0 +1,95 @@
+"""AsyncEngine delivery: one loop wake-up per step for many streams, per-loop routing, abandoned tails."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+from enginecore_helpers import tiny_random_config
+from loraplex.engine.async_engine import AsyncEngine
+from loraplex.engine.config import EngineConfig
+from loraplex.engine.protocol import EngineRequest, FinishReason, SamplingParams
+
+pytestmark = pytest.mark.timeout(180)
+
+STREAMS = 16
+TOKENS = 8
+
+
+class CountingLoop(asyncio.SelectorEventLoop):
+    """A real event loop that counts the engine thread's thread-safe wake-ups."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.threadsafe_calls = 0
+
+    def call_soon_threadsafe(self, *args, **kwargs):
+        self.threadsafe_calls += 1
+        return super().call_soon_threadsafe(*args, **kwargs)
+
+
+@pytest.fixture(scope="module")
+def engine(smol):
+    engine = AsyncEngine.from_random(tiny_random_config(num_hidden_layers=1),
+                                     EngineConfig(num_blocks=256, max_model_len=512, max_num_seqs=64), smol.tokenizer)
+    yield engine
+    engine.shutdown()
+
+
+def _requests(prefix: str) -> list[EngineRequest]:
+    return [EngineRequest(f"{prefix}{i}", [5 + i, 6, 7, 8], SamplingParams(max_tokens=TOKENS, ignore_eos=True))
+            for i in range(STREAMS)]
+
+
+async def _stream_all(engine: AsyncEngine, requests: list[EngineRequest]) -> dict[str, list]:
+    async def one(request: EngineRequest) -> list:
+        return [out async for out in engine.generate(request)]
+
+    results = await asyncio.gather(*(one(r) for r in requests))
+    return {r.request_id: outs for r, outs in zip(requests, results, strict=True)}
+
+
+def _check_streams(results: dict[str, list]) -> None:
+    for outs in results.values():
+        assert outs[-1].finished and not any(o.finished for o in outs[:-1])
+        assert sum(len(c.token_ids) for o in outs for c in o.choices) == TOKENS
+
+
+def test_a_step_wakes_the_loop_once_not_once_per_stream(engine):
+    with asyncio.Runner(loop_factory=CountingLoop) as runner:
+        results = runner.run(_stream_all(engine, _requests("wake")))
+        calls = runner.get_loop().threadsafe_calls
+    _check_streams(results)
+    outputs = sum(len(outs) for outs in results.values())
+    # One wake-up per step: at most the steps the 16 requests need (they may straggle into the
+    # batch over a few steps), fewer than the outputs (one wake-up each before batching).
+    assert calls <= TOKENS + STREAMS < outputs, (calls, outputs)
+
+
+def test_streams_on_two_loops_each_get_only_their_own_outputs(engine):
+    results: dict[str, dict[str, list]] = {}
+
+    def run(prefix: str) -> None:
+        results[prefix] = asyncio.run(_stream_all(engine, _requests(prefix)))
+
+    threads = [threading.Thread(target=run, args=(p,)) for p in ("left", "right")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert set(results) == {"left", "right"}
+    for prefix, streams in results.items():
+        assert all(o.request_id.startswith(prefix) for outs in streams.values() for o in outs)
+        _check_streams(streams)
+
+
+async def test_a_stream_stopped_early_leaves_its_tail_for_billing(engine):
+    request = EngineRequest("gone", [9, 8, 7], SamplingParams(max_tokens=400, ignore_eos=True))
+    stream = engine.generate(request)
+    first = await stream.__anext__()
+    await stream.aclose()  # the client went away: the request is aborted
+    tail = await engine.take_abandoned_outputs("gone")
+    assert tail and tail[-1].finished and tail[-1].choices[0].finish_reason == FinishReason.ABORT
+    assert tail[-1].choices[0].num_output_tokens >= len(first.choices[0].token_ids)
+    assert await engine.take_abandoned_outputs("gone") == []
