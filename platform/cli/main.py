@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import typer
-from loraplex.platform.cli import db, keys, tenants, usage
+from loraplex.platform.cli import adapters, db, keys, tenants, usage
 from loraplex.platform.cli.serve import serve
 
 app = typer.Typer(
@@ -18,6 +18,7 @@ app.add_typer(db.app, name="db")
 app.add_typer(tenants.app, name="tenants")
 app.add_typer(keys.app, name="keys")
 app.add_typer(usage.app, name="usage")
+app.add_typer(adapters.app, name="adapters")
 
 if __name__ == "__main__":
     app()
