@@ -60,7 +60,7 @@ def _service(services: Any) -> AdapterService:
 
 
 @router.post("/adapters", status_code=202)
-async def upload_adapter(request: Request, key: AdaptersKey, services: AppServices) -> JSONResponse:
+async def upload_adapter(request: Request, key: AdaptersKey, services: AppServices) -> Response:
     length = request.headers.get("content-length")
     try:
         info = await _service(services).create_from_upload(
