@@ -142,6 +142,10 @@ class EngineConfig:
     enable_cuda_graphs: bool = True
     host_kv_bytes: int = 0                   # host memory for offloaded session KV; 0: no host tier (drop)
     num_host_blocks: int | None = None       # overrides host_kv_bytes
+    # Session pin budgets (device blocks): past them the least recently used pins (of that tenant, or of
+    # anyone) are offloaded; a session larger than a budget is not pinned. None: the pool is the limit.
+    max_pinned_blocks: int | None = None
+    max_pinned_blocks_per_tenant: int | None = None
 
     @property
     def torch_dtype(self) -> torch.dtype:

@@ -44,7 +44,11 @@ class LLMEngine:
         self.max_model_len = engine_config.resolve_max_model_len(model_config)
         runner_class = runner_class_for(engine_config.device)
         self.num_blocks = runner_class.plan_num_blocks(model, model_config, engine_config)
-        self.block_manager = BlockManager(self.num_blocks, engine_config.block_size, engine_config.enable_prefix_caching)
+        self.block_manager = BlockManager(
+            self.num_blocks, engine_config.block_size, engine_config.enable_prefix_caching,
+            max_pinned_blocks=engine_config.max_pinned_blocks,
+            max_pinned_blocks_per_tenant=engine_config.max_pinned_blocks_per_tenant,
+        )
         self.scheduler = Scheduler(
             self.block_manager, engine_config.max_num_batched_tokens, engine_config.max_num_seqs, adapter_ready
         )
@@ -127,7 +131,8 @@ class LLMEngine:
             request, seqs, self.tokenizer, self.eos_token_ids, self.max_model_len
         )
         if request.session_id:
-            self.block_manager.restore_pin(request.session_id)  # offloaded KV back before it is matched
+            # Offloaded KV back before it is matched (a pinned one becomes the most recently used).
+            self.block_manager.restore_pin(request.session_id, request.tenant_id)
         self.scheduler.add(seqs[0], seqs[1:])
         self.num_prompt_tokens_total += len(request.prompt_token_ids)
 
@@ -262,7 +267,7 @@ class LLMEngine:
         return outputs
 
     # ---- metrics --------------------------------------------------------------------------
-    def stats(self) -> dict[str, int]:
+    def stats(self) -> dict[str, Any]:
         bm = self.block_manager
         return {
             "num_blocks_total": bm.num_blocks,
@@ -278,6 +283,8 @@ class LLMEngine:
             "generation_tokens_total": self.num_generation_tokens_total,
             "num_preemptions": self.scheduler.num_preemptions,
             "num_pins_evicted": bm.num_pins_evicted,
+            "num_pins_over_budget": bm.num_pins_over_budget,
+            "pinned_blocks_by_tenant": bm.pinned_blocks_by_tenant(),
             **self._host_stats(),
         }
 

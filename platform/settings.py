@@ -32,6 +32,9 @@ class Settings(BaseSettings):
     kv_cache_memory_mb: int = 256
     kv_host_memory_mb: int = 256        # host memory for pinned session KV offloaded under pressure; 0: drop instead
     num_kv_blocks: int | None = None    # overrides the memory budget (tests use tiny pools)
+    # Device KV blocks sessions may pin in all / per tenant; None: the pool is the limit / no per-tenant limit
+    max_pinned_blocks: int | None = Field(default=None, ge=0)
+    max_pinned_blocks_per_tenant: int | None = Field(default=None, ge=0)
     kv_block_size: int = 16
     enable_prefix_caching: bool = True
     max_num_seqs: int = 64

@@ -42,6 +42,8 @@ def engine_config(settings: Settings) -> Any:
         device=settings.resolve_device(),
         enable_prefix_caching=settings.enable_prefix_caching,
         host_kv_bytes=settings.kv_host_memory_mb * 1024 * 1024,
+        max_pinned_blocks=settings.max_pinned_blocks,
+        max_pinned_blocks_per_tenant=settings.max_pinned_blocks_per_tenant,
     )
 
 

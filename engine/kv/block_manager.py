@@ -16,6 +16,8 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from loraplex.engine.kv.pin_ledger import PinLedger
+
 if TYPE_CHECKING:
     from loraplex.engine.kv.host_tier import HostTier
     from loraplex.engine.sequence import Sequence
@@ -48,7 +50,10 @@ def block_hash(parent_hash: bytes, token_ids: list[int], salt: tuple) -> bytes:
 
 
 class BlockManager:
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True) -> None:
+    def __init__(
+        self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True, *,
+        max_pinned_blocks: int | None = None, max_pinned_blocks_per_tenant: int | None = None,
+    ) -> None:
         self.block_size = block_size
         self.num_blocks = num_blocks
         self.enable_prefix_caching = enable_prefix_caching
@@ -56,8 +61,12 @@ class BlockManager:
         self.free_block_ids: deque[int] = deque(range(num_blocks))
         self.cached_free: OrderedDict[int, None] = OrderedDict()  # LRU: ref_count 0 but hashed
         self.hash_to_block_id: dict[bytes, int] = {}
-        self.pins: OrderedDict[str, list[int]] = OrderedDict()  # oldest first
+        self.pins: OrderedDict[str, list[int]] = OrderedDict()  # least recently used first
+        self.pin_ledger = PinLedger()
+        self.max_pinned_blocks = max_pinned_blocks                        # None: the pool is the limit
+        self.max_pinned_blocks_per_tenant = max_pinned_blocks_per_tenant  # None: no per-tenant limit
         self.num_pins_evicted = 0
+        self.num_pins_over_budget = 0  # sessions not pinned because they alone exceed a budget
         self.host_tier: HostTier | None = None  # set when a host KV budget is configured
         self.num_prefix_queries = 0  # prompt tokens looked up in the cache
         self.num_prefix_hits = 0     # of those, tokens found
@@ -74,7 +83,10 @@ class BlockManager:
 
     @property
     def num_pinned_blocks(self) -> int:
-        return len({b for ids in self.pins.values() for b in ids})
+        return self.pin_ledger.num_blocks
+
+    def pinned_blocks_by_tenant(self) -> dict[str, int]:
+        return self.pin_ledger.by_tenant()
 
     # ---- allocation -----------------------------------------------------------------------
     def blocks_needed(self, num_tokens: int) -> int:
@@ -194,8 +206,11 @@ class BlockManager:
     def pin(self, key: str, seq: Sequence) -> int:
         """Keep `seq`'s cached full blocks alive under `key`, replacing an earlier pin of that key.
 
-        Returns the number of tokens pinned. The new blocks are referenced before
-        the old pin is dropped, so blocks the two share never become evictable.
+        Returns the number of tokens pinned (0 when the session alone exceeds a pin
+        budget: it is not pinned and its next turn re-prefills). The new blocks are
+        referenced before the old pin is dropped, so blocks the two share never
+        become evictable. Other pins are offloaded, least recently used first, until
+        the tenant's and the global budget hold this one.
         """
         self.cache_blocks(seq)
         block_ids = [b for b, _ in zip(seq.block_table, seq.block_hashes, strict=False)]
@@ -204,18 +219,52 @@ class BlockManager:
         self.unpin(key)
         if self.host_tier is not None:
             self.host_tier.discard(key)  # the device copy is newer
-        self.pins[key] = block_ids
+        if not self._fit_pin_budgets(seq.tenant_id, block_ids):
+            for block_id in reversed(block_ids):
+                self._release(block_id)
+            return 0
+        self._add_pin(key, seq.tenant_id, block_ids)
         return len(block_ids) * self.block_size
 
-    def restore_pin(self, key: str) -> bool:
-        """Pin again a session whose blocks were offloaded to the host tier (copies run next step)."""
-        if self.host_tier is None or key in self.pins:
+    def restore_pin(self, key: str, tenant_id: str) -> bool:
+        """Pin again a session whose blocks were offloaded to the host tier (copies run next step).
+
+        A session already pinned on the device becomes the most recently used.
+        """
+        if key in self.pins:
+            self.pins.move_to_end(key)
+            return False
+        if self.host_tier is None:
             return False
         block_ids = self.host_tier.restore(key, self)
         if block_ids is None:
             return False
-        self.pins[key] = block_ids
+        if not self._fit_pin_budgets(tenant_id, block_ids):
+            for block_id in reversed(block_ids):
+                self._release(block_id)
+            return False
+        self._add_pin(key, tenant_id, block_ids)
         return True
+
+    def _fit_pin_budgets(self, tenant_id: str, block_ids: list[int]) -> bool:
+        """Offload LRU pins (the tenant's, then anyone's) until `block_ids` fit; False if they never can."""
+        tenant_cap, global_cap = self.max_pinned_blocks_per_tenant, self.max_pinned_blocks
+        distinct = len(set(block_ids))
+        if (tenant_cap is not None and distinct > tenant_cap) or (global_cap is not None and distinct > global_cap):
+            self.num_pins_over_budget += 1
+            return False
+        ledger = self.pin_ledger
+        if tenant_cap is not None:
+            while ledger.num_blocks_of(tenant_id) + ledger.num_new_for(tenant_id, block_ids)[0] > tenant_cap:
+                self._evict_pin(next(k for k in self.pins if ledger.tenant_of[k] == tenant_id))
+        if global_cap is not None:
+            while ledger.num_blocks + ledger.num_new_for(tenant_id, block_ids)[1] > global_cap:
+                self._evict_pin(next(iter(self.pins)))
+        return True
+
+    def _add_pin(self, key: str, tenant_id: str, block_ids: list[int]) -> None:
+        self.pins[key] = block_ids
+        self.pin_ledger.add(key, tenant_id, block_ids)
 
     def cached_block(self, h: bytes, token_ids: list[int], salt: tuple, parent: bytes) -> int | None:
         """The device block holding exactly this cached content, if it is still there."""
@@ -249,16 +298,20 @@ class BlockManager:
         if not self.pins:
             return None
         key = next(iter(self.pins))
+        self._evict_pin(key)
+        return key
+
+    def _evict_pin(self, key: str) -> None:
         if self.host_tier is not None:
             self.host_tier.offload(key, [self.blocks[b] for b in self.pins[key]])
         self.unpin(key)
         self.num_pins_evicted += 1
-        return key
 
     def unpin(self, key: str) -> bool:
         block_ids = self.pins.pop(key, None)
         if block_ids is None:
             return False
+        self.pin_ledger.remove(key, block_ids)
         for block_id in reversed(block_ids):
             self._release(block_id)
         return True

@@ -223,6 +223,11 @@ class _SessionCollector(Collector):
                                ("num_session_drops", "Session KV dropped past the host budget")):
             if isinstance(engine_stats.get(key), int | float):
                 yield GaugeMetricFamily(f"loraplex_{key}", help_text, value=float(engine_stats[key]))
+        by_tenant = GaugeMetricFamily("loraplex_kv_blocks_pinned_by_tenant", "Device KV blocks pinned by "
+                                      "each tenant's sessions", labels=["tenant"])
+        for tenant, blocks in (engine_stats.get("pinned_blocks_by_tenant") or {}).items():
+            by_tenant.add_metric([str(tenant)], float(blocks))
+        yield by_tenant
 
 
 def make_session_store(settings: Settings) -> SessionStore:

@@ -135,3 +135,66 @@ def test_pin_keeps_blocks_until_unpinned_and_replacement_keeps_shared_blocks():
     assert bm.unpin("s1")
     assert not bm.unpin("s1")
     assert bm.num_pinned_blocks == 0 and bm.num_free_blocks == 8
+
+
+def pinned_turn(bm: BlockManager, key: str, tokens: list[int], tenant: str) -> int:
+    """One finished session turn of `tenant`: prefill, pin, free the sequence; returns tokens pinned."""
+    s = seq(tokens, (tenant, None, ""))
+    run_prefill(bm, s)
+    pinned = bm.pin(key, s)
+    bm.deallocate(s)
+    return pinned
+
+
+def test_shared_prefix_blocks_count_once_per_tenant():
+    bm = BlockManager(16, BS)
+    pinned_turn(bm, "a1", list(range(9)), "A")
+    pinned_turn(bm, "a2", [*range(8), 50, 51, 52, 53, 54], "A")  # shares the first 2 blocks with a1
+    assert bm.pinned_blocks_by_tenant() == {"A": 3} and bm.num_pinned_blocks == 3
+    bm.unpin("a1")
+    assert bm.pinned_blocks_by_tenant() == {"A": 3}  # a2 still holds all three
+    bm.unpin("a2")
+    assert bm.pinned_blocks_by_tenant() == {} and bm.num_pinned_blocks == 0 and bm.num_free_blocks == 16
+
+
+def test_tenant_budget_evicts_that_tenants_oldest_pins_only():
+    bm = BlockManager(32, BS, max_pinned_blocks_per_tenant=4)
+    pinned_turn(bm, "b1", list(range(100, 109)), "B")          # 2 blocks
+    pinned_turn(bm, "a1", list(range(9)), "A")                 # 2 blocks
+    pinned_turn(bm, "a2", list(range(20, 29)), "A")            # 2 blocks: A at its budget
+    assert bm.pinned_blocks_by_tenant() == {"A": 4, "B": 2}
+    pinned_turn(bm, "a3", list(range(40, 49)), "A")            # evicts a1 (A's oldest), never b1
+    assert list(bm.pins) == ["b1", "a2", "a3"]
+    assert bm.pinned_blocks_by_tenant() == {"A": 4, "B": 2} and bm.num_pins_evicted == 1
+    bm.restore_pin("a2", "A")                                  # a turn of a2 makes it the most recent
+    pinned_turn(bm, "a4", list(range(60, 69)), "A")            # so a3 goes
+    assert list(bm.pins) == ["b1", "a2", "a4"]
+
+
+def test_global_budget_evicts_least_recently_used_across_tenants():
+    bm = BlockManager(32, BS, max_pinned_blocks=6)
+    pinned_turn(bm, "a1", list(range(9)), "A")
+    pinned_turn(bm, "b1", list(range(100, 109)), "B")
+    pinned_turn(bm, "a2", list(range(20, 29)), "A")
+    pinned_turn(bm, "b2", list(range(120, 129)), "B")          # 8 > 6: a1, the LRU of anyone, goes
+    assert list(bm.pins) == ["b1", "a2", "b2"] and bm.num_pinned_blocks == 6
+    pinned_turn(bm, "a3", list(range(40, 49)), "A")            # then b1
+    assert list(bm.pins) == ["a2", "b2", "a3"]
+    assert bm.pinned_blocks_by_tenant() == {"A": 4, "B": 2}
+
+
+def test_session_larger_than_a_budget_is_not_pinned_and_frees_its_old_pin():
+    bm = BlockManager(32, BS, max_pinned_blocks_per_tenant=3)
+    assert pinned_turn(bm, "a1", list(range(9)), "A") == 8
+    assert pinned_turn(bm, "a1", list(range(17)), "A") == 0   # 4 blocks alone exceed 3
+    assert "a1" not in bm.pins and bm.num_pins_over_budget == 1
+    assert bm.num_pinned_blocks == 0 and bm.num_free_blocks == 32
+
+
+def test_pins_of_no_full_block_keep_the_counts_exact():
+    bm = BlockManager(8, BS)
+    pinned_turn(bm, "short", [1, 2, 3], "A")   # under one block: pins nothing
+    pinned_turn(bm, "long", list(range(9)), "A")
+    bm.unpin("long")
+    assert bm.unpin("short")
+    assert bm.pinned_blocks_by_tenant() == {} and bm.num_free_blocks == 8

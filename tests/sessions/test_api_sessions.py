@@ -222,5 +222,6 @@ def test_session_lost_by_the_store_is_a_clear_404_and_metrics_are_exported(serve
     assert "Create a new session" in chat.json()["error"]["message"]
     metrics = httpx.get(f"{server.base_url}/metrics", timeout=30).text
     for name in ("loraplex_sessions_pinned", "loraplex_session_turns_total", "loraplex_session_turn_cache_hit_rate",
-                 "loraplex_num_session_offloads", "loraplex_num_blocks_pinned_host"):
+                 "loraplex_num_session_offloads", "loraplex_num_blocks_pinned_host",
+                 "loraplex_kv_blocks_pinned_by_tenant"):
         assert name in metrics, name
