@@ -42,7 +42,7 @@ services:
 	@test -x /usr/bin/chromium || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; }
 
 test: $(STAMP) services model
-	$(PY) -m pytest -m "not gpu" --timeout=900 $(PYTEST_ARGS)
+	$(VENV)/bin/pytest -m "not gpu" --timeout=900 $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
