@@ -123,4 +123,4 @@ def _insert_ignoring_duplicates(session: Session) -> Any:
         return postgresql.insert(UsageEventRow).on_conflict_do_nothing(index_elements=["request_id"])
     if dialect == "sqlite":
         return sqlite.insert(UsageEventRow).on_conflict_do_nothing(index_elements=["request_id"])
-    raise NotImplementedError(f"the ledger supports PostgreSQL and SQLite, not {dialect}")
+    raise ValueError(f"the ledger supports PostgreSQL and SQLite, not {dialect}")
