@@ -10,6 +10,8 @@ tokens and forces the closing marker when a thinking budget runs out.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from loraplex.engine.protocol import ReasoningMarkers
 from loraplex.grammar.matcher import XGrammarCompiledGrammar, XGrammarMatcher
@@ -23,14 +25,20 @@ class ReasoningGatedGrammar:
         self.markers = markers
 
     def new_matcher(self) -> ReasoningGatedMatcher:
-        return ReasoningGatedMatcher(self.inner.new_matcher(), self.markers, self.inner.stop_token_ids)
+        return ReasoningGatedMatcher(self.inner.new_matcher(), self.markers, self.inner.stop_token_ids,
+                                     fresh_inner=self.inner.new_matcher)
 
 
 class ReasoningGatedMatcher:
     _BEFORE, _OPENING, _INSIDE, _AFTER = range(4)
 
-    def __init__(self, inner: XGrammarMatcher, markers: ReasoningMarkers, stop_token_ids: list[int]) -> None:
+    def __init__(self, inner: XGrammarMatcher, markers: ReasoningMarkers, stop_token_ids: list[int],
+                 fresh_inner: Callable[[], XGrammarMatcher] | None = None) -> None:
         self._inner = inner
+        # The start marker's first tokens may also begin the answer (`<think>` and `<tool_call>` share `<`):
+        # while opening, the answer path stays alive in `_inner`, and a completed marker starts a fresh one.
+        self._fresh_inner = fresh_inner
+        self._answer_alive = self._inner_fed = False
         self._start = list(markers.start_token_ids)
         self._end = list(markers.end_token_ids)
         self._stop_token_ids = stop_token_ids
@@ -45,15 +53,22 @@ class ReasoningGatedMatcher:
             if token_id == self._start[0]:
                 self._opened = 1
                 self._state = self._INSIDE if len(self._start) == 1 else self._OPENING
+                self._answer_alive = self._inner_fed = self._state == self._OPENING and self._inner.accept_token(token_id)
                 return True
             self._state = self._AFTER  # answered without thinking
             return self._inner.accept_token(token_id)
         if self._state == self._OPENING:
             if token_id != self._start[self._opened]:
+                if self._answer_alive and self._inner.accept_token(token_id):
+                    self._state = self._AFTER  # it was the answer, not a think block
+                    return True
                 return False
             self._opened += 1
+            self._answer_alive = self._answer_alive and self._inner.accept_token(token_id)
             if self._opened == len(self._start):
                 self._state = self._INSIDE
+                if self._inner_fed and self._fresh_inner is not None:
+                    self._inner = self._fresh_inner()  # the answer path had eaten the marker
             return True
         if self._state == self._INSIDE:
             self._recent = [*self._recent, token_id][-len(self._end):] if self._end else []
@@ -69,7 +84,10 @@ class ReasoningGatedMatcher:
             self._inner.fill_bitmask(bitmask, row)
             _set_bit(bitmask, row, self._start[0])
         elif self._state == self._OPENING:
-            bitmask[row].zero_()
+            if self._answer_alive:
+                self._inner.fill_bitmask(bitmask, row)
+            else:
+                bitmask[row].zero_()
             _set_bit(bitmask, row, self._start[self._opened])
         else:
             bitmask[row].fill_(-1)  # free thoughts, but no stopping before the answer

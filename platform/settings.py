@@ -64,6 +64,10 @@ class Settings(BaseSettings):
     max_lora_rank: int = 64
     adapter_storage_dir: Path | None = None  # None: <data_dir>/adapters
     max_reasoning_tokens: int | None = None  # default thinking budget; None: unbounded
+    reasoning_format: str = "think"     # think markers of the served family: think | auto | none | a family name
+    reasoning_budget_low: int = Field(default=64, ge=0)     # reasoning_effort -> thinking budget (tokens)
+    reasoning_budget_medium: int = Field(default=256, ge=0)
+    reasoning_budget_high: int = Field(default=1024, ge=0)
     grammar_compile_timeout_s: float = 30.0  # a compilation running longer than this: 400
     grammar_max_spec_bytes: int = 256 * 1024  # response_format / tools larger than this: 400
     session_ttl_s: int = 3600

@@ -18,6 +18,7 @@ from loraplex.platform.extensions import BaseModelResolver, Extensions
 from loraplex.platform.metering import install_billing
 from loraplex.platform.metrics import Metrics
 from loraplex.platform.ratelimit.limiter import make_rate_limiter
+from loraplex.platform.reasoning import install_reasoning
 from loraplex.platform.routers.adapters import install_adapters
 from loraplex.platform.routers.sessions import install_sessions
 from loraplex.platform.services import Services
@@ -83,6 +84,7 @@ def build_extensions(
         install_adapters(extensions, settings, engine=engine, db_sessions=db_sessions, base_model_name=base_model_name)
     if settings.metering_enabled and db_sessions is not None:
         install_billing(extensions, settings, db_sessions=db_sessions, base_model=base_model_name)
+    install_reasoning(extensions, settings, engine=engine)  # before structured output: its tool parser wraps ours
     install_structured_output(extensions, settings, engine=engine)
     return extensions
 

@@ -40,6 +40,7 @@ def sampling_from(body: ChatCompletionRequest | CompletionRequest, *, max_tokens
         if body.top_logprobs is not None and not body.logprobs:
             raise InvalidRequestError("top_logprobs requires logprobs=true", param="top_logprobs")
         sampling.logprobs = (body.top_logprobs or 0) if body.logprobs else None
+        sampling.max_reasoning_tokens = body.max_reasoning_tokens
     else:
         sampling.logprobs = body.logprobs
         if body.echo and body.logprobs is not None:

@@ -65,6 +65,7 @@ class ChatCompletionRequest(_SamplingFields):
     parallel_tool_calls: bool | None = None
     session_id: str | None = None
     reasoning_effort: str | None = None
+    max_reasoning_tokens: int | None = None  # extension: thinking budget (tokens), wins over reasoning_effort
 
 
 class CompletionRequest(_SamplingFields):

@@ -1,0 +1,96 @@
+"""Thinking tokens on the API: reasoning markers, the reasoning/content split and the thinking budget.
+
+`ReasoningPreparer` is one of the platform's request preparers
+(extensions.RequestPreparer). For chat requests on a model family with a
+configured reasoning format it gives the engine the marker token ids (so it
+counts reasoning tokens and can close the block when the budget is spent) and
+sets a message parser that moves the think block into `reasoning_content`.
+
+The budget comes from the request: the extension `max_reasoning_tokens`
+(already on `prepared.sampling`, validated by SamplingParams) wins over
+`reasoning_effort` (low/medium/high, mapped to the budgets in Settings), which
+wins over the server default `Settings.max_reasoning_tokens`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from loraplex.engine.errors import InvalidRequestError
+from loraplex.engine.protocol import ReasoningMarkers
+from loraplex.grammar.reasoning import (
+    REASONING_FORMATS,
+    ReasoningFormat,
+    reasoning_format_for,
+    reasoning_markers,
+)
+from loraplex.platform.extensions import Extensions, MessageParser, PreparedRequest
+from loraplex.platform.settings import Settings
+from loraplex.platform.structured import ReasoningMessageParser
+
+EFFORTS = ("low", "medium", "high")
+
+
+def resolve_format(name: str, model_type: str | None) -> ReasoningFormat | None:
+    """Settings.reasoning_format: "none" (off), "think" (`<think>`...`</think>`), "auto" (by model family),
+    or a family name from grammar.reasoning.REASONING_FORMATS."""
+    key = name.strip().lower()
+    if key == "none":
+        return None
+    if key == "think":
+        return ReasoningFormat()
+    if key == "auto":
+        return reasoning_format_for(model_type)
+    if key in REASONING_FORMATS:
+        return REASONING_FORMATS[key]
+    raise ValueError(f"unknown reasoning_format {name!r}; expected none, think, auto or one of {sorted(REASONING_FORMATS)}")
+
+
+class ReasoningPreparer:
+    """extensions.RequestPreparer; markers are computed once per served model, not per request."""
+
+    def __init__(self, fmt: ReasoningFormat, markers: ReasoningMarkers, budgets: dict[str, int],
+                 default_budget: int | None = None) -> None:
+        self.fmt = fmt
+        self.markers = markers
+        self.budgets = budgets
+        self.default_budget = default_budget
+
+    async def __call__(self, prepared: PreparedRequest) -> None:
+        if prepared.kind != "chat":
+            return  # completions return raw text; there is no message to split
+        prepared.sampling.max_reasoning_tokens = self._budget(prepared)
+        prepared.reasoning = self.markers
+        fmt, inside = self.fmt, self.markers.starts_inside
+
+        def parser() -> MessageParser:
+            return ReasoningMessageParser(fmt, starts_inside=inside)
+
+        prepared.parser_factory = parser
+
+    def _budget(self, prepared: PreparedRequest) -> int | None:
+        effort = getattr(prepared.body, "reasoning_effort", None)
+        if effort is not None and (not isinstance(effort, str) or effort.lower() not in self.budgets):
+            raise InvalidRequestError(
+                f"reasoning_effort must be one of {', '.join(EFFORTS)}; got {effort!r}", param="reasoning_effort"
+            )
+        if prepared.sampling.max_reasoning_tokens is not None:
+            return prepared.sampling.max_reasoning_tokens  # the explicit extension wins
+        return self.default_budget if effort is None else self.budgets[effort.lower()]
+
+
+def build_reasoning(settings: Settings, tokenizer: Any, model_type: str | None) -> ReasoningPreparer | None:
+    fmt = resolve_format(settings.reasoning_format, model_type)
+    if fmt is None:
+        return None
+    budgets = {"low": settings.reasoning_budget_low, "medium": settings.reasoning_budget_medium,
+               "high": settings.reasoning_budget_high}
+    return ReasoningPreparer(fmt, reasoning_markers(tokenizer, fmt), budgets, settings.max_reasoning_tokens)
+
+
+def install_reasoning(extensions: Extensions, settings: Settings, *, engine: Any) -> None:
+    """Register the preparer first: the sessions preparer (and later the tool-call parser) wrap its parser."""
+    model_type = getattr(getattr(engine, "model_config", None), "model_type", None)
+    preparer = build_reasoning(settings, engine.tokenizer, model_type)
+    if preparer is not None:
+        extensions.preparers.insert(0, preparer)
