@@ -140,3 +140,15 @@ def test_base_model_without_markers_reports_zero(server):
     assert answer.usage.completion_tokens_details.reasoning_tokens == 0
     assert _reasoning(answer.choices[0].message) is None and answer.choices[0].message.content
     assert _ledger(server)[raw.headers["x-request-id"]].thinking_tokens == 0
+
+
+def test_reasoning_format_none_leaves_the_text_alone(start_server, smollm_path):
+    from train_adapters import ensure_trained_adapters
+
+    with start_server(reasoning_format="none") as plain:
+        _upload_thinker(plain, ensure_trained_adapters(smollm_path)["thinker"])
+        answer, request_id = _chat(plain, reasoning_effort="low")  # accepted and ignored: nothing to budget
+        assert answer.choices[0].message.content.startswith("<think>") and "</think>" in answer.choices[0].message.content
+        assert _reasoning(answer.choices[0].message) is None
+        assert answer.usage.completion_tokens_details.reasoning_tokens == 0
+        assert _ledger(plain)[request_id].thinking_tokens == 0
