@@ -10,6 +10,11 @@ The budget comes from the request: the extension `max_reasoning_tokens`
 (already on `prepared.sampling`, validated by SamplingParams) wins over
 `reasoning_effort` (low/medium/high, mapped to the budgets in Settings), which
 wins over the server default `Settings.max_reasoning_tokens`.
+
+Structured output (response_format / tools) gates its grammar behind the think
+block when markers are set; that happens only when the request asks for
+reasoning (either field above) or the chat template has opened the block, so
+models that never think keep answering straight into the grammar.
 """
 
 from __future__ import annotations
@@ -59,7 +64,13 @@ class ReasoningPreparer:
     async def __call__(self, prepared: PreparedRequest) -> None:
         if prepared.kind != "chat":
             return  # completions return raw text; there is no message to split
-        prepared.sampling.max_reasoning_tokens = self._budget(prepared)
+        budget = self._budget(prepared)
+        if _constrained(prepared.body) and not self.markers.starts_inside and not _asks_for_reasoning(prepared):
+            # With markers set, the grammar is gated and the think marker becomes allowed first; a model that
+            # does not think would wander into a think block instead of answering. Think only when asked to
+            # (or when the template has already opened the block).
+            return
+        prepared.sampling.max_reasoning_tokens = budget
         prepared.reasoning = self.markers
         fmt, inside = self.fmt, self.markers.starts_inside
 
@@ -77,6 +88,16 @@ class ReasoningPreparer:
         if prepared.sampling.max_reasoning_tokens is not None:
             return prepared.sampling.max_reasoning_tokens  # the explicit extension wins
         return self.default_budget if effort is None else self.budgets[effort.lower()]
+
+
+def _constrained(body: Any) -> bool:
+    response_format = getattr(body, "response_format", None) or {}
+    tools = getattr(body, "tools", None)
+    return response_format.get("type", "text") != "text" or bool(tools and getattr(body, "tool_choice", None) != "none")
+
+
+def _asks_for_reasoning(prepared: PreparedRequest) -> bool:
+    return getattr(prepared.body, "reasoning_effort", None) is not None or prepared.sampling.max_reasoning_tokens is not None
 
 
 def build_reasoning(settings: Settings, tokenizer: Any, model_type: str | None) -> ReasoningPreparer | None:
