@@ -42,7 +42,10 @@ services:
 	@test -x /usr/bin/chromium || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; }
 
 test: $(STAMP) services model
-	$(VENV)/bin/pytest -m "not gpu" --timeout=900 $(PYTEST_ARGS)
+	# The browser tests drive Playwright, whose sync API leaves an asyncio loop running in the
+	# main thread; they get a pytest process of their own so async tests never see that loop.
+	$(VENV)/bin/pytest -m "not gpu and not browser" --timeout=900 $(PYTEST_ARGS)
+	$(VENV)/bin/pytest -m "browser and not gpu" --timeout=900 $(PYTEST_ARGS) tests/browser
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -24,6 +24,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
+
+# Triton picks compile or interpret when a kernel is decorated, i.e. when its module is
+# first imported, and other test folders import engine code (with kernels) long before
+# tests/engine/kernels/conftest.py loads: switch the interpreter on here, first.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 MODELS_DIR = REPO_ROOT / "data" / "models"
