@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import httpx
 import openai
 import pytest
@@ -95,4 +97,9 @@ def test_overloaded_is_503(start_server) -> None:  # type: ignore[no-untyped-def
             assert next(lines).startswith("data: ")  # the first request is now generating
             r = post(server, "/v1/completions", {"model": MODEL, "prompt": "hi", "max_tokens": 1}, key)
             assert_openai_error(r, 503, code="overloaded")
-        assert post(server, "/v1/completions", {"model": MODEL, "prompt": "hi", "max_tokens": 1}, key).status_code == 200
+        # the server notices the closed stream asynchronously; once it has, service resumes
+        deadline = time.monotonic() + 15
+        while (status := post(server, "/v1/completions", {"model": MODEL, "prompt": "hi", "max_tokens": 1},
+                              key).status_code) == 503 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert status == 200
