@@ -37,7 +37,7 @@ def test_chat_non_streaming(openai_client, api_server) -> None:  # type: ignore[
     # Usage equals what the engine actually processed, counted by the engine itself.
     assert reply.usage.prompt_tokens == num_prompt == after[0] - before[0]
     assert reply.usage.completion_tokens == after[1] - before[1]
-    assert 1 <= reply.usage.completion_tokens <= 12
+    assert 12 >= reply.usage.completion_tokens >= 1
     assert reply.usage.total_tokens == reply.usage.prompt_tokens + reply.usage.completion_tokens
     assert reply.usage.prompt_tokens_details.cached_tokens >= 0
     assert reply.usage.completion_tokens_details.reasoning_tokens == 0
