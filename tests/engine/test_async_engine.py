@@ -182,11 +182,13 @@ async def test_thousand_mixed_requests_return_every_block(smol):
 
 
 async def test_session_pin_makes_the_next_turn_a_cache_hit(smollm_engine, chat_prompt_ids):
+    # the engine is shared with other test folders, whose sessions may still hold pins
+    pinned_before = smollm_engine.stats()["num_blocks_pinned"]
     turn1 = EngineRequest("turn1", chat_prompt_ids[4], SamplingParams(max_tokens=20, temperature=0),
                           session_id="sess-1", tenant_id="tenant-s")
     out1 = await collect(smollm_engine, turn1)
     generated = [t for o in out1 for c in o.choices for t in c.token_ids]
-    assert smollm_engine.stats()["num_blocks_pinned"] > 0
+    assert smollm_engine.stats()["num_blocks_pinned"] > pinned_before
     history = chat_prompt_ids[4] + generated
     turn2 = EngineRequest("turn2", [*history, 198, 1, 4093, 198], SamplingParams(max_tokens=4, temperature=0),
                           session_id="sess-1", tenant_id="tenant-s")
@@ -194,10 +196,10 @@ async def test_session_pin_makes_the_next_turn_a_cache_hit(smollm_engine, chat_p
     assert out2[-1].num_cached_tokens == (len(history) - 1) // 16 * 16
     smollm_engine.release_session("sess-1")
     for _ in range(100):
-        if smollm_engine.stats()["num_blocks_pinned"] == 0:
+        if smollm_engine.stats()["num_blocks_pinned"] <= pinned_before:
             break
         await asyncio.sleep(0.02)
-    assert smollm_engine.stats()["num_blocks_pinned"] == 0
+    assert smollm_engine.stats()["num_blocks_pinned"] <= pinned_before
 
 
 async def test_shutdown_ends_open_streams_and_refuses_new_work(smol):
