@@ -89,6 +89,26 @@ def redis_url() -> str:
     return REDIS_TEST_URL
 
 
+@pytest.fixture
+def redis_client(redis_url: str) -> Iterator[Any]:
+    """A client of the shared test Redis, for tests that talk to it directly."""
+    import redis
+
+    client = redis.Redis.from_url(redis_url)
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def key_prefix(request: pytest.FixtureRequest, redis_client: Any) -> Iterator[str]:
+    """A key prefix of this test alone (named after its folder); its keys are deleted after it."""
+    prefix = f"lpxtest:{request.path.parent.name}:{secrets.token_hex(4)}:"
+    yield prefix
+    keys = list(redis_client.scan_iter(match=f"{prefix}*"))
+    if keys:
+        redis_client.delete(*keys)
+
+
 @pytest.fixture(scope="session")
 def redis_prefix(redis_url: str) -> Iterator[str]:
     """A key prefix no other test run uses; every key under it is deleted at the end."""

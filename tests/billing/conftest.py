@@ -12,7 +12,6 @@ from datetime import UTC, datetime
 
 import psycopg
 import pytest
-import redis
 from loraplex.billing.events import UsageEvent, UsageStatus
 from loraplex.billing.models import BillingBase
 from sqlalchemy import Engine, create_engine, event
@@ -20,7 +19,6 @@ from sqlalchemy.orm import Session, sessionmaker
 
 PG_ADMIN_DSN = "host=127.0.0.1 port=5432 user=postgres dbname=postgres"
 PG_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/{name}"
-REDIS_URL = "redis://127.0.0.1:6379/0"
 # Nothing listens on port 1: connections are refused at once, like a stopped database.
 REFUSING_PG_URL = "postgresql+psycopg://postgres@127.0.0.1:1/nowhere?connect_timeout=2"
 
@@ -86,23 +84,6 @@ def pg_session_factory(pg_url: str) -> Iterator[sessionmaker[Session]]:
     BillingBase.metadata.create_all(engine)
     yield sessionmaker(engine, expire_on_commit=False)
     engine.dispose()
-
-
-@pytest.fixture
-def redis_client() -> Iterator[redis.Redis]:
-    client = redis.Redis.from_url(REDIS_URL)
-    client.ping()
-    yield client
-    client.close()
-
-
-@pytest.fixture
-def key_prefix(redis_client: redis.Redis) -> Iterator[str]:
-    prefix = f"lpxtest:billing:{uuid.uuid4().hex[:8]}:"
-    yield prefix
-    keys = list(redis_client.scan_iter(match=f"{prefix}*"))
-    if keys:
-        redis_client.delete(*keys)
 
 
 @pytest.fixture
