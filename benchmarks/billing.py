@@ -103,7 +103,7 @@ def ledger_throughput(n: int, batch: int) -> dict[str, float]:
             start = time.perf_counter()
             for event in events:
                 meter.record(event)
-            assert meter.flush(600)
+            assert meter.wait_written(600)
             meter_s = time.perf_counter() - start
             meter.close()
             assert meter.stats.num_written == n and meter.num_pending_spooled() == 0
@@ -153,7 +153,7 @@ def metering_overhead(num_requests: int, concurrency: int, repeats: int) -> dict
                     client = openai.AsyncOpenAI(base_url=base_url + "/v1", api_key=key, max_retries=0)
                     texts, times = asyncio.run(load(client, num_requests, concurrency))
                     if timed is not None:
-                        assert timed.meter.flush(60)
+                        assert timed.meter.wait_written(60)
                         assert timed.meter.stats.num_written == num_requests, "one ledger event per request"
                         recorded_ms += timed.times_ms
                     latencies[metering] += times

@@ -2,8 +2,11 @@
 
 The platform calls `MeteringRecorder.record` exactly once per admitted
 request, in a `finally`, with the engine's final counts; this turns that
-record into a `UsageEvent` and enqueues it (microseconds: the ledger write
-happens on the meter's thread). `QuotaPreparer` refuses a request with 429
+record into a `UsageEvent` and waits until the meter has it in a durable
+journal (one Redis round trip or fsync, shared by every request that ends
+meanwhile); the ledger write happens later, on the meter's thread. The
+platform closes a generation before its last bytes go out, so an answered
+request has always been metered. `QuotaPreparer` refuses a request with 429
 before it is queued when its tenant's or key's monthly budget is spent.
 """
 
@@ -56,14 +59,14 @@ def usage_event(record: RequestRecord, *, base_model: str) -> UsageEvent:
 
 
 class MeteringRecorder:
-    """The platform's UsageRecorder: one UsageEvent per request into the meter's queue."""
+    """The platform's UsageRecorder: one UsageEvent per request, durable before this returns."""
 
     def __init__(self, meter: Meter, *, base_model: str) -> None:
         self.meter = meter
         self._base_model = base_model
 
     async def record(self, record: RequestRecord) -> None:
-        self.meter.record(usage_event(record, base_model=self._base_model))
+        await asyncio.wrap_future(self.meter.record(usage_event(record, base_model=self._base_model)))
 
 
 class QuotaPreparer:
@@ -79,10 +82,10 @@ class QuotaPreparer:
 
 
 def build_spools(settings: Settings, redis_client: Any | None) -> list[Spool]:
-    """Redis stream first when Redis is configured; local fsynced files always, as the last resort."""
+    """Redis streams first when Redis is configured; local fsynced files always, as the last resort."""
     spools: list[Spool] = []
     if redis_client is not None:
-        spools.append(RedisStreamSpool(redis_client, f"{settings.redis_key_prefix}billing:spool"))
+        spools.append(RedisStreamSpool(redis_client, settings.redis_key_prefix, lease_s=settings.billing_journal_lease_s))
     spools.append(FileSpool(Path(settings.data_dir) / "billing-spool"))
     return spools
 
@@ -97,9 +100,10 @@ def install_billing(
     meter = Meter(
         Ledger(db_sessions, PriceBook(db_sessions)),
         spools=build_spools(settings, redis_client),
+        dead_letter=FileSpool(Path(settings.data_dir) / "billing-dead-letter"),
         on_recorded=guard.on_recorded,
         batch_size=settings.billing_batch_size,
-        flush_interval_s=settings.billing_flush_interval_s,
+        keep_alive_interval_s=min(1.0, settings.billing_journal_lease_s / 3),
     )
     meter.start()
     extensions.usage_recorders.append(MeteringRecorder(meter, base_model=base_model))

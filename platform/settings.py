@@ -78,7 +78,7 @@ class Settings(BaseSettings):
     replica_id: str = "replica-0"       # names this engine replica in session records
     metering_enabled: bool = True       # off only to measure metering overhead
     billing_batch_size: int = 256       # usage events per ledger write
-    billing_flush_interval_s: float = 0.02  # longest an event waits in the meter's queue
+    billing_journal_lease_s: float = 10.0  # a killed server's Redis journal is taken over this long after it died
     billing_rollup_interval_s: float = 3600.0  # Celery beat period of rollups and quota reconciliation
     celery_always_eager: bool = Field(default=False, description="run tasks in-process (no worker)")
 

@@ -6,20 +6,14 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-from loraplex.engine.errors import EngineError
 from loraplex.engine.protocol import RequestOutput
 from loraplex.platform.api.generation import Generation
 from loraplex.platform.api.logprobs import TokenTexts, chat_logprobs
-from loraplex.platform.api.sse import DONE, ChunkEncoder, sse, sse_error
-from loraplex.platform.errors import ApiError
+from loraplex.platform.api.sse import ChunkEncoder, sse
+from loraplex.platform.api.stream_tail import ChoiceFailed, finish_stream
 from loraplex.platform.extensions import MessageDelta, MessageParser
 
 SYSTEM_FINGERPRINT = "loraplex"
-
-
-class ChoiceFailed(EngineError):
-    status = 500
-    code = "generation_failed"
 
 
 def _merge_tool_calls(calls: list[dict[str, Any]], deltas: list[dict[str, Any]]) -> None:
@@ -103,7 +97,7 @@ def _delta_dict(delta: MessageDelta) -> dict[str, Any]:
     return out
 
 
-async def stream_chat(
+def stream_chat(
     gen: Generation, outputs: AsyncIterator[tuple[int, RequestOutput]], *, texts: TokenTexts
 ) -> AsyncIterator[bytes]:
     """SSE body: role chunk per choice, content chunks, a finish chunk per choice, usage, [DONE].
@@ -130,15 +124,12 @@ async def stream_chat(
     def chunk(index: int, delta: dict[str, Any], finish_reason: str | None = None, logprobs: Any = None) -> bytes:
         return encoder.encode([{"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}])
 
-    error: BaseException | None = None
-    try:
+    async def chunks() -> AsyncIterator[bytes]:
         for index in range(len(gen.choices)):
             yield chunk(index, {"role": "assistant", "content": ""})
         async for _, output in outputs:
             if output.error:
-                yield sse_error(500, f"generation failed: {output.error}", code="generation_failed")
-                error = ChoiceFailed(output.error)
-                return
+                raise ChoiceFailed(f"generation failed: {output.error}")
             for delta in output.choices:
                 parser = parsers[delta.index]
                 body = _delta_dict(parser.feed(delta.text)) if delta.text else {}
@@ -148,15 +139,9 @@ async def stream_chat(
                 if delta.finish_reason is not None:
                     rest, finish_reason = parser.finish(delta.finish_reason)
                     yield chunk(delta.index, _delta_dict(rest), finish_reason=finish_reason)
-        if include_usage:
-            yield sse({**base, "choices": [], "usage": gen.usage()})
-        yield DONE
-    except (ApiError, EngineError) as exc:
-        error = exc
-        yield sse_error(getattr(exc, "status", 500), exc.message, code=exc.code)
-    except BaseException as exc:
-        error = exc
-        raise
-    finally:
-        await gen.close(error)
+
+    def usage_chunk() -> bytes:
+        return sse({**base, "choices": [], "usage": gen.usage()})
+
+    return finish_stream(gen, chunks(), usage_chunk=usage_chunk if include_usage else None)
 

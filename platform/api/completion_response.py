@@ -6,13 +6,12 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-from loraplex.engine.errors import EngineError
 from loraplex.engine.protocol import RequestOutput
-from loraplex.platform.api.chat_response import SYSTEM_FINGERPRINT, ChoiceFailed
+from loraplex.platform.api.chat_response import SYSTEM_FINGERPRINT
 from loraplex.platform.api.generation import Generation
 from loraplex.platform.api.logprobs import LegacyLogprobs, TokenTexts
-from loraplex.platform.api.sse import DONE, ChunkEncoder, sse, sse_error
-from loraplex.platform.errors import ApiError
+from loraplex.platform.api.sse import ChunkEncoder, sse
+from loraplex.platform.api.stream_tail import ChoiceFailed, finish_stream
 
 
 def prompt_texts(gen: Generation, tokenizer: Any) -> list[str]:
@@ -75,7 +74,7 @@ async def collect_completion(gen: Generation, *, texts: TokenTexts, tokenizer: A
     }
 
 
-async def stream_completion(
+def stream_completion(
     gen: Generation, outputs: AsyncIterator[tuple[int, RequestOutput]], *, texts: TokenTexts, tokenizer: Any
 ) -> AsyncIterator[bytes]:
     prepared = gen.prepared
@@ -100,13 +99,10 @@ async def stream_completion(
     def chunk(index: int, text: str, logprobs: Any = None, finish_reason: str | None = None) -> bytes:
         return encoder.encode([{"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}])
 
-    error: BaseException | None = None
-    try:
+    async def chunks() -> AsyncIterator[bytes]:
         async for prompt_index, output in outputs:
             if output.error:
-                error = ChoiceFailed(output.error)
-                yield sse_error(500, f"generation failed: {output.error}", code="generation_failed")
-                return
+                raise ChoiceFailed(f"generation failed: {output.error}")
             for delta in output.choices:
                 index = prompt_index * n + delta.index
                 text = delta.text
@@ -123,14 +119,8 @@ async def stream_completion(
                     yield chunk(index, text, logprobs_body)
                 if delta.finish_reason is not None:
                     yield chunk(index, "", finish_reason=delta.finish_reason)
-        if include_usage:
-            yield sse({**base, "choices": [], "usage": gen.usage()})
-        yield DONE
-    except (ApiError, EngineError) as exc:
-        error = exc
-        yield sse_error(getattr(exc, "status", 500), exc.message, code=exc.code)
-    except BaseException as exc:
-        error = exc
-        raise
-    finally:
-        await gen.close(error)
+
+    def usage_chunk() -> bytes:
+        return sse({**base, "choices": [], "usage": gen.usage()})
+
+    return finish_stream(gen, chunks(), usage_chunk=usage_chunk if include_usage else None)

@@ -34,6 +34,7 @@ async def respond(request: Request, gen: Generation, *, stream: bool, collect: C
         return JSONResponse(body)
     try:
         outputs = await prime(request, gen.outputs())
+        body = streamer(gen, outputs)  # from here on, the body closes the generation
     except ClientDisconnected as exc:
         gen.mark_aborted()
         await gen.close(exc)
@@ -41,4 +42,4 @@ async def respond(request: Request, gen: Generation, *, stream: bool, collect: C
     except BaseException as exc:
         await gen.close(exc)
         raise
-    return EventStreamResponse(streamer(gen, outputs))
+    return EventStreamResponse(body)

@@ -22,7 +22,7 @@ def meter_of(server):
 
 
 def ledger_rows(server) -> dict[str, UsageEventRow]:
-    assert meter_of(server).flush()
+    assert meter_of(server).wait_written()
     with server.services.db_sessions() as db:
         return {row.request_id: row for row in db.scalars(select(UsageEventRow))}
 
@@ -94,7 +94,7 @@ def test_spent_budget_refuses_with_429_before_queueing(start_server):
         client = server.client("globex")
         client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=30, temperature=0,
                                        extra_body={"ignore_eos": True})
-        assert meter_of(server).flush()
+        assert meter_of(server).wait_written()
         before = server.services.engine.stats()["prompt_tokens_total"]
         with pytest.raises(openai.RateLimitError) as raised:
             client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=3)

@@ -1,8 +1,12 @@
-"""The meter: one ledger row per request, spooled while the database refuses, drained when it returns."""
+"""The meter: durable before record() completes, one ledger row per request, whatever dies or refuses."""
 
 from __future__ import annotations
 
+import signal
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 from loraplex.billing.ledger import Ledger
@@ -52,16 +56,16 @@ def test_events_spooled_while_database_refuses_are_drained_when_it_returns(
 ):
     # The meter's ledger points at a URL that refuses connections (a stopped database) ...
     factory = sessionmaker(refusing_engine, expire_on_commit=False)
-    spool = FileSpool(tmp_path) if spool_kind == "file" else RedisStreamSpool(redis_client, f"{key_prefix}spool")
+    spool = FileSpool(tmp_path) if spool_kind == "file" else RedisStreamSpool(redis_client, key_prefix)
     counter = MemorySpendCounter()
     guard = QuotaGuard(pg_session_factory, counter)
     meter = Meter(Ledger(factory), spools=[spool], on_recorded=guard.on_recorded, retry_interval_s=0.1)
     meter.start()
     during_outage = [make_event(f"out{i}") for i in range(120)]
-    for event in during_outage:
-        meter.record(event)
+    durable = [meter.record(event) for event in during_outage]
     assert meter.flush()
-    assert not meter.db_available
+    assert all(future.done() for future in durable)
+    _wait(lambda: not meter.db_available)
     assert spool.num_pending() == 120
     assert meter.stats.num_written == 0
     # ... then the database comes back (the URL is fixed): the spool drains into it, nothing twice.
@@ -96,7 +100,7 @@ def test_falls_back_to_the_next_spool_when_the_first_fails(refusing_engine, make
     from redis.retry import Retry
 
     unreachable = redis.Redis(port=1, socket_connect_timeout=0.5, retry=Retry(NoBackoff(), 0))
-    broken_redis = RedisStreamSpool(unreachable, "x")
+    broken_redis = RedisStreamSpool(unreachable, "x:")
     file_spool = FileSpool(tmp_path)
     meter = Meter(Ledger(sessionmaker(refusing_engine)), spools=[broken_redis, file_spool])
     meter.start()
@@ -104,3 +108,55 @@ def test_falls_back_to_the_next_spool_when_the_first_fails(refusing_engine, make
     assert meter.flush()
     meter.close()
     assert file_spool.num_pending() == 1
+
+
+@pytest.mark.parametrize("spool_kind", ["file", "redis"])
+def test_events_durable_in_a_sigkilled_process_reach_the_ledger_once(
+    spool_kind, pg_session_factory, tmp_path, redis_url, redis_client, key_prefix
+):
+    """record() has returned, the database was down, then SIGKILL: the next process writes them, once."""
+    where = str(tmp_path) if spool_kind == "file" else redis_url
+    child = subprocess.Popen(
+        [sys.executable, str(Path(__file__).with_name("journal_child.py")), spool_kind, where, key_prefix, "40"],
+        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "durable", child.stderr.read()
+        child.send_signal(signal.SIGKILL)
+        child.wait(10)
+        assert child.returncode == -signal.SIGKILL
+        spool = FileSpool(tmp_path) if spool_kind == "file" else RedisStreamSpool(redis_client, key_prefix, lease_s=0.5)
+        meter = Meter(Ledger(pg_session_factory), spools=[spool], keep_alive_interval_s=0.1)
+        meter.start()
+        _wait(lambda: _ledger_totals(pg_session_factory)[0] == 40 and meter.num_pending_spooled() == 0)
+        meter.close()
+    finally:
+        child.kill()
+    assert _ledger_totals(pg_session_factory) == (40, 40 * 150, 40)
+    if spool_kind == "redis":
+        assert not list(redis_client.scan_iter(match=f"{key_prefix}billing:journal*")), "drained journals retired"
+
+
+def test_redis_journal_of_a_live_process_is_left_alone(redis_client, key_prefix, make_event):
+    alive = RedisStreamSpool(redis_client, key_prefix, lease_s=0.4)
+    other = RedisStreamSpool(redis_client, key_prefix, lease_s=0.4)
+    alive.append([make_event(f"a{i}") for i in range(3)])
+    for _ in range(4):  # keep-alives more often than the lease: never adopted
+        alive.keep_alive()
+        assert other.peek(10) is None
+        time.sleep(0.15)
+    time.sleep(0.6)  # the owner stops renewing (it died): the other process takes over
+    batch = other.peek(10)
+    assert [e.request_id for e in batch.events] == ["a0", "a1", "a2"]
+    other.ack(batch)
+    assert other.peek(10) is None
+    # The stalled owner comes back and appends again: its stream is registered anew, never orphaned.
+    alive.append([make_event("late")])
+    time.sleep(0.6)
+    assert [e.request_id for e in other.peek(10).events] == ["late"]
+
+
+def test_close_releases_an_unwritten_journal_at_once(redis_client, key_prefix, make_event):
+    leaving = RedisStreamSpool(redis_client, key_prefix, lease_s=60)
+    leaving.append([make_event("left")])
+    leaving.close()
+    assert [e.request_id for e in RedisStreamSpool(redis_client, key_prefix).peek(5).events] == ["left"]

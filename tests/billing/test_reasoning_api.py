@@ -30,7 +30,7 @@ def _reasoning(message_or_delta) -> str | None:
 
 def _ledger(server) -> dict[str, UsageEventRow]:
     meter = next(r.meter for r in server.services.extensions.usage_recorders if hasattr(r, "meter"))
-    assert meter.flush()
+    assert meter.wait_written()
     with server.services.db_sessions() as db:
         return {row.request_id: row for row in db.scalars(select(UsageEventRow))}
 

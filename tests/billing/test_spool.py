@@ -68,7 +68,7 @@ def test_file_spool_offset_beyond_segment_restarts_at_zero(tmp_path, make_event)
 
 
 def test_redis_stream_spool(redis_client, key_prefix, make_event):
-    spool = RedisStreamSpool(redis_client, f"{key_prefix}spool")
+    spool = RedisStreamSpool(redis_client, key_prefix)
     spool.append([make_event(f"r{i}") for i in range(5)])
     assert spool.num_pending() == 5
     assert spool.peek(2).events[0].request_id == "r0"

@@ -1,0 +1,48 @@
+"""What every SSE body ends with: metering closed first, then usage and [DONE]; errors as an `error` event.
+
+Both generation endpoints stream through `finish_stream`. The generation is
+closed (usage metered durably, session pinned, engine request released)
+*before* the last chunk goes out, so a client that saw `[DONE]` has been
+billed, even if the server dies a moment later. If the body fails, the
+client gets an OpenAI-shaped error event and the generation is closed with
+that error; however the response ends, it is closed exactly once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Callable
+
+from loraplex.engine.errors import EngineError
+from loraplex.platform.api.generation import Generation
+from loraplex.platform.api.sse import DONE, sse_error
+from loraplex.platform.errors import ApiError
+
+
+class ChoiceFailed(EngineError):
+    """One choice's engine request failed after the response started."""
+
+    status = 500
+    code = "generation_failed"
+
+
+async def finish_stream(
+    gen: Generation, chunks: AsyncIterator[bytes], *, usage_chunk: Callable[[], bytes] | None
+) -> AsyncIterator[bytes]:
+    error: BaseException | None = None
+    try:
+        async with contextlib.aclosing(chunks):  # type: ignore[type-var]
+            async for data in chunks:
+                yield data
+        await gen.close()
+        if usage_chunk is not None:
+            yield usage_chunk()
+        yield DONE
+    except (ApiError, EngineError) as exc:
+        error = exc
+        yield sse_error(getattr(exc, "status", 500), exc.message, code=exc.code)
+    except BaseException as exc:
+        error = exc
+        raise
+    finally:
+        await gen.close(error)
