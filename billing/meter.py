@@ -101,9 +101,13 @@ class Meter:
     def record(self, event: UsageEvent) -> Future[None]:
         """Queue the event; the returned future completes once it is durable (await it before answering)."""
         self.stats.num_recorded += 1
-        durable: Future[None] = Future()
-        self._incoming.put_nowait(_Pending(event, durable))
-        return durable
+        pending = _Pending(event, Future())
+        if self._stopping.is_set() or not self._threads:
+            # Not running (yet, or any more: a request that ends during shutdown): journal it here and now.
+            self._journal([pending], queued=False)
+        else:
+            self._incoming.put_nowait(pending)
+        return pending.durable
 
     def flush(self, timeout_s: float = 10.0) -> bool:
         """Wait until every event recorded so far is durable (in a spool or the ledger)."""
@@ -128,6 +132,11 @@ class Meter:
         for thread in self._threads:
             thread.join(max(deadline - time.monotonic(), 0.0))
         self._threads = []
+        leftovers = []  # recorded in the instant between the journal thread's last look and its exit
+        while not self._incoming.empty():
+            leftovers.append(self._incoming.get_nowait())
+        if leftovers:
+            self._journal(leftovers)
         for spool in self._spools:
             try:
                 spool.close()
@@ -156,7 +165,7 @@ class Meter:
                 break
         return batch
 
-    def _journal(self, batch: list[_Pending]) -> None:
+    def _journal(self, batch: list[_Pending], *, queued: bool = True) -> None:
         events = [pending.event for pending in batch]
         try:
             if self._append_to_a_spool(events):
@@ -167,7 +176,8 @@ class Meter:
         finally:
             for pending in batch:
                 pending.durable.set_result(None)
-                self._incoming.task_done()
+                if queued:
+                    self._incoming.task_done()
 
     def _append_to_a_spool(self, events: list[UsageEvent]) -> bool:
         for spool in self._spools:

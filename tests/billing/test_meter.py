@@ -160,3 +160,15 @@ def test_close_releases_an_unwritten_journal_at_once(redis_client, key_prefix, m
     leaving.append([make_event("left")])
     leaving.close()
     assert [e.request_id for e in RedisStreamSpool(redis_client, key_prefix).peek(5).events] == ["left"]
+
+
+def test_an_event_recorded_after_close_is_still_journaled(session_factory, make_event, tmp_path):
+    """A request that ends during shutdown must neither hang on its future nor lose its event."""
+    spool = FileSpool(tmp_path)
+    meter = Meter(Ledger(session_factory), spools=[spool])
+    meter.start()
+    meter.close()
+    late = meter.record(make_event("late"))
+    assert late.done()
+    reader = FileSpool(tmp_path)  # the next process
+    assert [e.request_id for e in reader.peek(5).events] == ["late"]
