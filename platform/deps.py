@@ -5,17 +5,28 @@ Routes declare what they need (`key: InferenceKey`, `db: DbSession`) and stay th
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Annotated
 
 from fastapi import Depends, Request
+from loraplex.platform.auth.keys import hash_api_key
 from loraplex.platform.auth.scopes import Scope
 from loraplex.platform.auth.store import authenticate
-from loraplex.platform.errors import AuthenticationError, PermissionDeniedError
+from loraplex.platform.db.models import ApiKey
+from loraplex.platform.errors import AuthenticationError, DependencyUnavailableError, PermissionDeniedError
 from loraplex.platform.ratelimit.limiter import Limits
 from loraplex.platform.services import Services
+from loraplex.platform.settings import Settings
+from sqlalchemy import exc as sa_exc
 from sqlalchemy.orm import Session
+
+log = logging.getLogger(__name__)
+
+# What a stopped or unreachable database raises (connect refused, connection lost, pool timeout).
+DB_UNAVAILABLE_ERRORS = (sa_exc.OperationalError, sa_exc.InterfaceError, sa_exc.DisconnectionError,
+                         sa_exc.TimeoutError)
 
 
 @dataclass(slots=True, frozen=True)
@@ -53,11 +64,28 @@ def get_current_key(request: Request, services: AppServices) -> Principal:
         )
     if scheme.lower() != "bearer" or not token.strip():
         raise AuthenticationError("malformed Authorization header: expected 'Bearer <API key>'")
+    key_hash = hash_api_key(token.strip())
+    cached = services.key_cache.fresh(key_hash)
+    if cached is not None:
+        return cached
     settings = services.settings
-    with services.db_sessions() as db:
-        record = authenticate(db, key=token.strip(), last_used_resolution_s=settings.key_last_used_resolution_s)
-    if record is None:
+    try:
+        with services.db_sessions() as db:
+            record = authenticate(db, key=token.strip(), last_used_resolution_s=settings.key_last_used_resolution_s)
+            principal = None if record is None else _principal(record, settings)
+    except DB_UNAVAILABLE_ERRORS as exc:
+        stale = services.key_cache.stale(key_hash)
+        if stale is not None:
+            log.warning("database unreachable (%s); serving key %s from the cache", type(exc).__name__, stale.key_id)
+            return stale
+        raise DependencyUnavailableError("the key store is unreachable; try again shortly") from exc
+    if principal is None:
         raise AuthenticationError("invalid or revoked API key")
+    services.key_cache.put(key_hash, principal.key_id, principal)
+    return principal
+
+
+def _principal(record: ApiKey, settings: Settings) -> Principal:
     limits = Limits(
         rpm=record.rpm_limit if record.rpm_limit is not None else settings.default_rpm,
         tpm=record.tpm_limit if record.tpm_limit is not None else settings.default_tpm,

@@ -87,6 +87,16 @@ class OverloadedError(ApiError):
     code = "overloaded"
 
 
+class DependencyUnavailableError(ApiError):
+    """A backing service (the database) is unreachable and nothing cached can stand in for it."""
+
+    status = 503
+    code = "service_unavailable"
+
+    def headers(self) -> dict[str, str]:
+        return {"Retry-After": "5"}
+
+
 def error_body(status: int, message: str, *, param: str | None = None, code: str | None = None) -> dict[str, Any]:
     return {
         "error": {

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from loraplex.platform.api.logprobs import TokenTexts
+from loraplex.platform.auth.key_cache import KeyCache
 from loraplex.platform.extensions import Extensions
 from loraplex.platform.metrics import Metrics
 from loraplex.platform.ratelimit.limiter import RateLimiter
@@ -26,5 +27,6 @@ class Services:
     base_model_name: str
     extensions: Extensions
     metrics: Metrics
+    key_cache: KeyCache[Any]         # authenticated keys (deps.Principal) by key hash
     owns_engine: bool = True         # False when a test passed its own engine in
     num_inflight: int = field(default=0)

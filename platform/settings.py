@@ -57,6 +57,8 @@ class Settings(BaseSettings):
     default_rpm: int = 600
     default_tpm: int = 1_000_000
     key_last_used_resolution_s: float = 60.0  # last_used_at is written at most this often per key
+    key_cache_fresh_s: float = 5.0      # a key revoked by another process stops working within this; 0 = no cache
+    key_cache_stale_s: float = 900.0    # while the database is unreachable, keys seen this recently still work
 
     # Placeholders the other domains fill in
     max_loras: int = 8                  # adapters resident on the device at once (slots)

@@ -12,6 +12,7 @@ import sys
 from typing import Any
 
 from loraplex.platform.api.logprobs import TokenTexts
+from loraplex.platform.auth.key_cache import KeyCache
 from loraplex.platform.db import migrate
 from loraplex.platform.db.session import make_db_engine, make_session_factory
 from loraplex.platform.extensions import BaseModelResolver, Extensions
@@ -120,6 +121,7 @@ def build_services(settings: Settings, engine: Any | None = None, *, metrics: Me
             settings, base_model_name=base_model_name, engine=engine, db_sessions=db_sessions, metrics=metrics
         ),
         metrics=metrics,
+        key_cache=KeyCache(fresh_s=settings.key_cache_fresh_s, stale_s=settings.key_cache_stale_s),
         owns_engine=owns_engine,
     )
 

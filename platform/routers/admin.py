@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 from loraplex.platform.auth import store
-from loraplex.platform.deps import AdminKey, DbSession
+from loraplex.platform.deps import AdminKey, AppServices, DbSession
 from loraplex.platform.errors import ConflictError, NotFoundError
 from loraplex.platform.routers.admin_schemas import (
     ApiKeyCreate,
@@ -52,8 +52,9 @@ def list_keys(tenant_id: str, _key: AdminKey, db: DbSession) -> dict:
 
 
 @router.delete("/keys/{key_id}")
-def revoke_key(key_id: str, _key: AdminKey, db: DbSession) -> ApiKeyPublic:
+def revoke_key(key_id: str, _key: AdminKey, db: DbSession, services: AppServices) -> ApiKeyPublic:
     record = store.revoke_api_key(db, key_id=key_id)
     if record is None:
         raise NotFoundError(f"no API key '{key_id}'", param="key_id")
+    services.key_cache.forget_key(key_id)  # effective on this process's next request, not after the cache TTL
     return ApiKeyPublic.model_validate(record)
