@@ -1,7 +1,8 @@
 """Fixtures for billing tests: a fresh real database per test (SQLite file and PostgreSQL), real Redis.
 
 PostgreSQL tests each get their own throwaway database on the shared server;
-Redis tests get a unique key prefix and delete their keys afterwards.
+Redis tests get a unique key prefix and delete their keys afterwards. Tests that
+stop the database get `private_postgres`: a server of their own (never the shared one).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import psycopg
 import pytest
 from loraplex.billing.events import UsageEvent, UsageStatus
 from loraplex.billing.models import BillingBase
+from private_postgres import PrivatePostgres
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -84,6 +86,16 @@ def pg_session_factory(pg_url: str) -> Iterator[sessionmaker[Session]]:
     BillingBase.metadata.create_all(engine)
     yield sessionmaker(engine, expire_on_commit=False)
     engine.dispose()
+
+
+@pytest.fixture
+def private_postgres() -> Iterator[PrivatePostgres]:
+    """A PostgreSQL server for this test alone, started; the test may `.stop()` and `.start()` it."""
+    server = PrivatePostgres.create()
+    try:
+        yield server
+    finally:
+        server.close()
 
 
 @pytest.fixture

@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
+from contextlib import ExitStack
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
@@ -17,31 +14,9 @@ from loraplex.platform.auth import store
 from loraplex.platform.auth.scopes import Scope
 from loraplex.platform.db import migrate
 from loraplex.platform.db.session import make_db_engine, make_session_factory
+from server_process import ServerProcess, server_env
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 RPM = 3
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _wait_healthy(url: str, process: subprocess.Popen, timeout_s: float = 180) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"server exited with {process.returncode}")
-        try:
-            if httpx.get(url + "/healthz", timeout=1).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.25)
-    raise RuntimeError(f"{url} did not become healthy")
 
 
 @pytest.fixture(scope="module")
@@ -58,38 +33,20 @@ def shared_key(postgres_url: str) -> str:
 @pytest.fixture(scope="module")
 def two_servers(postgres_url: str, redis_url: str, redis_prefix: str, smollm_path: Path,
                 tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[str]]:
-    env = {
-        **os.environ,
-        "LORAPLEX_DATABASE_URL": postgres_url,
-        "LORAPLEX_REDIS_URL": redis_url,
-        "LORAPLEX_REDIS_KEY_PREFIX": redis_prefix,
-        "LORAPLEX_MODEL_PATH": str(smollm_path),
-        "LORAPLEX_DATA_DIR": str(tmp_path_factory.mktemp("two-servers")),
-        "LORAPLEX_KV_CACHE_MEMORY_MB": "32",
-        "LORAPLEX_DEVICE": "cpu",
-        "LORAPLEX_LOG_LEVEL": "warning",
-    }
-    processes: list[subprocess.Popen[Any]] = []
-    urls = []
-    try:
-        for _ in range(2):
-            port = _free_port()
-            processes.append(subprocess.Popen(
-                [sys.executable, "-m", "loraplex.platform.cli.main", "serve", "--port", str(port)],
-                cwd=REPO_ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            ))
-            urls.append(f"http://127.0.0.1:{port}")
-        for url, process in zip(urls, processes, strict=True):
-            _wait_healthy(url, process)
-        yield urls
-    finally:
-        for process in processes:
-            process.terminate()
-        for process in processes:
-            try:
-                process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                process.kill()
+    data_dir = tmp_path_factory.mktemp("two-servers")
+    env = server_env(database_url=postgres_url, data_dir=data_dir, model_path=smollm_path,
+                     redis_url=redis_url, redis_key_prefix=redis_prefix)
+    with ExitStack() as stack:
+        servers = [stack.enter_context(ServerProcess(env, data_dir, name=f"server-{i}")) for i in range(2)]
+        for server in servers:
+            server.start(wait=False)
+        try:
+            for server in servers:
+                server.wait_healthy()
+            yield [server.url for server in servers]
+        finally:
+            for server in servers:  # captured: shown with the report of a failing test only
+                server.print_log()
 
 
 def _wait_for_fresh_window(margin_s: float = 15) -> None:

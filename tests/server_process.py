@@ -1,0 +1,168 @@
+"""`loraplex serve` as a real subprocess, for tests that kill, restart or run several servers.
+
+`ServerProcess` owns one process: a free port, its environment, a log file
+(stdout and stderr) in a temporary folder, waiting for /healthz, SIGKILL (a
+crash: no shutdown hooks run) and terminate (a clean stop). `start()` may be
+called again after a stop to restart on a new port with the same
+environment, which is how a crashed server "comes back". Used as a context
+manager it always stops the process, and prints the end of its log when the
+block fails, so a server-side traceback shows up in the test report.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import httpx
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+SERVE_COMMAND = [sys.executable, "-m", "loraplex.platform.cli.main", "serve"]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def server_env(
+    *,
+    database_url: str,
+    data_dir: Path,
+    model_path: Path,
+    redis_url: str | None = None,
+    redis_key_prefix: str | None = None,
+    kv_cache_memory_mb: int = 32,
+    log_level: str = "info",
+    **settings: Any,
+) -> dict[str, str]:
+    """The environment of one server: this process's, minus any LORAPLEX_ setting it would inherit.
+
+    Extra keyword settings become `LORAPLEX_<NAME>` variables (`billing_journal_lease_s=2`).
+    """
+    env = {name: value for name, value in os.environ.items() if not name.startswith("LORAPLEX_")}
+    env.update({
+        "LORAPLEX_DATABASE_URL": database_url,
+        "LORAPLEX_MODEL_PATH": str(model_path),
+        "LORAPLEX_DATA_DIR": str(data_dir),
+        "LORAPLEX_KV_CACHE_MEMORY_MB": str(kv_cache_memory_mb),
+        "LORAPLEX_DEVICE": "cpu",
+        "LORAPLEX_LOG_LEVEL": log_level,
+    })
+    if redis_url is not None:
+        env["LORAPLEX_REDIS_URL"] = redis_url
+        if redis_key_prefix is not None:
+            env["LORAPLEX_REDIS_KEY_PREFIX"] = redis_key_prefix
+    env.update({f"LORAPLEX_{name.upper()}": str(value) for name, value in settings.items()})
+    return env
+
+
+class ServerProcess:
+    def __init__(self, env: dict[str, str], log_dir: Path, *, name: str = "server") -> None:
+        self.env = env
+        self.name = name
+        self.log_dir = log_dir
+        self.process: subprocess.Popen[bytes] | None = None
+        self.port = 0
+        self.num_starts = 0
+        self.log_paths: list[Path] = []
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def pid(self) -> int:
+        if self.process is None:
+            raise RuntimeError(f"{self.name} is not running")
+        return self.process.pid
+
+    @property
+    def is_running(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def start(self, *, wait: bool = True, timeout_s: float = 180) -> ServerProcess:
+        if self.is_running:
+            raise RuntimeError(f"{self.name} is already running")
+        self.num_starts += 1
+        self.port = free_port()
+        log_path = self.log_dir / f"{self.name}-{self.num_starts}.log"
+        self.log_paths.append(log_path)
+        with open(log_path, "wb") as log:
+            self.process = subprocess.Popen(
+                [*SERVE_COMMAND, "--port", str(self.port)],
+                cwd=REPO_ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT,
+            )
+        if wait:
+            self.wait_healthy(timeout_s)
+        return self
+
+    def wait_healthy(self, timeout_s: float = 180) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.process is None or self.process.poll() is not None:
+                code = None if self.process is None else self.process.returncode
+                raise RuntimeError(f"{self.name} exited with {code} before it was healthy:\n{self.log_tail()}")
+            try:
+                if httpx.get(self.url + "/healthz", timeout=1).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        raise RuntimeError(f"{self.name} at {self.url} did not become healthy in {timeout_s} s:\n{self.log_tail()}")
+
+    def health(self) -> dict[str, Any]:
+        return httpx.get(self.url + "/healthz", timeout=5).json()
+
+    def kill(self) -> None:
+        """SIGKILL, like a crash or the OOM killer: nothing in the server gets to run afterwards."""
+        if self.process is None:
+            return
+        if self.process.poll() is None:
+            os.kill(self.process.pid, signal.SIGKILL)
+        self.process.wait(timeout=30)
+        self.process = None
+
+    def terminate(self, timeout_s: float = 30) -> bool:
+        """SIGTERM (a clean shutdown: hooks run), SIGKILL if it takes over `timeout_s`; False in that case."""
+        if self.process is None:
+            return True
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                self.kill()
+                return False
+        self.process = None
+        return True
+
+    def log_tail(self, num_chars: int = 6000) -> str:
+        parts = []
+        for path in self.log_paths:
+            try:
+                text = path.read_text(errors="replace")
+            except FileNotFoundError:
+                continue
+            parts.append(f"--- {path.name} ---\n{text[-num_chars:]}")
+        return "\n".join(parts)
+
+    def print_log(self) -> None:
+        print(f"\n===== log of {self.name} (logs in {self.log_dir}) =====\n{self.log_tail()}", file=sys.stderr)
+
+    def __enter__(self) -> ServerProcess:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 traceback: TracebackType | None) -> None:
+        self.terminate()
+        if exc_type is not None:
+            self.print_log()
