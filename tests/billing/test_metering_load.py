@@ -1,114 +1,182 @@
-"""Metering under load through the real server (ledger on PostgreSQL), with the openai client.
+"""Metering under load through the real server (ledger on PostgreSQL), with the openai client (issue #8).
 
-A mix of plain, streamed, n=2, stop-string, session and tool-call requests runs
-concurrently; a tenth of the streams are dropped by the client mid-way. Then:
-one ledger event per request, each completed request's event equals the usage
-the server returned, and the ledger's totals equal the engine's own counters.
+500 requests run concurrently: plain, streamed, n=2, stop strings, session
+turns, the trained `pirate` adapter, the trained `thinker` with and without a
+thinking budget, forced tool calls and /v1/completions; 50 of them (10%) are
+streams the client drops mid-way (see metering_load_traffic.MIX). Then: one
+ledger event per request; each completed request's event equals the usage the
+server returned, names its adapter and session; the dropped ones are aborted;
+and the ledger's totals equal the engine's own counters.
+
+The engine is shared by the whole test session, so its counters are compared
+as deltas. It keeps no total of thinking tokens (stats() has none), so the
+thinking total is checked against the usage of the completed requests, and the
+aborted ones only against what their clients saw before leaving.
 """
 
 from __future__ import annotations
 
+import logging
 import random
+import sys
+import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from pathlib import Path
 
 import httpx
+import pytest
 from loraplex.billing.models import UsageEventRow
+from metering_load_traffic import MIX, MODEL, Sent, send, shuffled_kinds
 from sqlalchemy import select
 
-MODEL = "SmolLM2-135M-Instruct"
-NUM_REQUESTS = 120
-TOPICS = ["cats", "rain", "the moon", "bread", "rivers", "music", "snow", "trains", "apples", "clocks"]
-WEATHER_TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {
-    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures"))
+
+NUM_REQUESTS = 500
+NUM_DROPPED = 50
+NUM_LANES = 12
 
 
-@dataclass
-class Sent:
-    kind: str
-    request_id: str
-    usage: dict | None = None  # None: the client went away before the end
+class KeptRecords(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
 
 
-def _one(client, kind: str, rng: random.Random, session_id: str | None) -> Sent:
-    messages = [{"role": "user", "content": f"Write about {rng.choice(TOPICS)} in one line."}]
-    common = {"model": MODEL, "messages": messages, "temperature": 0}
-    chat = client.chat.completions.with_raw_response
-    if kind in ("stream", "disconnect"):
-        raw = chat.create(**common, max_tokens=rng.randint(8, 24), stream=True,
-                          stream_options={"include_usage": True}, extra_body={"ignore_eos": kind == "disconnect"})
-        stream = raw.parse()
-        usage = None
-        for index, chunk in enumerate(stream):
-            if kind == "disconnect" and index == 2:
-                stream.close()  # the client goes away mid-way
-                break
-            if chunk.usage is not None:
-                usage = chunk.usage.model_dump()
-        return Sent(kind, raw.headers["x-request-id"], usage)
-    extra: dict = {}
-    if kind == "n2":
-        extra = {"n": 2, "max_tokens": rng.randint(3, 8)}
-    elif kind == "stop":
-        extra = {"stop": [".", "\n"], "max_tokens": 16}
-    elif kind == "session":
-        extra = {"max_tokens": 6, "extra_body": {"session_id": session_id}}
-    elif kind == "tools":
-        extra = {"tools": [WEATHER_TOOL], "tool_choice": "required", "max_tokens": 40}
-        common["messages"] = [{"role": "user", "content": "What's the weather in Paris?"}]
-    else:
-        extra = {"max_tokens": rng.randint(2, 12)}
-    raw = chat.create(**common, **extra)
-    return Sent(kind, raw.headers["x-request-id"], raw.parse().usage.model_dump())
+@pytest.fixture
+def server_logs():
+    """Warnings and errors of the in-process server; uvicorn's own loggers do not reach the root."""
+    kept = KeptRecords()
+    loggers = [logging.getLogger(), logging.getLogger("uvicorn")]
+    for logger in loggers:
+        logger.addHandler(kept)
+    yield kept.records
+    for logger in loggers:
+        logger.removeHandler(kept)
 
 
-def test_ledger_equals_engine_counts_under_load(start_server, pg_url):
+def _upload_adapter(server, name: str, folder: Path) -> str:
+    headers = {"Authorization": f"Bearer {server.keys['all']}"}
+    files = [("file", (n, (folder / n).read_bytes(), "application/octet-stream"))
+             for n in ("adapter_config.json", "adapter_model.safetensors")]
+    created = httpx.post(f"{server.base_url}/v1/adapters", data={"name": name}, files=files,
+                         headers=headers, timeout=120)
+    assert created.status_code == 202, created.text
+    deadline = time.monotonic() + 180
+    while (body := httpx.get(f"{server.base_url}/v1/adapters/{created.json()['id']}", headers=headers,
+                             timeout=30).json())["status"] == "validating" and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert body["status"] == "ready", body
+    return body["id"]
+
+
+def _new_session(server) -> str:
+    created = httpx.post(f"{server.base_url}/v1/sessions", json={"model": MODEL}, timeout=30,
+                         headers={"Authorization": f"Bearer {server.keys['all']}"})
+    assert created.status_code == 200, created.text
+    return created.json()["id"]
+
+
+def test_ledger_equals_engine_counts_under_load(start_server, pg_url, smollm_path, server_logs):
+    from train_adapters import ensure_trained_adapters
+
+    trained = ensure_trained_adapters(smollm_path)
+    kinds = shuffled_kinds(seed=11)
+    assert (len(kinds), sum(k.drop for k in kinds)) == (NUM_REQUESTS, NUM_DROPPED)
     with start_server(database_url=pg_url) as server:
+        adapter_ids = {name: _upload_adapter(server, name, trained[name]) for name in ("pirate", "thinker")}
+        tokenizer = server.services.tokenizer
+        marker_lens = [len(tokenizer.encode(m, add_special_tokens=False)) for m in ("<think>", "</think>")]
         client = server.client("all", timeout=300)
-        sessions = [httpx.post(f"{server.base_url}/v1/sessions", json={"model": MODEL}, timeout=30,
-                               headers={"Authorization": f"Bearer {server.keys['all']}"}).json()["id"]
-                    for _ in range(8)]
-        rng = random.Random(11)
-        kinds = (["plain"] * 30 + ["stream"] * 25 + ["disconnect"] * 12 + ["n2"] * 15 + ["stop"] * 15
-                 + ["session"] * 20 + ["tools"] * 3)[:NUM_REQUESTS]
-        rng.shuffle(kinds)
+        lane_sessions = [_new_session(server) for _ in range(NUM_LANES)]
         engine = server.services.engine
         before = engine.stats()
+        started = time.monotonic()
 
         def worker(lane: int) -> list[Sent]:
-            lane_rng = random.Random(lane)
-            # A lane owns one session, so its turns never overlap (overlap is the 409 test's business).
-            return [_one(client, kind, lane_rng, sessions[lane % len(sessions)]) for kind in kinds[lane::8]]
+            rng = random.Random(lane)
+            sent = []
+            for kind in kinds[lane::NUM_LANES]:
+                # A lane owns one session, so its turns never overlap (overlap is the 409 test's business);
+                # a dropped turn gets a session of its own, as its abort lands after the client has moved on.
+                session = lane_sessions[lane] if kind.session == "lane" else None
+                if kind.session == "own":
+                    session = _new_session(server)
+                sent.append(send(client, kind, rng, session))
+            return sent
 
-        with ThreadPoolExecutor(8) as pool:
-            sent = [s for lane in pool.map(worker, range(8)) for s in lane]
+        with ThreadPoolExecutor(NUM_LANES) as pool:
+            sent = [s for lane in pool.map(worker, range(NUM_LANES)) for s in lane]
         meter = next(r.meter for r in server.services.extensions.usage_recorders if hasattr(r, "meter"))
-        _settle(engine, meter, before, len(sent))
+        _settle(engine, meter, len(sent))
+        elapsed = time.monotonic() - started
         after = engine.stats()
         with server.services.db_sessions() as db:
             rows = {row.request_id: row for row in db.scalars(select(UsageEventRow))}
+        for session_id in {s.session_id for s in sent if s.session_id}:  # unpin their KV in the shared engine
+            assert httpx.delete(f"{server.base_url}/v1/sessions/{session_id}", timeout=30,
+                                headers={"Authorization": f"Bearer {server.keys['all']}"}).status_code == 200
 
-    assert len(sent) == NUM_REQUESTS
-    assert set(rows) == {s.request_id for s in sent}, "exactly one event per request"
+    print(f"\n{len(sent)} requests settled in {elapsed:.1f}s: "
+          + ", ".join(f"{k.name}={k.count}" for k in MIX))
+    assert len(sent) == NUM_REQUESTS and len({s.request_id for s in sent}) == NUM_REQUESTS
+    assert len(rows) == NUM_REQUESTS and set(rows) == {s.request_id for s in sent}, "exactly one event per request"
     for s in sent:
         row = rows[s.request_id]
-        if s.usage is None:
-            assert row.status == "aborted", (s, row.status)
-            continue
-        assert (row.input_tokens, row.cached_input_tokens, row.output_tokens, row.thinking_tokens) == (
-            s.usage["prompt_tokens"], s.usage["prompt_tokens_details"]["cached_tokens"],
-            s.usage["completion_tokens"], s.usage["completion_tokens_details"]["reasoning_tokens"]), s
-        assert row.status in {"completed", "stopped", "length"}
+        assert row.adapter_id == adapter_ids.get(s.kind.model), (s, row.adapter_id)
+        assert row.session_id == s.session_id, (s, row.session_id)
+        assert row.thinking_tokens <= row.output_tokens <= s.max_output_tokens, (s, row.output_tokens)
+        if s.kind.drop:
+            _check_dropped(s, row)
+        else:
+            _check_completed(s, row, marker_lens)
     assert sum(r.input_tokens for r in rows.values()) == after["prompt_tokens_total"] - before["prompt_tokens_total"]
     assert sum(r.output_tokens for r in rows.values()) == (
         after["generation_tokens_total"] - before["generation_tokens_total"])
-    assert sum(r.status == "aborted" for r in rows.values()) == kinds.count("disconnect")
+    completed_thinking = sum(s.usage["completion_tokens_details"]["reasoning_tokens"] for s in sent if s.usage)
+    aborted_thinking = sum(rows[s.request_id].thinking_tokens for s in sent if s.kind.drop)
+    assert sum(r.thinking_tokens for r in rows.values()) == completed_thinking + aborted_thinking
+    assert completed_thinking > 0 and aborted_thinking > 0
+    assert sum(r.status == "aborted" for r in rows.values()) == NUM_DROPPED
+    assert any(s.finish_reasons == ["tool_calls"] for s in sent), "no forced tool call finished"
+    noisy = [f"{r.name} {r.levelname}: {r.getMessage()}" for r in server_logs
+             if r.levelno >= logging.ERROR or r.name.startswith("loraplex")]
+    assert not noisy, noisy
 
 
-def _settle(engine, meter, before: dict, num_requests: int) -> None:
+def _check_completed(s: Sent, row: UsageEventRow, marker_lens: list[int]) -> None:
+    usage = s.usage
+    assert usage is not None, f"{s.kind.name}: no usage came back"
+    reasoning = usage["completion_tokens_details"]["reasoning_tokens"]
+    assert (row.input_tokens, row.cached_input_tokens, row.output_tokens, row.thinking_tokens) == (
+        usage["prompt_tokens"], usage["prompt_tokens_details"]["cached_tokens"], usage["completion_tokens"],
+        reasoning), s
+    assert row.status in {"completed", "stopped", "length"}, (s, row.status)
+    assert len(s.finish_reasons) == s.kind.n, s
+    if s.kind.model == "thinker":
+        start_len, end_len = marker_lens
+        if s.budget is None or s.budget > 0:
+            assert reasoning > 0, s
+        if s.budget is not None:
+            assert reasoning <= max(s.budget, start_len) + end_len, s
+    if s.kind.model == "pirate":
+        assert s.text.startswith("Arr"), s  # the adapter really ran
+    if s.finish_reasons[0] == "tool_calls":
+        assert s.num_tool_calls == 1, s
+
+
+def _check_dropped(s: Sent, row: UsageEventRow) -> None:
+    assert s.usage is None, s
+    assert row.status == "aborted", (s, row.status)
+    # The engine made at least what the client read before leaving, and it stopped before max_tokens.
+    assert s.num_text_chunks <= row.output_tokens < s.max_output_tokens, (s, row.output_tokens)
+    assert s.num_reasoning_chunks <= row.thinking_tokens, (s, row.thinking_tokens)
+
+
+def _settle(engine, meter, num_requests: int) -> None:
     """Aborted streams finish on the server after the client has left: wait for the engine to idle."""
-    import time
-
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         stats = engine.stats()
