@@ -43,9 +43,12 @@ class LoRAManager:
         max_lora_rank: int,
         dtype: torch.dtype,
         device: torch.device | str,
+        load_retry_base_s: float = 1.0,
+        load_retry_max_s: float = 60.0,
     ) -> None:
         self.pool = LoRASlotPool(model, max_loras=max_loras, max_lora_rank=max_lora_rank, dtype=dtype, device=device)
-        self.host = HostAdapterCache(source, max_cpu_loras=max_cpu_loras)
+        self.host = HostAdapterCache(source, max_cpu_loras=max_cpu_loras, retry_base_s=load_retry_base_s,
+                                     retry_max_s=load_retry_max_s)
         self._build_batch = LORA_BATCHES[torch.device(device).type]
         self._slots: OrderedDict[str, int] = OrderedDict()  # adapter id -> slot, least recently used first
         self._free = list(range(max_loras - 1, -1, -1))
@@ -97,18 +100,29 @@ class LoRAManager:
         except AdapterShapeError as exc:
             # Never raise into the scheduler (it would stop the engine loop); the request waits and
             # `load_error` tells why. Checked before a slot is taken, so no resident adapter is evicted.
-            self.host.fail(adapter_id, str(exc))
+            self.host.fail(adapter_id, exc)
             return False
         slot = self._take_slot()
         if slot is None:
             return False  # every slot is held by running requests; retry when one finishes
-        self.pool.write(slot, weights)
+        try:
+            self.pool.write(slot, weights)
+        except Exception as exc:  # e.g. out of device memory: a transient failure, retried after a backoff
+            self.pool.clear(slot)
+            self._free.append(slot)
+            self.host.fail(adapter_id, exc)
+            return False
         self._slots[adapter_id] = slot
         self.num_slot_writes += 1
         return True
 
     def load_error(self, adapter_id: str) -> str | None:
-        """Why an adapter's weights could not be loaded (the engine fails its waiting requests with it)."""
+        """Why an adapter's weights cannot be loaded now (the engine fails its waiting requests with it).
+
+        A transient failure (I/O, memory) answers only until its backoff ends; then the next request
+        loads again. A permanent one (the files do not fit this model) answers until the adapter is
+        evicted or its files move (see `HostAdapterCache`).
+        """
         return self.host.error(adapter_id)
 
     def _take_slot(self) -> int | None:
