@@ -14,14 +14,12 @@ Both tests talk to the server only as clients do (the `openai` SDK); the
 ledger is read straight from the database. The request id of an answer is its
 `x-request-id` header, which is the ledger's key.
 
-What the server supports with the database down (found here, not assumed):
-API-key authentication reads the database on every request and there is no
-key cache, so a request *arriving* during the outage is refused (today with a
-500 `internal_error`, without an `x-request-id` header); requests admitted
-before the database went away keep generating and are answered. The outage
-therefore always starts after the requests of a batch have been admitted
-(streams: their headers arrived; all: the server's /healthz `inflight` count)
-and while they are still generating.
+What the server does with the database down (found by these tests, not
+assumed): requests admitted before it went away keep generating and are
+answered; a request arriving during the outage is served if its API key is
+in the server's key cache (it was used recently), and refused (503) if not.
+Before the key cache (commit 0b1c63e) every arriving request got a 500
+without an `x-request-id` header, because authentication read the database.
 """
 
 from __future__ import annotations
@@ -64,6 +62,7 @@ class Tenant:
     tenant_id: str
     key_id: str
     key: str
+    unused_key: str  # never sent before the outage, so no server has it cached
 
 
 @dataclass(frozen=True, slots=True)
@@ -211,7 +210,8 @@ def seed_tenant(database_url: str) -> Tenant:
     with make_session_factory(engine)() as db:
         tenant = store.create_tenant(db, name="exactly-once")
         created = store.create_api_key(db, tenant=tenant, scopes=[Scope.INFERENCE, Scope.USAGE], name="load")
-        seeded = Tenant(tenant_id=tenant.id, key_id=created.record.id, key=created.key)
+        unused = store.create_api_key(db, tenant=tenant, scopes=[Scope.INFERENCE], name="unused")
+        seeded = Tenant(tenant_id=tenant.id, key_id=created.record.id, key=created.key, unused_key=unused.key)
     engine.dispose()
     return seeded
 
@@ -264,8 +264,8 @@ class Clock:
         return ", ".join(self.phases)
 
 
-def client_for(server: ServerProcess, tenant: Tenant) -> openai.OpenAI:
-    return openai.OpenAI(base_url=server.url + "/v1", api_key=tenant.key, max_retries=0, timeout=120)
+def client_for(server: ServerProcess, tenant: Tenant, key: str | None = None) -> openai.OpenAI:
+    return openai.OpenAI(base_url=server.url + "/v1", api_key=key or tenant.key, max_retries=0, timeout=120)
 
 
 def assert_billed_exactly(rows: dict[str, UsageEventRow], answered: list[Sent], tenant: Tenant) -> None:
@@ -287,15 +287,17 @@ def spend_counter_tokens(redis_client: Any, prefix: str, tenant_id: str) -> int:
 
 def test_database_outage_under_load(private_postgres: PrivatePostgres, redis_url: str, key_prefix: str,
                                     redis_client: Any, smollm_path: Path, tmp_path: Path) -> None:
-    """Load, then a batch during which PostgreSQL is stopped (`pg_ctl stop -m fast`) and later restarted.
+    """Load; PostgreSQL stopped (`pg_ctl stop -m fast`) under load for a while; started again; more load.
 
-    The batch is admitted first (see the module docstring), then the database
-    stops while every request of it is still generating; they are answered
-    with the database down (their usage can only sit in the server's journal),
-    one new request is sent during the outage to record what the server does
-    with it, then the database comes back and more load follows. The ledger
-    must end with exactly the answered requests, each with its own counts, and
-    the Redis spend counter (quota) must have counted each once.
+    The database stops while a batch of admitted requests is generating
+    (streams: their headers arrived; all: the server's /healthz `inflight`);
+    more requests arrive and are answered during the outage (the key is in
+    the server's key cache), and a never-used key is refused. Every answer of
+    the outage can only have been metered into the server's journal. Then the
+    database comes back and more load follows. The ledger must end with
+    exactly the answered requests, each with its own counts (nothing for the
+    refused one), and the Redis spend counter (quota) must have counted each
+    event once.
     """
     tenant = seed_tenant(private_postgres.url)
     env = server_env(database_url=private_postgres.url, data_dir=tmp_path / "data", model_path=smollm_path,
@@ -308,31 +310,31 @@ def test_database_outage_under_load(private_postgres: PrivatePostgres, redis_url
         before = run_load(client, make_specs(0, 20, seed=1))
         clock.lap("load")
 
-        outage = start_admitted(server, client, make_specs(100, 10, seed=2, max_tokens=(16, 16), ignore_eos=True))
+        generating = start_admitted(server, client, make_specs(100, 8, seed=2, max_tokens=(16, 16), ignore_eos=True))
         private_postgres.stop("fast")
         db_stopped_at = time.monotonic()
-        probe = send(client, Spec(index=999, stream=False, max_tokens=4))
-        during = outage.join()
-        time.sleep(1.5)  # the server keeps failing to reach the ledger for a while
+        arrived = run_load(client, make_specs(300, 10, seed=4), num_threads=4)
+        refused = send(client_for(server, tenant, tenant.unused_key), Spec(index=999, stream=False, max_tokens=4))
+        during = generating.join()
         private_postgres.start()
         clock.lap("outage")
 
         after = run_load(client, make_specs(200, 10, seed=3))
-        sent = [*before, *during, *after]
-        assert [s for s in sent if not s.completed] == [], "requests failed with the database up or admitted"
-        print(f"a request arriving with the database down: status {probe.status_code}, {probe.error}, "
-              f"request id {probe.request_id}")
-        answered = [*sent, probe] if probe.completed else sent
         clock.lap("load")
+        answered = [*before, *during, *arrived, *after]
+        assert [s for s in answered if not s.completed] == [], "requests failed (database up, or key cached)"
         wait_for_ledger(read, {s.request_id for s in answered if s.request_id})
         clock.lap("ledger")
         assert server.terminate(), "the server did not shut down cleanly"
         rows = read()
     print(f"outage: {clock}")
+    print(f"outage: a never-used key during the outage got {refused.status_code} ({refused.error})")
 
-    journal_only = [s for s in during if s.finished_at > db_stopped_at]
-    assert journal_only, "no request was answered while the database was down: the outage proved nothing"
-    print(f"outage: {len(answered)} answered, {len(journal_only)} of them while the database was down")
+    while_down = [s for s in [*during, *arrived] if s.finished_at > db_stopped_at]
+    assert len(while_down) > len(arrived), "no admitted request was still generating when the database stopped"
+    print(f"outage: {len(answered)} answered, {len(while_down)} of them while the database was down")
+    assert not refused.completed and refused.status_code is not None, refused
+    assert refused.request_id is not None and refused.request_id not in rows, "a refused request was billed"
     assert_billed_exactly(rows, answered, tenant)
     assert set(rows) == {s.request_id for s in answered}, "rows for requests that were never answered"
     assert spend_counter_tokens(redis_client, key_prefix, tenant.tenant_id) == sum(
