@@ -14,6 +14,14 @@ from loraplex.adapters.store import BlobStore
 from loraplex.engine.interfaces import AdapterWeights
 
 
+def _require_files(folder: Path, adapter_id: str) -> None:
+    """A missing file here is storage trouble (a blob gone, a folder moved), not a bad adapter: the engine
+    treats FileNotFoundError as transient and retries, where a rejected adapter would stay failed."""
+    for name in (CONFIG_NAME, WEIGHTS_NAME):
+        if not (folder / name).exists():  # follows symlinks: a dangling one to a lost blob counts
+            raise FileNotFoundError(f"{name} of adapter {adapter_id} is missing from storage")
+
+
 class StoredAdapterSource:
     def __init__(self, registry: AdapterRegistry, store: BlobStore, spec: BaseModelSpec, dtype: torch.dtype) -> None:
         self.registry = registry
@@ -29,6 +37,7 @@ class StoredAdapterSource:
             folder = Path(tmp)
             (folder / CONFIG_NAME).symlink_to(self.store.local_path(info.config_sha256))
             (folder / WEIGHTS_NAME).symlink_to(self.store.local_path(info.sha256))
+            _require_files(folder, adapter_id)
             return read_peft_adapter(folder, adapter_id, self.spec, dtype=self.dtype)
 
 
@@ -41,4 +50,11 @@ class FolderAdapterSource:
         self.dtype = dtype
 
     def load(self, adapter_id: str) -> AdapterWeights:
-        return read_peft_adapter(self.folders[adapter_id], adapter_id, self.spec, dtype=self.dtype)
+        folder = self.folders[adapter_id]
+        _require_files(folder, adapter_id)
+        return read_peft_adapter(folder, adapter_id, self.spec, dtype=self.dtype)
+
+    def locate(self, adapter_id: str) -> str | None:
+        """Where the files are: a failure tied to another place is retried at once (the engine asks)."""
+        folder = self.folders.get(adapter_id)
+        return None if folder is None else str(folder)

@@ -4,13 +4,17 @@
    by `Ledger.write` in batches (the meter's writer path: price lookup,
    INSERT ... ON CONFLICT DO NOTHING RETURNING). Checked first: every event
    is stored once, token sums match, and replaying the whole set inserts
-   nothing. Also the same through `Meter.record` end to end (queue → writer).
-2. Metering overhead: a real server (SmolLM2, SQLite default) under the same
-   concurrent load twice per repeat, metering on and off, alternating. The
-   request-path cost of metering is the platform's end-of-request call into
-   the recorder (build the UsageEvent, enqueue); it is timed around every
-   call (p50, p99). The end-to-end latency of the two runs is reported beside
-   it; on a shared 2-core CPU its difference is within the run-to-run noise.
+   nothing. Also the same through `Meter.record` end to end (journal → writer → ledger).
+2. Metering overhead: a real server (SmolLM2, SQLite ledger) under the same
+   concurrent load, per repeat once with each journal and once with metering
+   off, in rotating order: the Redis-stream journal (production: Redis is
+   configured) and the fsynced-file journal (no Redis). The request-path cost
+   of metering is the platform's end-of-request call into the recorder:
+   build the UsageEvent and wait until it is durable in the journal (the
+   meter group-commits, so concurrent requests share one round trip or
+   fsync). It is timed around every call (p50, p99). End-to-end latency of
+   each variant is reported beside it; on a shared 2-core CPU differences
+   between them are within the run-to-run noise.
 
     python benchmarks/billing.py           # full: writes benchmarks/results/billing.json
     python benchmarks/billing.py --quick   # small sizes; writes nothing
@@ -130,6 +134,9 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
+VARIANTS = ("redis-journal", "file-journal", "off")
+
+
 def metering_overhead(num_requests: int, concurrency: int, repeats: int) -> dict[str, Any]:
     import openai
     from loraplex.engine.async_engine import AsyncEngine
@@ -138,15 +145,16 @@ def metering_overhead(num_requests: int, concurrency: int, repeats: int) -> dict
 
     path = ensure_default_model(ROOT / "data" / "models")
     engine = AsyncEngine.from_model_path(path, EngineConfig(max_model_len=1024, max_num_seqs=32, dtype="float32"))
-    latencies: dict[bool, list[float]] = {True: [], False: []}
-    recorded_ms: list[float] = []
-    answers: dict[bool, list[str]] = {True: [], False: []}
+    latencies: dict[str, list[float]] = {variant: [] for variant in VARIANTS}
+    recorded_ms: dict[str, list[float]] = {variant: [] for variant in VARIANTS}
+    answers: dict[str, list[str]] = {}
     try:
         for repeat in range(repeats):
-            for metering in (True, False) if repeat % 2 == 0 else (False, True):
-                with serve(engine, metering=metering) as (base_url, key, app):
+            order = VARIANTS[repeat % 3:] + VARIANTS[:repeat % 3]  # each variant runs first once in three
+            for variant in order:
+                with serve(engine, variant=variant) as (base_url, key, app):
                     timed = None
-                    if metering:
+                    if variant != "off":
                         recorders = app.state.services.extensions.usage_recorders
                         timed = TimedRecorder(recorders[0])
                         recorders[0] = timed
@@ -155,22 +163,21 @@ def metering_overhead(num_requests: int, concurrency: int, repeats: int) -> dict
                     if timed is not None:
                         assert timed.meter.wait_written(60)
                         assert timed.meter.stats.num_written == num_requests, "one ledger event per request"
-                        recorded_ms += timed.times_ms
-                    latencies[metering] += times
-                    answers[metering] = texts
-        assert answers[True] == answers[False], "metering must not change answers"
+                        recorded_ms[variant] += timed.times_ms
+                    latencies[variant] += times
+                    answers[variant] = texts
+        assert all(texts == answers["off"] for texts in answers.values()), "metering must not change answers"
     finally:
         engine.shutdown()
-    on, off = latencies[True], latencies[False]
+    redis, file = recorded_ms["redis-journal"], recorded_ms["file-journal"]
     return {
-        "metering_overhead_ms_p50": percentile(recorded_ms, 0.5),
-        "metering_overhead_ms_p99": percentile(recorded_ms, 0.99),
-        "latency_ms_p50_metering_on": percentile(on, 0.5),
-        "latency_ms_p50_metering_off": percentile(off, 0.5),
-        "latency_ms_p99_metering_on": percentile(on, 0.99),
-        "latency_ms_p99_metering_off": percentile(off, 0.99),
-        "e2e_latency_delta_ms_p50": percentile(on, 0.5) - percentile(off, 0.5),
-        "requests_measured": len(recorded_ms),
+        "metering_overhead_ms_p50": percentile(redis, 0.5),
+        "metering_overhead_ms_p99": percentile(redis, 0.99),
+        "metering_overhead_file_journal_ms_p50": percentile(file, 0.5),
+        "metering_overhead_file_journal_ms_p99": percentile(file, 0.99),
+        **{f"latency_ms_p50_{v.replace('-', '_')}": percentile(latencies[v], 0.5) for v in VARIANTS},
+        **{f"latency_ms_p99_{v.replace('-', '_')}": percentile(latencies[v], 0.99) for v in VARIANTS},
+        "requests_measured": len(redis) + len(file),
     }
 
 
@@ -185,12 +192,13 @@ async def load(client: Any, num_requests: int, concurrency: int) -> tuple[list[s
                 max_tokens=2, temperature=0)
             return answer.choices[0].message.content, (time.perf_counter() - start) * 1000
 
-    results = await asyncio.gather(*(one(i) for i in range(num_requests)))
+    async with client:  # closed on this loop (asyncio.run closes the loop right after)
+        results = await asyncio.gather(*(one(i) for i in range(num_requests)))
     return [r[0] for r in results], [r[1] for r in results]
 
 
 @contextmanager
-def serve(engine: Any, *, metering: bool) -> Any:
+def serve(engine: Any, *, variant: str) -> Any:
     import socket
     import threading
 
@@ -203,7 +211,12 @@ def serve(engine: Any, *, metering: bool) -> Any:
     from loraplex.platform.settings import Settings
 
     with tempfile.TemporaryDirectory() as data_dir:
-        settings = Settings(data_dir=Path(data_dir), metering_enabled=metering, default_rpm=0, default_tpm=0)
+        # Redis (rate limits, sessions) is configured for every variant but the file journal's, whose point is
+        # the no-Redis deployment; metering's own cost is what the recorder timing isolates.
+        redis = {} if variant == "file-journal" else {
+            "redis_url": "redis://127.0.0.1:6379/0", "redis_key_prefix": f"lpxbench:{uuid.uuid4().hex[:8]}:"}
+        settings = Settings(data_dir=Path(data_dir), metering_enabled=variant != "off", default_rpm=0,
+                            default_tpm=0, **redis)
         migrate.upgrade(settings.resolved_database_url)
         db_engine = make_db_engine(settings.resolved_database_url)
         with make_session_factory(db_engine)() as db:
@@ -224,6 +237,18 @@ def serve(engine: Any, *, metering: bool) -> Any:
         finally:
             server.should_exit = True
             thread.join(30)
+            if redis:
+                _delete_keys(redis["redis_url"], redis["redis_key_prefix"])
+
+
+def _delete_keys(url: str, prefix: str) -> None:
+    import redis
+
+    client = redis.Redis.from_url(url)
+    keys = list(client.scan_iter(match=f"{prefix}*"))
+    if keys:
+        client.delete(*keys)
+    client.close()
 
 
 def main() -> None:
@@ -232,7 +257,7 @@ def main() -> None:
     args = parser.parse_args()
     import torch
 
-    n_events, n_requests, repeats = (2_000, 24, 1) if args.quick else (50_000, 96, 4)
+    n_events, n_requests, repeats = (2_000, 24, 1) if args.quick else (50_000, 96, 3)
     ledger = ledger_throughput(n_events, batch=256)
     overhead = metering_overhead(n_requests, concurrency=8, repeats=repeats)
     metrics = {**ledger, **overhead}
@@ -246,7 +271,8 @@ def main() -> None:
         "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(), "gpu": None,
                     "torch": torch.__version__, "note": "2-core CPU shared with other jobs while measured"},
         "config": {"model": MODEL, "ledger_events": n_events, "ledger_batch": 256, "requests_per_run": n_requests,
-                   "concurrency": 8, "repeats": repeats, "database": "PostgreSQL (local)"},
+                   "concurrency": 8, "repeats": repeats, "database": "PostgreSQL (local)",
+                   "journal": "write-ahead: Redis stream (overhead p50/p99) and fsynced file (file_journal)"},
         "metrics": metrics,
         "targets": {},
         "checked": True,

@@ -54,6 +54,7 @@ def test_unloadable_adapter_fails_its_requests_and_frees_everything(ours, tokeni
     model, config = ours
     source = BrokenSource(FolderAdapterSource(folders, smollm_spec, torch.float32))
     engine, manager = make_engine(model, config, tokenizer, folders, smollm_spec, max_loras=2, source=source)
+    manager.host.retry_base_s = 60.0  # OSError is transient: keep it for this test (retries: test_adapter_load_retry)
     prompt = chat_prompt_ids(tokenizer, "Name a fruit.")
     requests = [EngineRequest("broken-1", prompt, greedy(4), adapter_id="broken"),
                 EngineRequest("broken-n2", prompt, dataclasses.replace(greedy(4), n=2), adapter_id="broken"),

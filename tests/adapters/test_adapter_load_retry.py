@@ -188,3 +188,15 @@ def test_backoff_doubles_between_consecutive_transient_failures(tiny_model, tmp_
         assert manager.host.num_load_attempts["late"] == 6
     finally:
         manager.shutdown()
+
+
+def test_a_missing_weights_file_is_storage_trouble_not_a_bad_adapter(tmp_path, spec):  # type: ignore[no-untyped-def]
+    """A lost blob raises FileNotFoundError (transient: retried), not a rejection (permanent)."""
+    folder = write_random_adapter(tmp_path / "a", spec, r=4, targets=("q_proj",), seed=3)
+    source = FolderAdapterSource({"a": folder}, spec, torch.float32)
+    assert source.locate("a") == str(folder) and source.locate("nope") is None
+    moved = shutil.move(str(folder / "adapter_model.safetensors"), str(tmp_path / "elsewhere.safetensors"))
+    with pytest.raises(FileNotFoundError, match=r"adapter_model\.safetensors of adapter a is missing"):
+        source.load("a")
+    shutil.move(moved, str(folder / "adapter_model.safetensors"))
+    assert source.load("a").adapter_id == "a"
