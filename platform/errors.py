@@ -14,6 +14,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from loraplex.engine.errors import EngineError
+from loraplex.platform.request_context import REQUEST_ID_HEADER
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 log = logging.getLogger(__name__)
@@ -162,4 +163,13 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(EngineError, on_api_error)
     app.add_exception_handler(RequestValidationError, on_validation_error)  # type: ignore[arg-type]
     app.add_exception_handler(StarletteHTTPException, on_http_error)  # type: ignore[arg-type]
-    app.add_exception_handler(Exception, on_api_error)
+    async def on_unhandled_error(request: Request, exc: Exception) -> JSONResponse:
+        # Starlette runs this handler outside every middleware, RequestIdMiddleware included: put the
+        # request's id on the 500 here, so the one response a client most needs to report carries it.
+        response = response_for(exc)
+        request_id = request.scope.get("state", {}).get("request_id")
+        if request_id:
+            response.headers[REQUEST_ID_HEADER] = request_id
+        return response
+
+    app.add_exception_handler(Exception, on_unhandled_error)

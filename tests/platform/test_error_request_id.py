@@ -1,0 +1,25 @@
+"""An unhandled error is a 500 in the OpenAI error shape that still carries the request's id."""
+
+from __future__ import annotations
+
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
+from loraplex.platform.errors import install_error_handlers
+from loraplex.platform.request_context import REQUEST_ID_HEADER, RequestIdMiddleware
+
+
+def test_unhandled_error_is_a_500_with_the_request_id():
+    app = FastAPI()
+    install_error_handlers(app)
+    app.add_middleware(RequestIdMiddleware)
+
+    @app.get("/boom")
+    def boom() -> None:
+        raise RuntimeError("a bug")
+
+    with TestClient(app, raise_server_exceptions=False) as client:
+        response = client.get("/boom")
+    assert response.status_code == 500
+    assert response.json()["error"] == {"message": "internal server error", "type": "server_error", "param": None,
+                                        "code": "internal_error"}
+    assert response.headers[REQUEST_ID_HEADER].startswith("req_")
