@@ -87,10 +87,13 @@ class ToolCallStreamParser:
     def finish(self) -> ParsedDelta:
         """Flush what was held back once the stream has ended."""
         out = ParsedDelta()
-        if self._state == self._TEXT:
+        # After a call, a held-back partial `<tool_call>` is the start of a next call cut off by max_tokens:
+        # markup, not content. With no call yet it may be real text ("a <"), so it is released.
+        if self._state == self._TEXT and not self.calls:
             self._add_content(out, self._buffer)
-            if not self.calls:
-                out.content += self._held
+            out.content += self._held
+        elif self._state == self._TEXT:
+            self._add_content(out, self._buffer[: len(self._buffer) - _partial_suffix(self._buffer, TOOL_CALL_BEGIN)])
         self._buffer = self._held = ""
         self.content += out.content
         return out

@@ -130,6 +130,13 @@ def test_stream_parser_calls_only_has_no_content():
     assert parser.final_content is None and len(parser.calls) == 2
 
 
+def test_stream_parser_drops_a_next_call_cut_off_at_its_marker():
+    """max_tokens landing inside the second `<tool_call>`: the fragment is markup, never content."""
+    parser = ToolCallStreamParser()
+    stream(parser, CALL_WEATHER + "\n<tool", 2)
+    assert parser.final_content is None and len(parser.calls) == 1 and parser.calls[0].complete
+
+
 def test_stream_parser_unfinished_call_is_incomplete():
     parser = ToolCallStreamParser()
     stream(parser, CALL_WEATHER[:-20], 4)
