@@ -25,6 +25,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from adapter_upload import upload_adapter
 from loraplex.billing.models import UsageEventRow
 from metering_load_traffic import MIX, MODEL, Sent, send, shuffled_kinds
 from sqlalchemy import select
@@ -57,21 +58,6 @@ def server_logs():
         logger.removeHandler(kept)
 
 
-def _upload_adapter(server, name: str, folder: Path) -> str:
-    headers = {"Authorization": f"Bearer {server.keys['all']}"}
-    files = [("file", (n, (folder / n).read_bytes(), "application/octet-stream"))
-             for n in ("adapter_config.json", "adapter_model.safetensors")]
-    created = httpx.post(f"{server.base_url}/v1/adapters", data={"name": name}, files=files,
-                         headers=headers, timeout=120)
-    assert created.status_code == 202, created.text
-    deadline = time.monotonic() + 180
-    while (body := httpx.get(f"{server.base_url}/v1/adapters/{created.json()['id']}", headers=headers,
-                             timeout=30).json())["status"] == "validating" and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert body["status"] == "ready", body
-    return body["id"]
-
-
 def _new_session(server) -> str:
     created = httpx.post(f"{server.base_url}/v1/sessions", json={"model": MODEL}, timeout=30,
                          headers={"Authorization": f"Bearer {server.keys['all']}"})
@@ -86,7 +72,7 @@ def test_ledger_equals_engine_counts_under_load(start_server, pg_url, smollm_pat
     kinds = shuffled_kinds(seed=11)
     assert (len(kinds), sum(k.drop for k in kinds)) == (NUM_REQUESTS, NUM_DROPPED)
     with start_server(database_url=pg_url) as server:
-        adapter_ids = {name: _upload_adapter(server, name, trained[name]) for name in ("pirate", "thinker")}
+        adapter_ids = {name: upload_adapter(server, name, trained[name]) for name in ("pirate", "thinker")}
         tokenizer = server.services.tokenizer
         marker_lens = [len(tokenizer.encode(m, add_special_tokens=False)) for m in ("<think>", "</think>")]
         client = server.client("all", timeout=300)

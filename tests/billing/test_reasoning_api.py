@@ -8,12 +8,11 @@ engine did, honour thinking budgets, and bill them in the ledger.
 from __future__ import annotations
 
 import sys
-import time
 from pathlib import Path
 
-import httpx
 import openai
 import pytest
+from adapter_upload import upload_adapter
 from loraplex.billing.models import UsageEventRow
 from sqlalchemy import select
 
@@ -35,27 +34,13 @@ def _ledger(server) -> dict[str, UsageEventRow]:
         return {row.request_id: row for row in db.scalars(select(UsageEventRow))}
 
 
-def _upload_thinker(server, folder: Path) -> None:
-    headers = {"Authorization": f"Bearer {server.keys['all']}"}
-    files = [("file", (n, (folder / n).read_bytes(), "application/octet-stream"))
-             for n in ("adapter_config.json", "adapter_model.safetensors")]
-    created = httpx.post(f"{server.base_url}/v1/adapters", data={"name": "thinker"}, files=files,
-                         headers=headers, timeout=120)
-    assert created.status_code == 202, created.text
-    deadline = time.monotonic() + 180
-    while (body := httpx.get(f"{server.base_url}/v1/adapters/{created.json()['id']}", headers=headers,
-                             timeout=30).json())["status"] == "validating" and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert body["status"] == "ready", body
-
-
 @pytest.fixture(scope="module")
 def server(start_server, smollm_path):
     from train_adapters import ensure_trained_adapters
 
     thinker = ensure_trained_adapters(smollm_path)["thinker"]
     with start_server(**BUDGETS) as running:
-        _upload_thinker(running, thinker)
+        upload_adapter(running, "thinker", thinker)
         yield running
 
 
@@ -146,7 +131,7 @@ def test_reasoning_format_none_leaves_the_text_alone(start_server, smollm_path):
     from train_adapters import ensure_trained_adapters
 
     with start_server(reasoning_format="none") as plain:
-        _upload_thinker(plain, ensure_trained_adapters(smollm_path)["thinker"])
+        upload_adapter(plain, "thinker", ensure_trained_adapters(smollm_path)["thinker"])
         answer, request_id = _chat(plain, reasoning_effort="low")  # accepted and ignored: nothing to budget
         assert answer.choices[0].message.content.startswith("<think>") and "</think>" in answer.choices[0].message.content
         assert _reasoning(answer.choices[0].message) is None

@@ -5,13 +5,12 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
-import time
 from pathlib import Path
 
-import httpx
 import jsonschema
 import openai
 import pytest
+from adapter_upload import upload_adapter
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures"))
 
@@ -30,24 +29,6 @@ JSON_FORMAT = {"type": "json_schema", "json_schema": {"name": "animal", "schema"
 def server(start_server):
     with start_server() as running:
         yield running
-
-
-def upload_adapter(server, name: str, folder: Path) -> None:
-    files = [("file", (n, (folder / n).read_bytes(), "application/octet-stream"))
-             for n in ("adapter_config.json", "adapter_model.safetensors")]
-    headers = {"Authorization": f"Bearer {server.keys['all']}"}
-    response = httpx.post(f"{server.base_url}/v1/adapters", data={"name": name}, files=files, headers=headers,
-                          timeout=120)
-    assert response.status_code == 202, response.text
-    adapter_id = response.json()["id"]
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        status = httpx.get(f"{server.base_url}/v1/adapters/{adapter_id}", headers=headers, timeout=30).json()["status"]
-        if status != "validating":
-            assert status == "ready"
-            return
-        time.sleep(0.5)
-    raise AssertionError(f"adapter {name} still validating")
 
 
 def test_grammar_plain_and_adapters_mixed_greedy(server, smollm_path):
