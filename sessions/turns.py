@@ -183,6 +183,18 @@ class SessionTurns:
             self._release_here(session_id)
         return gone
 
+    def release_all_here(self) -> int:
+        """At shutdown: the KV this process pinned goes with it (or back to an engine that outlives it).
+
+        The sessions themselves stay in the store; their next turn, here or on another replica,
+        prefills what it needs again.
+        """
+        with self._lock:
+            pinned = list(self._pinned_here)
+        for session_id in pinned:
+            self._release_here(session_id)
+        return len(pinned)
+
     def _release_here(self, session_id: str) -> None:
         with self._lock:
             self._pinned_here.discard(session_id)

@@ -254,10 +254,11 @@ def install_sessions(extensions: Extensions, settings: Settings, *, engine: Any,
         return turns  # no loop (a synchronous caller): nothing sweeps, sessions still work
     sweeper = loop.create_task(_sweep_forever(turns, settings.session_sweep_interval_s))
 
-    async def stop_sweeper() -> None:
+    async def stop_sessions() -> None:
         sweeper.cancel()
+        turns.release_all_here()  # an engine that outlives this app (shared, in tests) must not keep the pins
 
-    extensions.on_shutdown.append(stop_sweeper)
+    extensions.on_shutdown.append(stop_sessions)
     return turns
 
 

@@ -225,3 +225,14 @@ def test_session_lost_by_the_store_is_a_clear_404_and_metrics_are_exported(serve
                  "loraplex_num_session_offloads", "loraplex_num_blocks_pinned_host",
                  "loraplex_kv_blocks_pinned_by_tenant"):
         assert name in metrics, name
+
+
+def test_a_stopped_server_leaves_no_pins_in_an_engine_that_outlives_it(start_server):
+    with start_server() as short_lived:
+        session = _create(short_lived)
+        short_lived.client("all").chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "Count to ten."}], max_tokens=8, temperature=0,
+            extra_body={"session_id": session["id"]})
+        pins = short_lived.services.engine.engine.block_manager.pins
+        assert session["id"] in pins
+    _wait(lambda: session["id"] not in pins)
