@@ -129,7 +129,7 @@ def artifacts_dir() -> Path:
 
 @pytest.fixture(scope="session")
 def trained_adapters(smollm_path: Path) -> dict[str, Path]:
-    """Real PEFT adapters trained on SmolLM2 (cached under data/adapters/fixtures): pirate, upper, thinker."""
+    """Real PEFT adapters trained on SmolLM2 (cached outside the checkout, see tests/fixtures/train_adapters.py): pirate, upper, thinker."""
     from train_adapters import ensure_trained_adapters
 
     return ensure_trained_adapters(smollm_path)
