@@ -8,6 +8,11 @@ SDPA per length bucket (a few; see `runner.decode_buckets`), so a short context
 is not padded to the step's longest; prefill chunks run one SDPA each (causal,
 or masked over a cached prefix).
 
+When the C++ decode kernel (`engine/kernels/cpu_paged_decode.cpp`) is built, the runner sends
+`CpuAttentionMetadata` with a `DecodeTable` instead of buckets: each decode row's K/V blocks are
+then read in place in one pass (no gathered copy, no padding, no mask). The buckets stay as the
+fallback (no compiler, unsupported dtype) and as the reference the kernel is tested against.
+
 Backends plug in through `ATTENTION_BACKENDS` (name -> factory): "torch" here,
 "triton" (the CUDA kernels, `engine/cuda/attention.py`). Each runner picks the
 backend whose metadata it builds and hands it to the model in the step context.
@@ -16,11 +21,26 @@ backend whose metadata it builds and hands it to the model in the step context.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from loraplex.engine.context import AttentionBackend, AttentionMetadata, StepContext
+from loraplex.engine.kernels.cpu_paged_decode import paged_decode_kernel
 from loraplex.engine.model.layers import apply_rotary
+
+
+@dataclass(slots=True)
+class DecodeTable:
+    """What the decode kernel needs: per decode row its blocks (padded with 0) and context length."""
+
+    block_table: torch.Tensor                 # [rows, max_blocks] int32
+    lengths: torch.Tensor                     # [rows] int32, tokens of context incl. this step's
+
+
+@dataclass(slots=True)
+class CpuAttentionMetadata(AttentionMetadata):
+    decode_table: DecodeTable | None = None   # set: decodes run in the kernel, `decode_buckets` is empty
 
 
 class TorchPagedAttention:
@@ -67,6 +87,11 @@ def paged_attention(
     num_tokens, num_heads, head_dim = q.shape
     out = q.new_empty(num_tokens, num_heads, head_dim)
     gqa = num_heads != k.shape[1]
+    table = getattr(meta, "decode_table", None)
+    if table is not None:  # the runner only sets it once the kernel has loaded
+        rows = meta.num_decode_tokens
+        out[:rows] = paged_decode_kernel().paged_decode(
+            q[:rows], k_cache, v_cache, table.block_table, table.lengths, meta.block_size, scale)
     for bucket in meta.decode_buckets:  # rows sorted by length: each bucket pads only to its own longest
         rows = bucket.end - bucket.start
         kd = gather_blocks(k_cache, bucket.blocks, rows, meta.block_size).transpose(1, 2)  # [b, kv, S, D]

@@ -11,9 +11,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
-from loraplex.engine.attention import ATTENTION_BACKENDS
+from loraplex.engine.attention import ATTENTION_BACKENDS, CpuAttentionMetadata, DecodeTable
 from loraplex.engine.config import EngineConfig, ModelConfig
-from loraplex.engine.context import AttentionMetadata, DecodeBucket, LoRAStepBuilder, PrefillSpan, StepContext
+from loraplex.engine.context import DecodeBucket, LoRAStepBuilder, PrefillSpan, StepContext
+from loraplex.engine.kernels import cpu_paged_decode
 from loraplex.engine.kv.host_tier import TO_HOST
 from loraplex.engine.model.llama import LlamaForCausalLM
 from loraplex.engine.protocol import TokenLogprob
@@ -56,6 +57,13 @@ class ModelRunner:
         self.lora = lora
         self.attention_backend = ATTENTION_BACKENDS[self.attention_backend_name]()
         self.sampler = Sampler(model_config.vocab_size, tokenizer_vocab_size)
+        # Decodes through the C++ kernel when it builds (once per machine, then cached) and fits:
+        # then `_prepare` sends a block table + lengths, not length buckets and masks.
+        self.use_decode_kernel = (
+            self.attention_backend_name == "torch" and self.device.type == "cpu"
+            and engine_config.torch_dtype in cpu_paged_decode.SUPPORTED_DTYPES
+            and cpu_paged_decode.paged_decode_kernel() is not None
+        )
         slots = num_blocks * self.block_size
         shape = (slots, model_config.num_key_value_heads, model_config.head_dim)
         dtype = engine_config.torch_dtype
@@ -103,7 +111,7 @@ class ModelRunner:
         pos_chunks: list[torch.Tensor] = []
         slot_chunks: list[torch.Tensor] = []
         last_row: dict[int, int] = {}
-        meta = AttentionMetadata(slot_mapping=torch.empty(0, dtype=torch.long), block_size=bs)
+        meta = CpuAttentionMetadata(slot_mapping=torch.empty(0, dtype=torch.long), block_size=bs)
         if decodes:
             seqs = [s for s, _ in decodes]  # sorted by context length in `execute`
             lengths = torch.tensor([s.num_computed_tokens + 1 for s in seqs], dtype=torch.long)
@@ -111,7 +119,10 @@ class ModelRunner:
             table = torch.tensor([_padded(s.block_table, num_blocks[-1]) for s in seqs], dtype=torch.long)
             meta.num_decode_tokens = len(seqs)
             dtype = self.kv_caches[0][0].dtype
-            for start, end in decode_buckets(num_blocks):
+            if self.use_decode_kernel:  # the kernel takes the table as is: no buckets, no masks
+                meta.decode_table = DecodeTable(table.to(torch.int32), lengths.to(torch.int32))
+            buckets = [] if self.use_decode_kernel else decode_buckets(num_blocks)
+            for start, end in buckets:
                 width = num_blocks[end - 1]
                 bucket = DecodeBucket(start, end, table[start:end, :width].reshape(-1))
                 span = width * bs
