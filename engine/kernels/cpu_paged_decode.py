@@ -59,7 +59,16 @@ def extension_name() -> str:
     digest.update(" ".join(CFLAGS).encode())
     digest.update(torch.__version__.encode())
     digest.update(sys.version.encode())
+    digest.update(_cpu_model().encode())  # -march=native: a home folder shared by other CPUs gets its own build
     return f"loraplex_cpu_paged_decode_{digest.hexdigest()[:16]}"
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as info:
+            return next((line.split(":", 1)[1].strip() for line in info if line.startswith("model name")), "")
+    except OSError:
+        return ""
 
 
 def build_root() -> Path:
