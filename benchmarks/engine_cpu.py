@@ -37,6 +37,7 @@ REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results" / "engine_cpu.json"
 
 from loraplex.engine.config import EngineConfig, ModelConfig  # noqa: E402
+from loraplex.engine.host_info import cpu_model_name  # noqa: E402
 from loraplex.engine.llm_engine import LLMEngine  # noqa: E402
 from loraplex.engine.model.default_model import DEFAULT_MODEL_NAME, ensure_default_model  # noqa: E402
 from loraplex.engine.model.loader import load_model  # noqa: E402
@@ -265,7 +266,7 @@ def main() -> None:
     result = {
         "benchmark": "engine_cpu",
         "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "machine": {"cpu": _cpu_name(), "cores": __import__("os").cpu_count(),
+        "machine": {"cpu": cpu_model_name(), "cores": __import__("os").cpu_count(),
                     "gpu": None, "torch": torch.__version__.split("+")[0], "python": platform.python_version()},
         "config": {"model": DEFAULT_MODEL_NAME, "dtype": "float32", "threads": args.threads,
                    "clock": "process CPU time (time.process_time), one intra-op thread each; wall times in raw",
@@ -298,16 +299,6 @@ def main() -> None:
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {RESULTS}")
-
-
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 if __name__ == "__main__":

@@ -33,6 +33,7 @@ from pathlib import Path
 import jsonschema
 import torch
 from loraplex.engine.config import EngineConfig
+from loraplex.engine.host_info import cpu_model_name
 from loraplex.engine.llm_engine import LLMEngine
 from loraplex.engine.model.default_model import DEFAULT_MODEL_NAME, ensure_default_model
 from loraplex.engine.protocol import EngineRequest, SamplingParams
@@ -241,7 +242,7 @@ def main() -> None:
     result = {
         "benchmark": "structured",
         "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "machine": {"cpu": _cpu_name(), "cores": os.cpu_count(), "gpu": None, "torch": torch.__version__,
+        "machine": {"cpu": cpu_model_name(), "cores": os.cpu_count(), "gpu": None, "torch": torch.__version__,
                     "load_average_at_end": os.getloadavg()[0]},
         "config": {"model": DEFAULT_MODEL_NAME, "dtype": "float32", "device": "cpu", "num_requests": num_requests,
                    "max_tokens": max_tokens, "repeats": repeats, "temperature": 0.7, "prefix_caching": False,
@@ -254,16 +255,6 @@ def main() -> None:
     }
     RESULT.write_text(json.dumps(result, indent=1) + "\n")
     print(f"wrote {RESULT}")
-
-
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 if __name__ == "__main__":

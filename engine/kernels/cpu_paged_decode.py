@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from loraplex.engine.host_info import cpu_model_name
 
 logger = logging.getLogger(__name__)
 
@@ -59,16 +60,8 @@ def extension_name() -> str:
     digest.update(" ".join(CFLAGS).encode())
     digest.update(torch.__version__.encode())
     digest.update(sys.version.encode())
-    digest.update(_cpu_model().encode())  # -march=native: a home folder shared by other CPUs gets its own build
+    digest.update(cpu_model_name().encode())  # -march=native: a home folder shared by other CPUs gets its own build
     return f"loraplex_cpu_paged_decode_{digest.hexdigest()[:16]}"
-
-
-def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as info:
-            return next((line.split(":", 1)[1].strip() for line in info if line.startswith("model name")), "")
-    except OSError:
-        return ""
 
 
 def build_root() -> Path:
