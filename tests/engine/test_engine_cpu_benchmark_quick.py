@@ -2,18 +2,13 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from benchmark_quick import run_quick
 
 
 def test_engine_cpu_benchmark_quick(smollm_path: Path) -> None:
-    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "engine_cpu.py"), "--quick"], cwd=ROOT,
-                          capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-2000:]
-    lines = done.stdout
+    lines = run_quick("engine_cpu.py", timeout_s=300)
     assert "throughput:" in lines and "'identical': 8" in lines
     assert "batch-1 decode:" in lines and "tokens equal True" in lines
     assert "prefix TTFT:" in lines and "first tokens equal True" in lines

@@ -3,21 +3,16 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from benchmark_quick import run_quick
+
 KEYS = ("constrained_over_unconstrained", "schema_valid_fraction", "mask_fill_us_p50", "mask_fill_us_p99",
         "compile_ms_cold", "compile_ms_cached")
 
 
 def test_structured_benchmark_quick():
-    result = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "structured.py"), "--quick"],
-        cwd=ROOT, capture_output=True, text=True, timeout=900, check=True,
-    )
-    metrics = json.loads(result.stdout[result.stdout.index("{"):])
+    stdout = run_quick("structured.py")
+    metrics = json.loads(stdout[stdout.index("{"):])
     for key in KEYS:
         assert isinstance(metrics[key], int | float), key
     assert metrics["compile_ms_cached"] < metrics["compile_ms_cold"]

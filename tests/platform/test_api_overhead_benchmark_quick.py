@@ -3,20 +3,14 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from benchmark_quick import run_quick
 
 
 def test_api_overhead_quick(tmp_path: Path) -> None:
     out = tmp_path / "api_overhead.json"
-    result = subprocess.run(
-        [sys.executable, "benchmarks/api_overhead.py", "--quick", "--device", "cpu", "--out", str(out)],
-        cwd=ROOT, capture_output=True, text=True, timeout=600,
-    )
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    run_quick("api_overhead.py", "--device", "cpu", "--out", str(out), timeout_s=600)
     report = json.loads(out.read_text())
     assert report["checked"] is True and report["benchmark"] == "api_overhead"
     metrics = report["metrics"]
