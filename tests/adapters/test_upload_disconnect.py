@@ -9,6 +9,7 @@ from urllib.parse import urlsplit
 
 import pytest
 from api_helpers import folder_files
+from log_capture import captured_logs
 from random_adapters import write_random_adapter
 
 BOUNDARY = "lpxdisconnectboundary"
@@ -20,28 +21,16 @@ def server(start_server):  # type: ignore[no-untyped-def]
         yield running
 
 
-class Records(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__(logging.DEBUG)
-        self.records: list[logging.LogRecord] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.records.append(record)
-
-
 @pytest.fixture
 def records():  # type: ignore[no-untyped-def]
-    handler = Records()
-    watched = [logging.getLogger(), logging.getLogger("uvicorn.error"), logging.getLogger("loraplex.platform.errors")]
     router_log = logging.getLogger("loraplex.platform.routers.adapters")
     old_level = router_log.level
     router_log.setLevel(logging.INFO)  # the abort is logged at INFO; see it even when the root is at WARNING
-    for logger in [*watched, router_log]:
-        logger.addHandler(handler)
-    yield handler
-    router_log.setLevel(old_level)
-    for logger in [*watched, router_log]:
-        logger.removeHandler(handler)
+    try:
+        with captured_logs("uvicorn.error", "loraplex.platform.errors", router_log.name) as handler:
+            yield handler
+    finally:
+        router_log.setLevel(old_level)
 
 
 def _leftovers(server):  # type: ignore[no-untyped-def]

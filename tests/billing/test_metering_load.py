@@ -26,6 +26,7 @@ from pathlib import Path
 import httpx
 import pytest
 from adapter_upload import upload_adapter
+from log_capture import captured_logs
 from loraplex.billing.models import UsageEventRow
 from metering_load_traffic import MIX, MODEL, Sent, send, shuffled_kinds
 from sqlalchemy import select
@@ -37,25 +38,11 @@ NUM_DROPPED = 50
 NUM_LANES = 12
 
 
-class KeptRecords(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__(logging.WARNING)
-        self.records: list[logging.LogRecord] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.records.append(record)
-
-
 @pytest.fixture
 def server_logs():
     """Warnings and errors of the in-process server; uvicorn's own loggers do not reach the root."""
-    kept = KeptRecords()
-    loggers = [logging.getLogger(), logging.getLogger("uvicorn")]
-    for logger in loggers:
-        logger.addHandler(kept)
-    yield kept.records
-    for logger in loggers:
-        logger.removeHandler(kept)
+    with captured_logs("uvicorn", level=logging.WARNING) as kept:
+        yield kept.records
 
 
 def _new_session(server) -> str:
