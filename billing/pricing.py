@@ -9,17 +9,20 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass
-from datetime import UTC, datetime
-from decimal import Decimal
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal, InvalidOperation
 
 from loraplex.billing.events import UsageEvent
 from loraplex.billing.models import PriceRow
+from loraplex.engine.errors import InvalidRequestError
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 ANY_MODEL = "*"
 PICO_PER_USD = 10**12
 MICRO_PER_USD = 10**6
+MAX_USD_DECIMALS = 6           # micro-USD: the price book's unit
+BACKDATE_GRACE = timedelta(seconds=5)  # clock skew between the operator's machine and ours
 
 
 def usd_to_micro(usd: Decimal | str | int) -> int:
@@ -159,3 +162,117 @@ def add_price(
     session.add(row)
     session.flush()
     return row
+
+
+def parse_usd(value: object, *, param: str) -> Decimal:
+    """An amount of USD from the edge (API, CLI): non-negative, at most 6 decimal places, never rounded.
+
+    JSON numbers arrive as floats; `Decimal(str(x))` keeps the digits the client wrote (0.1 stays 0.1).
+    """
+    if isinstance(value, bool) or not isinstance(value, str | int | float | Decimal):
+        raise InvalidRequestError(f"{param} must be a number of USD like \"0.15\"", param=param)
+    try:
+        amount = Decimal(str(value).strip())
+    except InvalidOperation:
+        raise InvalidRequestError(f"{param} must be a number of USD like \"0.15\", not {value!r}", param=param) from None
+    if not amount.is_finite():
+        raise InvalidRequestError(f"{param} must be a finite number", param=param)
+    if amount < 0:
+        raise InvalidRequestError(f"{param} must not be negative", param=param)
+    if -amount.normalize().as_tuple().exponent > MAX_USD_DECIMALS:
+        raise InvalidRequestError(
+            f"{param} has more than {MAX_USD_DECIMALS} decimal places (the smallest unit is 1 micro-USD): {value}",
+            param=param,
+        )
+    return amount
+
+
+@dataclass(frozen=True, slots=True)
+class NewPrice:
+    """A validated price, in USD per million tokens, ready for `add_price`."""
+
+    model: str
+    adapter_id: str | None
+    input: Decimal
+    cached_input: Decimal
+    output: Decimal
+    thinking: Decimal
+    effective_from: datetime
+
+    def add_to(self, session: Session) -> PriceRow:
+        return add_price(
+            session, model=self.model, adapter_id=self.adapter_id, input_usd_per_mtok=self.input,
+            output_usd_per_mtok=self.output, cached_input_usd_per_mtok=self.cached_input,
+            thinking_usd_per_mtok=self.thinking, effective_from=self.effective_from,
+        )
+
+
+def validate_new_price(
+    *,
+    model: str,
+    input_usd: object,
+    output_usd: object,
+    cached_input_usd: object | None = None,
+    thinking_usd: object | None = None,
+    adapter_id: str | None = None,
+    effective_from: datetime | None = None,
+    now: datetime | None = None,
+) -> NewPrice:
+    """Check a price given at the edge. A backdated price is refused: events already in the ledger
+    were priced with the book as it was, so a new row in the past would make book and ledger disagree.
+    """
+    now = now or datetime.now(UTC)
+    model = model.strip()
+    if not model or len(model) > 200:
+        raise InvalidRequestError("model must be a model name (1-200 characters) or '*' for any", param="model")
+    if adapter_id is not None and not adapter_id.strip():
+        raise InvalidRequestError("adapter_id must not be empty (omit it for any adapter)", param="adapter_id")
+    input_price = parse_usd(input_usd, param="input")
+    output_price = parse_usd(output_usd, param="output")
+    if effective_from is None:
+        effective_from = now
+    elif effective_from.tzinfo is None:
+        effective_from = effective_from.replace(tzinfo=UTC)  # naive times are UTC, like everything we store
+    if effective_from < now - BACKDATE_GRACE:
+        raise InvalidRequestError(
+            f"effective_from {effective_from.isoformat()} is in the past: events already recorded were priced "
+            "with the prices in force then; add the new price from now or a future date",
+            param="effective_from",
+        )
+    return NewPrice(
+        model=model,
+        adapter_id=adapter_id,
+        input=input_price,
+        cached_input=input_price if cached_input_usd is None else parse_usd(cached_input_usd, param="cached_input"),
+        output=output_price,
+        thinking=output_price if thinking_usd is None else parse_usd(thinking_usd, param="thinking"),
+        effective_from=effective_from,
+    )
+
+
+def list_prices(session: Session, *, model: str | None = None, adapter_id: str | None = None,
+                now: datetime | None = None) -> list[tuple[Price, bool]]:
+    """Every price row, newest first, each with whether it is in force now for its own (model, adapter)."""
+    now = now or datetime.now(UTC)
+    every = PriceBook._load(session)
+    in_force = {
+        price.id
+        for price in every
+        if (chosen := select_price(every, model=price.model, adapter_id=price.adapter_id, at=now)) is not None
+        and chosen.id == price.id
+    }
+    shown = [
+        p for p in every
+        if (model is None or p.model == model) and (adapter_id is None or p.adapter_id == adapter_id)
+    ]
+    shown.sort(key=lambda p: (p.effective_from, p.id), reverse=True)
+    return [(p, p.id in in_force) for p in shown]
+
+
+def micro_to_usd(micro: int) -> Decimal:
+    return Decimal(micro) / MICRO_PER_USD
+
+
+def usd_text(amount: Decimal) -> str:
+    """'0.15', '12', '0.000123456789': exact, no exponent, no trailing zeros."""
+    return format(amount.normalize(), "f") if amount else "0"

@@ -21,8 +21,8 @@ from typing import Any, Protocol
 from loraplex.billing.events import UsageEvent
 from loraplex.billing.ledger import UNAVAILABLE_ERRORS
 from loraplex.billing.models import NONE_KEY, BudgetRow, UsageEventRow
-from loraplex.billing.pricing import picousd_to_usd, usd_to_picousd
-from loraplex.engine.errors import EngineError
+from loraplex.billing.pricing import parse_usd, picousd_to_usd, usd_to_picousd
+from loraplex.engine.errors import EngineError, InvalidRequestError
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -236,3 +236,29 @@ def set_budget(
     row.updated_at = datetime.now(UTC)
     session.flush()
     return row
+
+
+def delete_budget(session: Session, *, tenant_id: str, api_key_id: str | None = None) -> bool:
+    """Remove a budget (the whole tenant's when `api_key_id` is None); False if there was none."""
+    row = session.get(BudgetRow, (tenant_id, api_key_id or WHOLE_TENANT))
+    if row is None:
+        return False
+    session.delete(row)
+    session.flush()
+    return True
+
+
+def validate_budget_limits(
+    *, monthly_token_limit: object | None, monthly_cost_limit_usd: object | None
+) -> tuple[int | None, Decimal | None]:
+    """Limits given at the edge (API, CLI): a whole number of tokens >= 0, USD >= 0 to the micro-dollar."""
+    tokens: int | None = None
+    if monthly_token_limit is not None:
+        if isinstance(monthly_token_limit, bool) or not isinstance(monthly_token_limit, int):
+            raise InvalidRequestError("monthly_token_limit must be a whole number of tokens",
+                                      param="monthly_token_limit")
+        if monthly_token_limit < 0:
+            raise InvalidRequestError("monthly_token_limit must not be negative", param="monthly_token_limit")
+        tokens = monthly_token_limit
+    cost = None if monthly_cost_limit_usd is None else parse_usd(monthly_cost_limit_usd, param="monthly_cost_limit_usd")
+    return tokens, cost
