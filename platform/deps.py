@@ -16,6 +16,7 @@ from loraplex.platform.auth.scopes import Scope
 from loraplex.platform.auth.store import authenticate
 from loraplex.platform.db.models import ApiKey
 from loraplex.platform.errors import AuthenticationError, DependencyUnavailableError, PermissionDeniedError
+from loraplex.platform.metering import BillingDomain
 from loraplex.platform.ratelimit.limiter import Limits
 from loraplex.platform.services import Services
 from loraplex.platform.settings import Settings
@@ -44,6 +45,14 @@ def get_services(request: Request) -> Services:
 
 
 AppServices = Annotated[Services, Depends(get_services)]
+
+
+def get_billing(services: AppServices) -> BillingDomain | None:
+    """The serving process's quota guard and price book; None when metering is off."""
+    return services.extensions.domain_state.get("billing")
+
+
+Billing = Annotated[BillingDomain | None, Depends(get_billing)]
 
 
 def get_db(services: AppServices) -> Iterator[Session]:

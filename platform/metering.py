@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -81,6 +82,20 @@ class QuotaPreparer:
         await asyncio.to_thread(self.guard.check, tenant_id=prepared.tenant_id, api_key_id=prepared.key_id or None)
 
 
+@dataclass(frozen=True, slots=True)
+class BillingDomain:
+    """What the billing routes need at request time (`extensions.domain_state["billing"]`).
+
+    Admin writes invalidate these caches, so a new price or budget applies at
+    once in this process; other processes pick it up within the caches' TTLs
+    (30 s for prices, 5 s for budgets).
+    """
+
+    guard: QuotaGuard
+    price_book: PriceBook
+    meter: Meter
+
+
 def build_spools(settings: Settings, redis_client: Any | None) -> list[Spool]:
     """Redis streams first when Redis is configured; local fsynced files always, as the last resort."""
     spools: list[Spool] = []
@@ -97,8 +112,9 @@ def install_billing(
     redis_client = _redis(settings)
     counter = RedisSpendCounter(redis_client, settings.redis_key_prefix) if redis_client else MemorySpendCounter()
     guard = QuotaGuard(db_sessions, counter)
+    price_book = PriceBook(db_sessions)
     meter = Meter(
-        Ledger(db_sessions, PriceBook(db_sessions)),
+        Ledger(db_sessions, price_book),
         spools=build_spools(settings, redis_client),
         dead_letter=FileSpool(Path(settings.data_dir) / "billing-dead-letter"),
         on_recorded=guard.on_recorded,
@@ -108,6 +124,7 @@ def install_billing(
     meter.start()
     extensions.usage_recorders.append(MeteringRecorder(meter, base_model=base_model))
     extensions.preparers.insert(0, QuotaPreparer(guard))
+    extensions.domain_state["billing"] = BillingDomain(guard=guard, price_book=price_book, meter=meter)
 
     async def flush_meter() -> None:
         await asyncio.to_thread(meter.close, 30.0)

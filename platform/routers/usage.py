@@ -1,7 +1,8 @@
 """GET /v1/usage: the caller's usage by day, model, adapter or API key, as JSON or CSV.
 
 Scope `usage` reads the key's own tenant; an `admin` key may name any tenant
-with `tenant_id` (or `*` for every tenant).
+with `tenant_id` (or `*` for every tenant). GET /v1/usage/budgets: the
+caller's monthly budgets (the tenant's and the calling key's own) with spend.
 """
 
 from __future__ import annotations
@@ -11,9 +12,10 @@ from typing import Annotated, Literal
 
 from fastapi import APIRouter, Query, Response
 from fastapi.responses import JSONResponse
+from loraplex.billing.budget_status import budget_status
 from loraplex.billing.reports import ReportQuery, report_csv, report_json, usage_report
 from loraplex.platform.auth.scopes import Scope
-from loraplex.platform.deps import AppServices, CurrentKey
+from loraplex.platform.deps import AppServices, Billing, CurrentKey, UsageKey
 from loraplex.platform.errors import PermissionDeniedError
 
 router = APIRouter(prefix="/v1", tags=["usage"])
@@ -53,3 +55,15 @@ async def get_usage(
             headers={"Content-Disposition": f'attachment; filename="{name}"'},
         )
     return JSONResponse(report_json(query, rows))
+
+
+@router.get("/usage/budgets")
+async def get_budgets(key: UsageKey, services: AppServices, billing: Billing) -> dict:
+    """Same shape as the admin view, limited to what this key answers to: never other keys' budgets."""
+
+    def run() -> dict:
+        with services.db_sessions() as session:
+            return budget_status(session, tenant_id=key.tenant_id, guard=billing.guard if billing else None,
+                                 api_key_ids=[key.key_id])
+
+    return await asyncio.to_thread(run)
