@@ -57,6 +57,18 @@ def upload_ready_adapter(server, folder: Path, name: str) -> str:  # type: ignor
     return record["id"]
 
 
+def set_budgets(server) -> dict:  # type: ignore[no-untyped-def]
+    """A tenant-wide token budget and a cost budget on the page's key; returns what the tenant API reports."""
+    admin = {"Authorization": f"Bearer {server.keys['admin']}"}
+    url = f"{server.base_url}/v1/admin/tenants/acme/budgets"
+    for body in ({"monthly_token_limit": 1_000_000},
+                 {"api_key_id": server.key_ids["all"], "monthly_cost_limit_usd": "25"},
+                 {"api_key_id": server.key_ids["inference"], "monthly_token_limit": 5}):  # not the page's key
+        assert httpx.put(url, json=body, headers=admin, timeout=30).status_code == 200
+    mine = {"Authorization": f"Bearer {server.keys['all']}"}
+    return httpx.get(f"{server.base_url}/v1/usage/budgets", headers=mine, timeout=30).json()
+
+
 def usage_report(server, days: int = 30, **params: str) -> httpx.Response:  # type: ignore[no-untyped-def]
     """The page's default range: the last `days` days, today included (UTC)."""
     today = datetime.now(UTC).date()
@@ -90,12 +102,16 @@ def test_usage_page_charts_table_and_csv(
         report = wait_for_requests(server, expected_requests)
         assert report["totals"]["requests"] == expected_requests
         assert len(report["data"]) == len(PAST_DAYS) + 1
+        budgets = set_budgets(server)
+        tenant_budget = budgets["data"][0]
+        assert tenant_budget["scope"] == "tenant" and tenant_budget["used_tokens"] > 0
 
         for viewport in ("desktop", "phone"):
             page, problems = new_page(viewport, accept_downloads=True)
             sign_in(page, server.base_url, server.keys["all"], then="/portal/usage")
             page.wait_for_selector("body[data-loaded]")
             expect(page.locator("#usage-error")).to_be_hidden()
+            check_budget_panel(page, server, budgets)
 
             tiles = page.locator("#usage-totals .tile-value")
             expect(tiles.first).to_have_text(str(expected_requests))
@@ -132,6 +148,24 @@ def test_usage_page_charts_table_and_csv(
             if viewport == "desktop":
                 check_date_range(page, today=report["end"])
             assert problems.messages == []
+
+
+def check_budget_panel(page, server, budgets: dict) -> None:  # type: ignore[no-untyped-def]
+    """The tenant's budget and this key's own, never another key's; a bar per limit and the reset date."""
+    panel = page.locator("#budget-panel")
+    expect(panel).to_be_visible()
+    items = panel.locator("li.budget")
+    expect(items).to_have_count(2)
+    tenant = budgets["data"][0]
+    tokens = items.nth(0).locator('.budget-meter[data-kind="tokens"]')
+    expect(tokens.locator(".budget-used")).to_have_text(f"{tenant['used_tokens']:,} of 1,000,000 used")
+    expect(tokens.locator(".budget-left")).to_have_text(f"{tenant['remaining_tokens']:,} left")
+    expect(tokens.locator("progress")).to_be_visible()
+    expect(items.nth(1).locator("h3")).to_contain_text(server.key_ids["all"])
+    expect(items.nth(1).locator('.budget-meter[data-kind="cost"] .budget-used')).to_contain_text("of $25.00 used")
+    expect(panel).not_to_contain_text(server.key_ids["inference"])
+    resets = datetime.fromisoformat(budgets["resets_on"]).year
+    expect(page.locator("#budget-resets")).to_contain_text(str(resets))
 
 
 def check_date_range(page, today: str) -> None:  # type: ignore[no-untyped-def]

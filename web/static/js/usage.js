@@ -1,5 +1,6 @@
 // Usage page: date range -> three group-bys of /v1/usage -> charts, table, totals; CSV download.
 import { apiFetch, apiJson } from "./api.js";
+import { loadBudgets } from "./budgets.js";
 import { horizontalBarChart, stackedBarChart } from "./charts.js";
 import { clearError, h, showError } from "./dom.js";
 import { formatCompact, formatCost, formatInt, isoDay } from "./format.js";
@@ -188,4 +189,5 @@ if (requireApiKey()) {
     setRange(30);
   }
   load();
+  loadBudgets();
 }
