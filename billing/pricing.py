@@ -254,7 +254,7 @@ def list_prices(session: Session, *, model: str | None = None, adapter_id: str |
                 now: datetime | None = None) -> list[tuple[Price, bool]]:
     """Every price row, newest first, each with whether it is in force now for its own (model, adapter)."""
     now = now or datetime.now(UTC)
-    every = PriceBook._load(session)
+    every = [Price.from_row(row) for row in session.scalars(select(PriceRow))]
     in_force = {
         price.id
         for price in every

@@ -161,3 +161,13 @@ def test_another_tenants_key_is_not_found_and_budgets_need_admin(server):
     assert call(server, "PUT", "/v1/admin/tenants/acme/budgets", json=body).status_code == 404
     assert call(server, "PUT", "/v1/admin/tenants/acme/budgets", "usage", json=body).status_code == 403
     assert call(server, "GET", "/v1/admin/tenants/acme/budgets", "usage").status_code == 403
+
+
+def test_with_metering_off_the_routes_still_write_the_database(start_server):
+    with start_server(metering_enabled=False) as server:
+        assert "billing" not in server.services.extensions.domain_state
+        created = call(server, "POST", "/v1/admin/prices", json={"model": "*", "input": "1", "output": "2"})
+        assert created.status_code == 201 and created.json()["in_force"] is True
+        put = call(server, "PUT", "/v1/admin/tenants/acme/budgets", json={"monthly_cost_limit_usd": 3.25})
+        assert put.json()["monthly_cost_limit_usd"] == "3.25" and put.json()["used_cost_usd"] == "0"
+        assert call(server, "GET", "/v1/usage/budgets", "usage").json()["data"][0]["remaining_cost_usd"] == "3.25"
