@@ -63,6 +63,7 @@ class LLMEngine:
         self.requests: dict[str, RequestState] = {}
         self.num_prompt_tokens_total = 0
         self.num_generation_tokens_total = 0
+        self.num_reasoning_tokens_total = 0  # of those, inside a reasoning segment (billed as thinking)
         self.last_step_was_idle = False  # work is waiting but nothing could run (e.g. adapters loading)
 
     # ---- constructors ---------------------------------------------------------------------
@@ -235,7 +236,10 @@ class LLMEngine:
             return
         seq.wants_prompt_logprobs = False
         self.num_generation_tokens_total += 1
-        if state.add_token(seq, token, result.logprobs.get(seq.seq_id)):
+        num_reasoning_before = seq.num_reasoning_tokens
+        finished = state.add_token(seq, token, result.logprobs.get(seq.seq_id))
+        self.num_reasoning_tokens_total += seq.num_reasoning_tokens - num_reasoning_before
+        if finished:
             self._finish_seq(state, seq)
 
     def _finish_seq(self, state: RequestState, seq: Sequence) -> None:
@@ -281,6 +285,7 @@ class LLMEngine:
             "prefix_cache_hits": bm.num_prefix_hits,
             "prompt_tokens_total": self.num_prompt_tokens_total,
             "generation_tokens_total": self.num_generation_tokens_total,
+            "reasoning_tokens_total": self.num_reasoning_tokens_total,
             "num_preemptions": self.scheduler.num_preemptions,
             "num_pins_evicted": bm.num_pins_evicted,
             "num_pins_over_budget": bm.num_pins_over_budget,

@@ -42,6 +42,9 @@ class Metrics:
         self.tokens_in = Counter("loraplex_prompt_tokens", "Prompt tokens processed", registry=self.registry)
         self.tokens_cached = Counter("loraplex_cached_prompt_tokens", "Prompt tokens from cache", registry=self.registry)
         self.tokens_out = Counter("loraplex_completion_tokens", "Tokens generated", registry=self.registry)
+        self.tokens_reasoning = Counter(
+            "loraplex_reasoning_tokens", "Generated tokens inside a reasoning segment", registry=self.registry
+        )
         self.inflight = Gauge("loraplex_api_inflight_requests", "Generation requests in the API", registry=self.registry)
 
     def watch_engine(self, stats: Callable[[], dict[str, Any]]) -> None:

@@ -75,6 +75,8 @@ class Generation:
             raise OverloadedError(
                 f"the server is at its limit of {services.settings.max_pending_requests} concurrent requests; retry shortly"
             )
+        for check in services.extensions.admission_checks:  # before the rate limiter counts this request
+            await check(self.prepared)
         num_prompt_tokens = sum(len(p) for p in self.prepared.prompts)
         await services.rate_limiter.admit(self.key.key_id, self.key.limits, num_prompt_tokens=num_prompt_tokens)
         services.num_inflight += 1
@@ -208,6 +210,7 @@ class Generation:
         services.metrics.tokens_in.inc(usage["prompt_tokens"])
         services.metrics.tokens_cached.inc(usage["prompt_tokens_details"]["cached_tokens"])
         services.metrics.tokens_out.inc(usage["completion_tokens"])
+        services.metrics.tokens_reasoning.inc(usage["completion_tokens_details"]["reasoning_tokens"])
         record = self._record(error)
         log.info(
             "%s model=%s status=%s prompt_tokens=%d cached_tokens=%d completion_tokens=%d ttft_ms=%s",

@@ -199,4 +199,5 @@ def test_reasoning_budget_forces_the_end_marker_and_counts_thinking_tokens(tiny)
     tokens = output_tokens(outputs["think"])
     assert tokens[5:7] == end
     assert outputs["think"][-1].choices[0].num_reasoning_tokens == 7  # budget + the forced end marker
+    assert engine.stats()["reasoning_tokens_total"] == 7
     assert len(tokens) == 12
