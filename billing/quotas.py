@@ -112,6 +112,25 @@ class RedisSpendCounter:
         pipe.execute()
 
 
+def ledger_spend(session: Session, *, month: str, tenant_id: str | None = None) -> dict[tuple[str, str], Spend]:
+    """The month's spend from the ledger per (tenant, scope): WHOLE_TENANT and each API key."""
+    first, following = month_bounds(month)
+    e = UsageEventRow
+    query = (
+        select(e.tenant_id, e.api_key_id, func.sum(e.input_tokens + e.output_tokens), func.sum(e.cost_picousd))
+        .where(e.day >= first, e.day < following)
+        .group_by(e.tenant_id, e.api_key_id)
+    )
+    if tenant_id is not None:
+        query = query.where(e.tenant_id == tenant_id)
+    per_scope: dict[tuple[str, str], list[int]] = defaultdict(lambda: [0, 0])
+    for tenant, key, tokens, cost in session.execute(query):
+        for scope in {WHOLE_TENANT, key or WHOLE_TENANT}:
+            per_scope[tenant, scope][0] += int(tokens or 0)
+            per_scope[tenant, scope][1] += int(cost or 0)
+    return {where: Spend(tokens, cost) for where, (tokens, cost) in per_scope.items()}
+
+
 class QuotaGuard:
     def __init__(
         self, session_factory: sessionmaker[Session], counter: SpendCounter, *, budget_cache_s: float = 5.0
@@ -122,8 +141,13 @@ class QuotaGuard:
         self._budgets: dict[str, tuple[float, dict[str, Budget]]] = {}
 
     def check(self, *, tenant_id: str, api_key_id: str | None, estimated_tokens: int = 0,
-              now: datetime | None = None) -> None:
-        """Raise QuotaExceededError if the tenant's or the key's monthly budget is (or would be) spent."""
+              estimated_cost_picousd: int = 0, now: datetime | None = None) -> None:
+        """Raise QuotaExceededError if the tenant's or the key's monthly budget is spent, or if a request
+        of at least `estimated_tokens` tokens costing at least `estimated_cost_picousd` would overrun it.
+
+        Estimates are lower bounds (the prompt, before any output), so only a request that certainly
+        cannot fit is refused.
+        """
         budgets = self._tenant_budgets(tenant_id)
         if not budgets:
             return
@@ -139,15 +163,22 @@ class QuotaGuard:
             resets = month_bounds(month)[1].isoformat()
             limit = budget.token_limit
             if limit is not None and (spend.tokens >= limit or spend.tokens + estimated_tokens > limit):
+                used = f"{spend.tokens:,} of {limit:,} tokens used in {month}"
                 raise QuotaExceededError(
-                    f"The monthly token budget of {who} is spent: {spend.tokens:,} of {budget.token_limit:,} "
-                    f"tokens used in {month} (this request needs about {estimated_tokens:,} more). "
-                    f"It resets on {resets}."
+                    f"The monthly token budget of {who} is spent: {used}. It resets on {resets}."
+                    if spend.tokens >= limit else
+                    f"This request's {estimated_tokens:,} prompt tokens would overrun the monthly token budget of "
+                    f"{who}: {used}, {limit - spend.tokens:,} left. It resets on {resets}."
                 )
-            if budget.cost_limit_picousd is not None and spend.cost_picousd >= budget.cost_limit_picousd:
+            limit = budget.cost_limit_picousd
+            if limit is not None and (spend.cost_picousd >= limit or spend.cost_picousd + estimated_cost_picousd > limit):
+                used = (f"${picousd_to_usd(spend.cost_picousd):.6f} of ${picousd_to_usd(limit):.2f} "
+                        f"used in {month}")
                 raise QuotaExceededError(
-                    f"The monthly cost budget of {who} is spent: ${picousd_to_usd(spend.cost_picousd):.6f} "
-                    f"of ${picousd_to_usd(budget.cost_limit_picousd):.2f} used in {month}. It resets on {resets}."
+                    f"The monthly cost budget of {who} is spent: {used}. It resets on {resets}."
+                    if spend.cost_picousd >= limit else
+                    f"This request's prompt (at least ${picousd_to_usd(estimated_cost_picousd):.6f}) would overrun "
+                    f"the monthly cost budget of {who}: {used}. It resets on {resets}."
                 )
 
     def is_known_unlimited(self, tenant_id: str) -> bool:
@@ -171,23 +202,10 @@ class QuotaGuard:
     def reconcile(self, *, month: str | None = None, tenant_id: str | None = None) -> int:
         """Reset the month's counters from the ledger; returns how many counters were set."""
         month = month or month_of(datetime.now(UTC))
-        first, following = month_bounds(month)
-        e = UsageEventRow
-        query = (
-            select(e.tenant_id, e.api_key_id, func.sum(e.input_tokens + e.output_tokens), func.sum(e.cost_picousd))
-            .where(e.day >= first, e.day < following)
-            .group_by(e.tenant_id, e.api_key_id)
-        )
-        if tenant_id is not None:
-            query = query.where(e.tenant_id == tenant_id)
-        per_scope: dict[tuple[str, str], list[int]] = defaultdict(lambda: [0, 0])
         with self._session_factory() as session:
-            for tenant, key, tokens, cost in session.execute(query):
-                for scope in {WHOLE_TENANT, key or WHOLE_TENANT}:
-                    per_scope[tenant, scope][0] += int(tokens or 0)
-                    per_scope[tenant, scope][1] += int(cost or 0)
-        for (tenant, scope), (tokens, cost) in per_scope.items():
-            self._counter.set(month, tenant, scope, Spend(tokens, cost))
+            per_scope = ledger_spend(session, month=month, tenant_id=tenant_id)
+        for (tenant, scope), spend in per_scope.items():
+            self._counter.set(month, tenant, scope, spend)
         return len(per_scope)
 
     def spend(self, *, tenant_id: str, api_key_id: str | None = None, month: str | None = None) -> Spend:

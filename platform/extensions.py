@@ -112,6 +112,17 @@ class RequestPreparer(Protocol):
     async def __call__(self, prepared: PreparedRequest) -> None: ...
 
 
+class AdmissionCheck(Protocol):
+    """Runs once the prompts' token ids are known, before anything is queued; may raise to refuse.
+
+    For checks that need the request's size, such as a token budget this prompt
+    would overrun. Refusals that need no size belong in a preparer, which runs
+    before the chat template and grammar compilation are paid for.
+    """
+
+    async def __call__(self, prepared: PreparedRequest) -> None: ...
+
+
 class RequestStatus(StrEnum):
     COMPLETED = "completed"  # every choice ended on EOS (or its grammar terminated)
     STOPPED = "stopped"      # a stop string or stop token ended at least one choice
@@ -152,6 +163,7 @@ class UsageRecorder(Protocol):
 class Extensions:
     model_resolver: ModelResolver
     preparers: list[RequestPreparer] = field(default_factory=list)
+    admission_checks: list[AdmissionCheck] = field(default_factory=list)
     usage_recorders: list[UsageRecorder] = field(default_factory=list)
     on_shutdown: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
     # Objects a domain's own routes need at request time, by domain name (e.g. "sessions").

@@ -22,7 +22,7 @@ from typing import Any
 from loraplex.billing.events import UsageEvent
 from loraplex.billing.ledger import Ledger
 from loraplex.billing.meter import Meter
-from loraplex.billing.pricing import PriceBook
+from loraplex.billing.pricing import PriceBook, select_price
 from loraplex.billing.quotas import MemorySpendCounter, QuotaGuard, RedisSpendCounter
 from loraplex.billing.spool import FileSpool, RedisStreamSpool, Spool
 from loraplex.platform.extensions import Extensions, PreparedRequest, RequestRecord
@@ -82,6 +82,33 @@ class QuotaPreparer:
         await asyncio.to_thread(self.guard.check, tenant_id=prepared.tenant_id, api_key_id=prepared.key_id or None)
 
 
+class QuotaAdmission:
+    """Once the prompt is tokenized: refuses a request whose prompt alone would overrun a budget (429).
+
+    The prompt's tokens are exact and its cost is taken at the lower of the input
+    and cached-input prices, so a request that might still fit is never refused;
+    what the output will add is unknown until it is made.
+    """
+
+    def __init__(self, guard: QuotaGuard, price_book: PriceBook, *, base_model: str) -> None:
+        self.guard = guard
+        self.price_book = price_book
+        self._base_model = base_model
+
+    async def __call__(self, prepared: PreparedRequest) -> None:
+        if self.guard.is_known_unlimited(prepared.tenant_id):
+            return
+        await asyncio.to_thread(self._check, prepared)
+
+    def _check(self, prepared: PreparedRequest) -> None:
+        num_tokens = sum(len(p) for p in prepared.prompts)
+        price = select_price(self.price_book.prices(), model=self._base_model,
+                             adapter_id=prepared.model.adapter_id, at=datetime.now(UTC))
+        cost = 0 if price is None else num_tokens * min(price.input, price.cached_input)
+        self.guard.check(tenant_id=prepared.tenant_id, api_key_id=prepared.key_id or None,
+                         estimated_tokens=num_tokens, estimated_cost_picousd=cost)
+
+
 @dataclass(frozen=True, slots=True)
 class BillingDomain:
     """What the billing routes need at request time (`extensions.domain_state["billing"]`).
@@ -124,6 +151,7 @@ def install_billing(
     meter.start()
     extensions.usage_recorders.append(MeteringRecorder(meter, base_model=base_model))
     extensions.preparers.insert(0, QuotaPreparer(guard))
+    extensions.admission_checks.append(QuotaAdmission(guard, price_book, base_model=base_model))
     extensions.domain_state["billing"] = BillingDomain(guard=guard, price_book=price_book, meter=meter)
 
     async def flush_meter() -> None:

@@ -77,7 +77,8 @@ def build_extensions(
     - adapters: `extensions.model_resolver = <resolver that knows the tenant's adapters>`
     - grammar:  `extensions.preparers.append(<response_format/tools preparer>)`
     - sessions: `extensions.preparers.append(<session_id preparer>)`; closer in `on_shutdown`
-    - billing:  `extensions.usage_recorders.append(<meter>)`; quota check as a preparer (429)
+    - billing:  `extensions.usage_recorders.append(<meter>)`; quota checks (429) as a preparer (budget spent)
+                and an admission check (this prompt would overrun it)
     """
     extensions = Extensions(model_resolver=BaseModelResolver(base_model_name))
     install_sessions(extensions, settings, engine=engine, metrics=metrics)

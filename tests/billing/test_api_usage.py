@@ -10,6 +10,7 @@ import httpx
 import openai
 import pytest
 from loraplex.billing.models import UsageEventRow
+from loraplex.billing.pricing import add_price
 from loraplex.billing.quotas import set_budget
 from sqlalchemy import select
 
@@ -104,3 +105,35 @@ def test_spent_budget_refuses_with_429_before_queueing(start_server):
         assert f"of 40 tokens used in {month}" in error["message"] and "resets on" in error["message"]
         assert server.services.engine.stats()["prompt_tokens_total"] == before, "refused before the engine"
         server.client("all").chat.completions.create(model=MODEL, messages=HELLO, max_tokens=2)  # acme unaffected
+
+
+def test_a_prompt_that_would_overrun_a_budget_is_refused_before_the_engine(start_server):
+    long_prompt = [{"role": "user", "content": "Repeat after me: " + "lorem ipsum " * 150}]
+    with start_server() as server:
+        with server.services.db_sessions() as db, db.begin():
+            add_price(db, model="*", input_usd_per_mtok="2", cached_input_usd_per_mtok="1", output_usd_per_mtok="4",
+                      effective_from=datetime(2020, 1, 1, tzinfo=UTC))
+            set_budget(db, tenant_id=server.tenants["globex"], monthly_token_limit=250)
+            set_budget(db, tenant_id=server.tenants["globex"], api_key_id=server.key_ids["globex"],
+                       monthly_cost_limit_usd="0.0002")
+        client = server.client("globex")
+        before = server.services.engine.stats()["prompt_tokens_total"]
+        with pytest.raises(openai.RateLimitError) as raised:
+            client.chat.completions.create(model=MODEL, messages=long_prompt, max_tokens=1)
+        error = raised.value.body
+        assert error["code"] == "insufficient_quota"
+        assert "prompt tokens would overrun the monthly token budget of tenant" in error["message"], error
+        assert "0 of 250 tokens used" in error["message"] and "250 left" in error["message"], error
+        assert server.services.engine.stats()["prompt_tokens_total"] == before, "refused before the engine"
+
+        with server.services.db_sessions() as db, db.begin():  # tokens no longer bind; the key's $0.0002 does
+            set_budget(db, tenant_id=server.tenants["globex"], monthly_token_limit=None)
+        server.services.extensions.domain_state["billing"].guard.invalidate()
+        with pytest.raises(openai.RateLimitError) as raised:  # ~330 tokens at $1/M (cached price) > $0.0002
+            client.chat.completions.create(model=MODEL, messages=long_prompt, max_tokens=1)
+        assert "would overrun the monthly cost budget of API key" in raised.value.body["message"], raised.value.body
+        assert server.services.engine.stats()["prompt_tokens_total"] == before
+
+        reply = client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=1)  # ~40 tokens fit
+        assert reply.usage.prompt_tokens < 100
+        assert server.services.engine.stats()["prompt_tokens_total"] == before + reply.usage.prompt_tokens

@@ -72,3 +72,14 @@ def test_reconcile_restores_counters_from_the_ledger(session_factory, counter, m
     assert guard.reconcile(month="2026-11") == 2  # the tenant and its key
     assert guard.spend(tenant_id="ten_a", month="2026-11").tokens == 600
     assert guard.spend(tenant_id="ten_a", api_key_id="key_a1", month="2026-11").tokens == 600
+
+
+def test_an_estimate_that_would_overrun_is_refused_and_one_that_fits_is_not(session_factory, counter, make_event):
+    guard = QuotaGuard(session_factory, counter, budget_cache_s=0)
+    with session_factory() as session, session.begin():
+        set_budget(session, tenant_id="ten_a", monthly_token_limit=1000, monthly_cost_limit_usd="0.000001")
+    guard.check(tenant_id="ten_a", api_key_id=None, estimated_tokens=1000, estimated_cost_picousd=10**6, now=NOV)
+    with pytest.raises(QuotaExceededError, match=r"1,001 prompt tokens would overrun .* 1,000 left"):
+        guard.check(tenant_id="ten_a", api_key_id=None, estimated_tokens=1001, now=NOV)
+    with pytest.raises(QuotaExceededError, match=r"would overrun the monthly cost budget of tenant ten_a"):
+        guard.check(tenant_id="ten_a", api_key_id=None, estimated_tokens=10, estimated_cost_picousd=10**6 + 1, now=NOV)
