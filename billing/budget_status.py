@@ -11,28 +11,11 @@ from collections.abc import Collection
 from datetime import UTC, datetime
 from typing import Any
 
-from loraplex.billing.models import BudgetRow, UsageEventRow
+from loraplex.billing.models import BudgetRow
 from loraplex.billing.pricing import picousd_to_usd, usd_text
-from loraplex.billing.quotas import WHOLE_TENANT, QuotaGuard, Spend, month_bounds, month_of
-from sqlalchemy import func, select
+from loraplex.billing.quotas import WHOLE_TENANT, QuotaGuard, Spend, ledger_spend, month_bounds, month_of
+from sqlalchemy import select
 from sqlalchemy.orm import Session
-
-
-def ledger_spend(session: Session, *, tenant_id: str, month: str) -> dict[str, Spend]:
-    """This month's spend per scope (WHOLE_TENANT and each key) summed from the ledger."""
-    first, following = month_bounds(month)
-    e = UsageEventRow
-    rows = session.execute(
-        select(e.api_key_id, func.sum(e.input_tokens + e.output_tokens), func.sum(e.cost_picousd))
-        .where(e.tenant_id == tenant_id, e.day >= first, e.day < following)
-        .group_by(e.api_key_id)
-    )
-    per_scope: dict[str, Spend] = {}
-    for key, tokens, cost in rows:
-        for scope in {WHOLE_TENANT, key or WHOLE_TENANT}:
-            old = per_scope.get(scope, Spend())
-            per_scope[scope] = Spend(old.tokens + int(tokens or 0), old.cost_picousd + int(cost or 0))
-    return per_scope
 
 
 def budget_status(
@@ -50,12 +33,12 @@ def budget_status(
     if api_key_ids is not None:
         query = query.where(BudgetRow.api_key_id.in_([WHOLE_TENANT, *api_key_ids]))
     rows = sorted(session.scalars(query), key=lambda row: (row.api_key_id != WHOLE_TENANT, row.api_key_id))
-    from_ledger = ledger_spend(session, tenant_id=tenant_id, month=month) if guard is None and rows else {}
+    from_ledger = ledger_spend(session, month=month, tenant_id=tenant_id) if guard is None and rows else {}
 
     def spend_of(scope: str) -> Spend:
         if guard is not None:
             return guard.spend(tenant_id=tenant_id, api_key_id=scope or None, month=month)
-        return from_ledger.get(scope, Spend())
+        return from_ledger.get((tenant_id, scope), Spend())
 
     data = []
     for row in rows:
