@@ -66,6 +66,7 @@ class Meter:
         batch_size: int = 256,
         retry_interval_s: float = 1.0,
         keep_alive_interval_s: float = 1.0,
+        write_linger_s: float = 0.05,
     ) -> None:
         if not spools:
             raise ValueError("the meter needs at least one spool to journal events in")
@@ -76,6 +77,7 @@ class Meter:
         self._batch_size = batch_size
         self._retry_interval_s = retry_interval_s
         self._keep_alive_interval_s = keep_alive_interval_s
+        self._write_linger_s = write_linger_s
         self._incoming: queue.Queue[_Pending] = queue.Queue()
         self._stranded: list[UsageEvent] = []   # only the writer thread touches it after handover
         self._stranded_lock = threading.Lock()
@@ -217,7 +219,12 @@ class Meter:
             # Database down: back off. Up: sleep until the journal commits more (or a dead process's spool
             # may need adopting, which a periodic pass notices).
             wait_s = self._retry_interval_s if not self._db_up else min(self._keep_alive_interval_s, 1.0)
-            self._journaled.wait(wait_s) if self._db_up else self._stopping.wait(wait_s)
+            if self._db_up and self._journaled.wait(wait_s):
+                # Let more events gather: one ledger transaction per linger, not per request, keeps the
+                # writer's GIL-holding work (and the database's commits) off the requests' critical path.
+                self._stopping.wait(self._write_linger_s)
+            elif not self._db_up:
+                self._stopping.wait(wait_s)
 
     def _keep_spools_alive(self) -> None:
         for spool in self._spools:
