@@ -26,8 +26,6 @@ import argparse
 import asyncio
 import datetime
 import json
-import os
-import platform
 import tempfile
 import time
 import uuid
@@ -35,6 +33,8 @@ from contextlib import contextmanager
 from datetime import UTC
 from pathlib import Path
 from typing import Any
+
+from loraplex.engine.host_info import cpu_benchmark_machine
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULT = ROOT / "benchmarks" / "results" / "billing.json"
@@ -255,7 +255,6 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small sizes; writes nothing")
     args = parser.parse_args()
-    import torch
 
     n_events, n_requests, repeats = (2_000, 24, 1) if args.quick else (50_000, 96, 3)
     ledger = ledger_throughput(n_events, batch=256)
@@ -268,8 +267,7 @@ def main() -> None:
     result = {
         "benchmark": "billing",
         "date": datetime.datetime.now(UTC).isoformat(timespec="seconds"),
-        "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(), "gpu": None,
-                    "torch": torch.__version__, "note": "2-core CPU shared with other jobs while measured"},
+        "machine": cpu_benchmark_machine(),
         "config": {"model": MODEL, "ledger_events": n_events, "ledger_batch": 256, "requests_per_run": n_requests,
                    "concurrency": 8, "repeats": repeats, "database": "PostgreSQL (local)",
                    "journal": "write-ahead: Redis stream (overhead p50/p99) and fsynced file (file_journal)"},

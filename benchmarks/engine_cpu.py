@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import platform
 import random
 import statistics
 import sys
@@ -37,7 +36,7 @@ REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results" / "engine_cpu.json"
 
 from loraplex.engine.config import EngineConfig, ModelConfig  # noqa: E402
-from loraplex.engine.host_info import cpu_model_name  # noqa: E402
+from loraplex.engine.host_info import cpu_benchmark_machine  # noqa: E402
 from loraplex.engine.llm_engine import LLMEngine  # noqa: E402
 from loraplex.engine.model.default_model import DEFAULT_MODEL_NAME, ensure_default_model  # noqa: E402
 from loraplex.engine.model.loader import load_model  # noqa: E402
@@ -266,8 +265,7 @@ def main() -> None:
     result = {
         "benchmark": "engine_cpu",
         "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "machine": {"cpu": cpu_model_name(), "cores": __import__("os").cpu_count(),
-                    "gpu": None, "torch": torch.__version__.split("+")[0], "python": platform.python_version()},
+        "machine": cpu_benchmark_machine(),
         "config": {"model": DEFAULT_MODEL_NAME, "dtype": "float32", "threads": args.threads,
                    "clock": "process CPU time (time.process_time), one intra-op thread each; wall times in raw",
                    "load_average_at_start": load_at_start, **{

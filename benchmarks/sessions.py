@@ -28,13 +28,13 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import os
-import platform
 import statistics
 import time
 import uuid
 from pathlib import Path
 from typing import Any
+
+from loraplex.engine.host_info import cpu_benchmark_machine
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULT = ROOT / "benchmarks" / "results" / "sessions.json"
@@ -200,8 +200,7 @@ def main() -> None:
     result = {
         "benchmark": "sessions",
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(), "gpu": None,
-                    "torch": torch.__version__, "note": "2-core CPU shared with other jobs while measured"},
+        "machine": cpu_benchmark_machine(),
         "config": {"model": model_path.name, "dtype": "float32", "turns": turns, "answer_tokens": answer_tokens,
                    "repeats": repeats, "block_size": BLOCK_SIZE, "threads": torch.get_num_threads()},
         "metrics": metrics,

@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import os
 import platform
 import statistics
 import time
@@ -33,7 +32,7 @@ from pathlib import Path
 import jsonschema
 import torch
 from loraplex.engine.config import EngineConfig
-from loraplex.engine.host_info import cpu_model_name
+from loraplex.engine.host_info import cpu_benchmark_machine
 from loraplex.engine.llm_engine import LLMEngine
 from loraplex.engine.model.default_model import DEFAULT_MODEL_NAME, ensure_default_model
 from loraplex.engine.protocol import EngineRequest, SamplingParams
@@ -242,8 +241,7 @@ def main() -> None:
     result = {
         "benchmark": "structured",
         "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "machine": {"cpu": cpu_model_name(), "cores": os.cpu_count(), "gpu": None, "torch": torch.__version__,
-                    "load_average_at_end": os.getloadavg()[0]},
+        "machine": cpu_benchmark_machine(),
         "config": {"model": DEFAULT_MODEL_NAME, "dtype": "float32", "device": "cpu", "num_requests": num_requests,
                    "max_tokens": max_tokens, "repeats": repeats, "temperature": 0.7, "prefix_caching": False,
                    "throughput_clock": "process CPU time (wall-clock ratio reported alongside)",

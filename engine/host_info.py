@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import platform
 from pathlib import Path
+from typing import Any
 
 
 def cpu_model_name() -> str:
@@ -15,3 +16,14 @@ def cpu_model_name() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine() or "unknown"
+
+
+def cpu_benchmark_machine() -> dict[str, Any]:
+    """The `machine` entry of a CPU benchmark's result. Call it when the run ends: the load average then
+    says whether other work shared the CPU while it was measured."""
+    import os
+
+    import torch
+
+    return {"cpu": cpu_model_name(), "cores": os.cpu_count(), "gpu": None, "torch": torch.__version__.split("+")[0],
+            "python": platform.python_version(), "load_average_1m_at_end": round(os.getloadavg()[0], 2)}
