@@ -16,7 +16,7 @@ from typing import Any
 
 from loraplex.billing.events import UsageEvent
 from loraplex.billing.models import RolledUpDayRow, UsageEventRow
-from loraplex.billing.pricing import PriceBook
+from loraplex.billing.pricing import Price, PriceBook, select_price
 from sqlalchemy import delete, exc
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session, sessionmaker
@@ -79,7 +79,8 @@ class Ledger:
     def _write(self, events: list[UsageEvent]) -> WriteResult:
         now = datetime.now(UTC)
         with self._session_factory() as session, session.begin():
-            rows = [self._row(event, session, now) for event in events]
+            prices = self.price_book.load(session)
+            rows = [self._row(event, prices, now) for event in events]
             statement = _insert_ignoring_duplicates(session).returning(UsageEventRow.request_id)
             inserted_ids = set(session.scalars(statement, rows))
             inserted = [event for event in events if event.request_id in inserted_ids]
@@ -92,8 +93,9 @@ class Ledger:
         costs = {row["request_id"]: row["cost_picousd"] for row in rows if row["request_id"] in inserted_ids}
         return WriteResult(inserted=inserted, cost_picousd=costs, duplicates=duplicates)
 
-    def _row(self, event: UsageEvent, session: Session, now: datetime) -> dict[str, Any]:
-        price = self.price_book.price_for(event, session)
+    @staticmethod
+    def _row(event: UsageEvent, prices: list[Price], now: datetime) -> dict[str, Any]:
+        price = select_price(prices, model=event.model, adapter_id=event.adapter_id, at=event.created_at)
         created_at = event.created_at.astimezone(UTC)
         return {
             "request_id": event.request_id,

@@ -98,7 +98,13 @@ def select_price(prices: list[Price], *, model: str, adapter_id: str | None, at:
 
 
 class PriceBook:
-    """Prices loaded from the database, cached for `ttl_s` (the table is small and rarely written)."""
+    """Prices from the database.
+
+    The ledger reads the book afresh in every write transaction (`load`), so a
+    stored cost always follows the book as it is stored, whichever process
+    added a price. Estimates (the quota's prompt-cost check) use `prices()`,
+    cached for `ttl_s`: the table is small and rarely written.
+    """
 
     def __init__(self, session_factory: sessionmaker[Session], *, ttl_s: float = 30.0) -> None:
         self._session_factory = session_factory
@@ -110,25 +116,19 @@ class PriceBook:
     def invalidate(self) -> None:
         self._loaded_at = -float("inf")
 
-    def prices(self, session: Session | None = None) -> list[Price]:
+    def prices(self) -> list[Price]:
+        """The book as of at most `ttl_s` ago."""
+        if time.monotonic() - self._loaded_at > self._ttl_s:
+            with self._session_factory() as session:
+                return self.load(session)
+        return self._prices
+
+    def load(self, session: Session) -> list[Price]:
+        """The book as stored now, read in the caller's transaction (and cached for `prices()`)."""
+        prices = [Price.from_row(row) for row in session.scalars(select(PriceRow))]
         with self._lock:
-            if time.monotonic() - self._loaded_at > self._ttl_s:
-                if session is None:
-                    with self._session_factory() as own:
-                        self._prices = self._load(own)
-                else:
-                    self._prices = self._load(session)
-                self._loaded_at = time.monotonic()
-            return self._prices
-
-    def price_for(self, event: UsageEvent, session: Session | None = None) -> Price | None:
-        return select_price(
-            self.prices(session), model=event.model, adapter_id=event.adapter_id, at=event.created_at
-        )
-
-    @staticmethod
-    def _load(session: Session) -> list[Price]:
-        return [Price.from_row(row) for row in session.scalars(select(PriceRow))]
+            self._prices, self._loaded_at = prices, time.monotonic()
+        return prices
 
 
 def add_price(

@@ -113,9 +113,10 @@ class QuotaAdmission:
 class BillingDomain:
     """What the billing routes need at request time (`extensions.domain_state["billing"]`).
 
-    Admin writes invalidate these caches, so a new price or budget applies at
-    once in this process; other processes pick it up within the caches' TTLs
-    (30 s for prices, 5 s for budgets).
+    Admin writes invalidate these caches, so a new budget (or the prompt-cost
+    estimate's price) applies at once in this process; other processes pick it
+    up within the caches' TTLs (5 s for budgets, 30 s for the estimate's
+    prices). Stored costs never lag: the ledger reads prices in each write.
     """
 
     guard: QuotaGuard

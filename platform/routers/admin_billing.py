@@ -2,7 +2,8 @@
 
 Writes go to the database and invalidate this process's PriceBook / QuotaGuard
 caches, so they apply here from the next request; other API processes see
-them within the caches' TTLs (30 s for prices, 5 s for budgets).
+them within the caches' TTLs (5 s for budgets; 30 s for the prices of the
+quota's prompt-cost estimate; stored costs use the book as stored, always).
 """
 
 from __future__ import annotations

@@ -66,6 +66,27 @@ def test_a_price_added_over_the_api_prices_the_next_request_exactly(server):
     assert call(server, "GET", "/v1/admin/prices", params={"model": "other-model"}).json()["data"] == []
 
 
+def test_a_price_added_by_another_process_bills_from_its_effective_time(start_server):
+    """The CLI (or another server) writes the book without touching this server's caches: costs follow anyway."""
+    from loraplex.billing.pricing import add_price
+
+    with start_server() as server:
+        client = server.client("all")
+        first = client.chat.completions.with_raw_response.create(model=MODEL, messages=HELLO, max_tokens=2)
+        assert meter_of(server).wait_written()  # the ledger has read (and cached) the book without this price
+        with server.services.db_sessions() as db, db.begin():
+            added = add_price(db, model=MODEL, input_usd_per_mtok="1", output_usd_per_mtok="2")
+        second = client.chat.completions.with_raw_response.create(model=MODEL, messages=HELLO, max_tokens=2)
+        assert meter_of(server).wait_written()
+        with server.services.db_sessions() as db:
+            rows = {row.request_id: row for row in db.scalars(select(UsageEventRow))}
+        before, after = rows[first.headers["x-request-id"]], rows[second.headers["x-request-id"]]
+        usage = second.parse().usage
+        assert (before.price_id, before.cost_picousd) == (None, 0)
+        assert after.price_id == added.id
+        assert after.cost_picousd == usage.prompt_tokens * 1_000_000 + usage.completion_tokens * 2_000_000
+
+
 @pytest.mark.parametrize(("body", "param"), [
     ({"effective_from": "2020-01-01T00:00:00Z"}, "effective_from"),
     ({"input": "-1"}, "input"),
