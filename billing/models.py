@@ -43,6 +43,9 @@ class UsageEventRow(BillingBase):
         UniqueConstraint("request_id", name="uq_billing_usage_events_request_id"),
         Index("ix_billing_usage_events_tenant_day", "tenant_id", "day"),
         Index("ix_billing_usage_events_day_recorded", "day", "recorded_at"),
+        # The per-request log: a tenant's events newest first (keyset on created_at, id), and by session.
+        Index("ix_billing_usage_events_tenant_created", "tenant_id", "created_at", "id"),
+        Index("ix_billing_usage_events_tenant_session", "tenant_id", "session_id"),
     )
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)

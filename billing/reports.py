@@ -37,13 +37,7 @@ class ReportQuery:
     def parse(cls, *, start: str | None, end: str | None, group_by: str | None, tenant_id: str | None,
               today: date | None = None) -> ReportQuery:
         """Validate query-string input; defaults to the current month, grouped by day."""
-        today = today or datetime.now(UTC).date()
-        start_day = _parse_day(start, "start") if start else today.replace(day=1)
-        end_day = _parse_day(end, "end") if end else today
-        if end_day < start_day:
-            raise InvalidRequestError("end must not be before start", param="end")
-        if (end_day - start_day).days >= MAX_REPORT_DAYS:
-            raise InvalidRequestError(f"a report covers at most {MAX_REPORT_DAYS} days", param="start")
+        start_day, end_day = parse_day_range(start=start, end=end, today=today)
         keys = tuple(k.strip() for k in (group_by or "day").split(",") if k.strip())
         for key in keys:
             if key not in GROUP_BY_CHOICES:
@@ -52,6 +46,23 @@ class ReportQuery:
                     param="group_by",
                 )
         return cls(start=start_day, end=end_day, group_by=tuple(dict.fromkeys(keys)), tenant_id=tenant_id)
+
+
+def parse_day_range(*, start: str | None, end: str | None, today: date | None = None) -> tuple[date, date]:
+    """(start, end) days from query-string input, inclusive; defaults to the current month so far (UTC)."""
+    today = today or datetime.now(UTC).date()
+    start_day = _parse_day(start, "start") if start else today.replace(day=1)
+    end_day = _parse_day(end, "end") if end else today
+    if end_day < start_day:
+        raise InvalidRequestError("end must not be before start", param="end")
+    if (end_day - start_day).days >= MAX_REPORT_DAYS:
+        raise InvalidRequestError(f"a report covers at most {MAX_REPORT_DAYS} days", param="start")
+    return start_day, end_day
+
+
+def format_usd(picousd: int) -> str:
+    """An exact decimal string ("0.00042"), never a float: what CSV and per-request costs show."""
+    return format(picousd_to_usd(picousd).normalize(), "f")
 
 
 def _parse_day(value: str, param: str) -> date:
@@ -149,7 +160,7 @@ def report_csv(query: ReportQuery, rows: list[dict[str, Any]]) -> str:
     writer = csv.writer(buffer, lineterminator="\n")
     writer.writerow(header)
     for row in rows:
-        cost = format(picousd_to_usd(row["cost_picousd"]).normalize(), "f")
+        cost = format_usd(row["cost_picousd"])
         writer.writerow([*("" if row[k] is None else row[k] for k in query.group_by),
                          *(row[name] for name in (*TOKEN_COLUMNS, "total_tokens", "requests")), cost])
     return buffer.getvalue()

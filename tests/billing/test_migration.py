@@ -1,4 +1,4 @@
-"""Migration 0003_billing builds exactly the schema of billing.models, and downgrades cleanly."""
+"""Migrations 0003_billing and 0004 build exactly the schema of billing.models, and downgrade cleanly."""
 
 from __future__ import annotations
 
@@ -22,6 +22,27 @@ def test_upgrade_matches_models_and_downgrade_removes_tables(db_url):
         assert not [t for t in inspect(engine).get_table_names() if t.startswith("billing_")]
     finally:
         engine.dispose()
+
+
+def test_request_log_indexes_upgrade_and_downgrade(db_url):
+    """0004 adds the per-request log's two indexes; stepping back to 0003 drops exactly those."""
+    wanted = {"ix_billing_usage_events_tenant_created": ["tenant_id", "created_at", "id"],
+              "ix_billing_usage_events_tenant_session": ["tenant_id", "session_id"]}
+    migrate.upgrade(db_url, "0004_request_log_indexes")
+    engine = create_engine(db_url)
+    try:
+        assert wanted.items() <= _indexes(engine).items()
+        migrate.downgrade(db_url, "0003_billing")
+        left = set(_indexes(engine))
+        assert not left & set(wanted) and "ix_billing_usage_events_tenant_day" in left
+        migrate.upgrade(db_url, "head")
+        assert wanted.items() <= _indexes(engine).items()
+    finally:
+        engine.dispose()
+
+
+def _indexes(engine) -> dict[str, list[str]]:
+    return {ix["name"]: ix["column_names"] for ix in inspect(engine).get_indexes("billing_usage_events")}
 
 
 def _table_of(diff) -> str | None:
