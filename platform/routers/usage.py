@@ -1,8 +1,11 @@
 """GET /v1/usage: the caller's usage by day, model, adapter or API key, as JSON or CSV.
 
 Scope `usage` reads the key's own tenant; an `admin` key may name any tenant
-with `tenant_id` (or `*` for every tenant). GET /v1/usage/budgets: the
-caller's monthly budgets (the tenant's and the calling key's own) with spend.
+with `tenant_id` (or `*` for every tenant). GET /v1/usage/requests: the
+per-request log (what each request was charged), one tenant at a time;
+GET /v1/usage/requests/{request_id} one request, by its x-request-id.
+GET /v1/usage/budgets: the caller's monthly budgets (the tenant's and the
+calling key's own) with spend.
 """
 
 from __future__ import annotations
@@ -14,13 +17,41 @@ from fastapi import APIRouter, Query, Response
 from fastapi.responses import JSONResponse
 from loraplex.billing.budget_status import budget_status
 from loraplex.billing.reports import ReportQuery, report_csv, report_json, usage_report
+from loraplex.billing.request_log import (
+    RequestLogQuery,
+    RequestPage,
+    get_request,
+    list_requests,
+    requests_csv,
+)
+from loraplex.engine.errors import InvalidRequestError
 from loraplex.platform.auth.scopes import Scope
-from loraplex.platform.deps import AppServices, Billing, CurrentKey, UsageKey
-from loraplex.platform.errors import PermissionDeniedError
+from loraplex.platform.deps import AppServices, Billing, CurrentKey, Principal, UsageKey
+from loraplex.platform.errors import NotFoundError, PermissionDeniedError
 
 router = APIRouter(prefix="/v1", tags=["usage"])
 
 ALL_TENANTS = "*"
+
+
+def usage_tenant(key: Principal, tenant_id: str | None) -> str | None:
+    """The tenant whose usage this key may read: its own (scope `usage`), any (`admin`); None: every tenant."""
+    is_admin = Scope.ADMIN.value in key.scopes
+    if not is_admin and Scope.USAGE.value not in key.scopes:
+        raise PermissionDeniedError(f"this API key lacks the '{Scope.USAGE.value}' scope")
+    if tenant_id is None or tenant_id == key.tenant_id:
+        return key.tenant_id
+    if not is_admin:
+        raise PermissionDeniedError("only admin keys may read another tenant's usage", code="not_admin")
+    return None if tenant_id == ALL_TENANTS else tenant_id
+
+
+def one_tenant(key: Principal, tenant_id: str | None) -> str:
+    """As usage_tenant, but the per-request log never spans tenants."""
+    target = usage_tenant(key, tenant_id)
+    if target is None:
+        raise InvalidRequestError("the request log covers one tenant: name it, not '*'", param="tenant_id")
+    return target
 
 
 @router.get("/usage")
@@ -33,14 +64,7 @@ async def get_usage(
     format: Annotated[Literal["json", "csv"], Query()] = "json",
     tenant_id: Annotated[str | None, Query(description="admins only: another tenant, or * for all")] = None,
 ) -> Response:
-    is_admin = Scope.ADMIN.value in key.scopes
-    if not is_admin and Scope.USAGE.value not in key.scopes:
-        raise PermissionDeniedError(f"this API key lacks the '{Scope.USAGE.value}' scope")
-    target = key.tenant_id
-    if tenant_id is not None and tenant_id != key.tenant_id:
-        if not is_admin:
-            raise PermissionDeniedError("only admin keys may read another tenant's usage", code="not_admin")
-        target = None if tenant_id == ALL_TENANTS else tenant_id
+    target = usage_tenant(key, tenant_id)
     query = ReportQuery.parse(start=start, end=end, group_by=group_by, tenant_id=target)
 
     def run() -> list[dict]:
@@ -55,6 +79,63 @@ async def get_usage(
             headers={"Content-Disposition": f'attachment; filename="{name}"'},
         )
     return JSONResponse(report_json(query, rows))
+
+
+@router.get("/usage/requests")
+async def get_usage_requests(
+    key: CurrentKey,
+    services: AppServices,
+    start: Annotated[str | None, Query(description="first day, YYYY-MM-DD (default: first of this month)")] = None,
+    end: Annotated[str | None, Query(description="last day, inclusive (default: today, UTC)")] = None,
+    api_key_id: Annotated[str | None, Query()] = None,
+    model: Annotated[str | None, Query()] = None,
+    adapter_id: Annotated[str | None, Query(description="an adapter id, or 'base' for the base model")] = None,
+    session_id: Annotated[str | None, Query()] = None,
+    status: Annotated[str | None, Query(description="completed, stopped, length, aborted or failed")] = None,
+    limit: Annotated[str | None, Query(description="rows per page, 1-1000 (default 100)")] = None,
+    cursor: Annotated[str | None, Query(description="next_cursor of the previous page")] = None,
+    format: Annotated[Literal["json", "csv"], Query()] = "json",
+    tenant_id: Annotated[str | None, Query(description="admins only: another tenant")] = None,
+) -> Response:
+    """One request per row, newest first, with its cost; totals cover every row the filters match."""
+    target = one_tenant(key, tenant_id)
+    query = RequestLogQuery.parse(tenant_id=target, start=start, end=end, api_key_id=api_key_id, model=model,
+                                  adapter_id=adapter_id, session_id=session_id, status=status, limit=limit,
+                                  cursor=cursor)
+
+    def run() -> RequestPage:
+        with services.db_sessions() as session:
+            return list_requests(session, query)
+
+    page = await asyncio.to_thread(run)
+    if format == "csv":
+        name = f"requests-{target}-{query.start.isoformat()}-{query.end.isoformat()}.csv"
+        return Response(
+            requests_csv(page.rows), media_type="text/csv; charset=utf-8",
+            headers={"Content-Disposition": f'attachment; filename="{name}"'},
+        )
+    return JSONResponse({"object": "list", "data": page.rows, "has_more": page.has_more,
+                         "next_cursor": page.next_cursor, "totals": page.totals})
+
+
+@router.get("/usage/requests/{request_id}")
+async def get_usage_request(
+    request_id: str,
+    key: CurrentKey,
+    services: AppServices,
+    tenant_id: Annotated[str | None, Query(description="admins only: another tenant")] = None,
+) -> dict:
+    """One request by its x-request-id; another tenant's id is as unknown as a made-up one."""
+    target = one_tenant(key, tenant_id)
+
+    def run() -> dict | None:
+        with services.db_sessions() as session:
+            return get_request(session, tenant_id=target, request_id=request_id)
+
+    row = await asyncio.to_thread(run)
+    if row is None:
+        raise NotFoundError(f"no request '{request_id}' in this tenant's usage", param="request_id")
+    return {"object": "usage.request", **row}
 
 
 @router.get("/usage/budgets")

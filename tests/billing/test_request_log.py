@@ -1,11 +1,14 @@
-"""The per-request log over the ledger, on SQLite and PostgreSQL: filters, order, keyset pages, totals."""
+"""The per-request log: over the ledger on SQLite and PostgreSQL (filters, order, keyset pages, totals), then
+through the real server and the openai client (GET /v1/usage/requests[/{request_id}])."""
 
 from __future__ import annotations
 
 import csv
 import io
 from datetime import UTC, date, datetime, timedelta
+from decimal import Decimal
 
+import httpx
 import pytest
 from loraplex.billing.ledger import Ledger
 from loraplex.billing.pricing import PriceBook, add_price
@@ -163,3 +166,101 @@ def test_defaults_are_this_month_and_100_rows():
     q = RequestLogQuery.parse(tenant_id="ten_a", today=TODAY)
     assert (q.start, q.end, q.limit, q.after) == (date(2026, 11, 1), TODAY, 100, None)
     assert RequestLogQuery.parse(tenant_id="t", cursor=encode_cursor(NOON, 7), today=TODAY).after == (NOON, 7)
+
+
+# ---- through the real server and the openai client ------------------------------------------------
+
+MODEL = "SmolLM2-135M-Instruct"
+HELLO = [{"role": "user", "content": "Name a colour."}]
+
+
+@pytest.fixture(scope="module")
+def server(start_server):
+    with start_server() as running:
+        with running.services.db_sessions() as db, db.begin():
+            add_price(db, model="*", input_usd_per_mtok="3", cached_input_usd_per_mtok="1", output_usd_per_mtok="7",
+                      effective_from=datetime(2020, 1, 1, tzinfo=UTC))
+        yield running
+
+
+def api(server, label: str, path: str = "", **params) -> httpx.Response:
+    meter = next(r.meter for r in server.services.extensions.usage_recorders if hasattr(r, "meter"))
+    assert meter.wait_written()
+    return httpx.get(f"{server.base_url}/v1/usage/requests{path}", params=params, timeout=30,
+                     headers={"Authorization": f"Bearer {server.keys[label]}"})
+
+
+def test_a_request_is_found_by_its_x_request_id_with_its_usage_and_cost(server):
+    raw = server.client("all").chat.completions.with_raw_response.create(
+        model=MODEL, messages=HELLO, max_tokens=5, temperature=0)
+    usage = raw.parse().usage
+    request_id = raw.headers["x-request-id"]
+
+    found = api(server, "usage", f"/{request_id}")
+    assert found.status_code == 200, found.text
+    row = found.json()
+    assert (row["input_tokens"], row["cached_input_tokens"], row["output_tokens"], row["total_tokens"]) == (
+        usage.prompt_tokens, usage.prompt_tokens_details.cached_tokens, usage.completion_tokens, usage.total_tokens)
+    uncached = usage.prompt_tokens - usage.prompt_tokens_details.cached_tokens
+    expected = Decimal(3 * uncached + 1 * usage.prompt_tokens_details.cached_tokens + 7 * usage.completion_tokens)
+    assert Decimal(row["cost_usd"]) == expected / 10**6
+    assert row["api_key_id"] == server.key_ids["all"] and row["adapter_id"] is None and row["status"] == "length"
+    assert row["created_at"].endswith("+00:00") and row["duration_ms"] > 0
+
+    assert api(server, "globex", f"/{request_id}").status_code == 404  # another tenant: as if it did not exist
+    missing = api(server, "usage", "/req_nope")
+    assert missing.status_code == 404 and missing.json()["error"]["type"] == "not_found_error"
+    assert api(server, "inference", f"/{request_id}").status_code == 403
+    assert api(server, "admin", f"/{request_id}", tenant_id=server.tenants["acme"]).json()["cost_usd"] == row["cost_usd"]
+    assert api(server, "admin", f"/{request_id}", tenant_id=server.tenants["globex"]).status_code == 404
+    assert request_id not in {r["request_id"] for r in api(server, "globex").json()["data"]}
+
+
+def test_a_sessions_requests_and_cost_are_listed_with_totals(server):
+    created = httpx.post(f"{server.base_url}/v1/sessions", json={"model": MODEL}, timeout=30,
+                         headers={"Authorization": f"Bearer {server.keys['all']}"})
+    session_id = created.json()["id"]
+    client = server.client("all")
+    turns = [client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": text}], max_tokens=4,
+                                            temperature=0, extra_body={"session_id": session_id})
+             for text in ("Hi, I am Ada.", "What is my name?")]
+    client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=2)  # outside the session
+
+    listed = api(server, "usage", session_id=session_id).json()
+    assert listed["object"] == "list" and not listed["has_more"] and listed["next_cursor"] is None
+    assert len(listed["data"]) == 2 and {r["session_id"] for r in listed["data"]} == {session_id}
+    assert listed["data"][0]["created_at"] >= listed["data"][1]["created_at"]
+    totals = listed["totals"]
+    assert totals["requests"] == 2
+    assert totals["input_tokens"] == sum(t.usage.prompt_tokens for t in turns)
+    assert totals["output_tokens"] == sum(t.usage.completion_tokens for t in turns)
+    assert Decimal(totals["cost_usd"]) == sum(Decimal(r["cost_usd"]) for r in listed["data"])
+    assert api(server, "globex", session_id=session_id).json()["totals"]["requests"] == 0
+
+    first = api(server, "usage", limit=1).json()
+    second = api(server, "usage", limit=1, cursor=first["next_cursor"]).json()
+    assert first["has_more"] and first["data"][0]["request_id"] != second["data"][0]["request_id"]
+    assert first["totals"] == second["totals"]
+
+    as_csv = api(server, "usage", session_id=session_id, format="csv")
+    assert as_csv.headers["content-type"].startswith("text/csv")
+    assert as_csv.headers["content-disposition"].startswith('attachment; filename="requests-')
+    lines = list(csv.DictReader(io.StringIO(as_csv.text)))
+    assert [line["request_id"] for line in lines] == [r["request_id"] for r in listed["data"]]
+    assert [line["cost_usd"] for line in lines] == [r["cost_usd"] for r in listed["data"]]
+
+
+def test_scopes_admin_tenants_and_bad_input(server):
+    server.client("globex").chat.completions.create(model=MODEL, messages=HELLO, max_tokens=2)
+    assert api(server, "inference").status_code == 403
+    assert api(server, "globex", tenant_id=server.tenants["acme"]).status_code == 403
+    as_admin = api(server, "admin", tenant_id=server.tenants["globex"]).json()
+    assert as_admin["totals"]["requests"] >= 1 and {r["api_key_id"] for r in as_admin["data"]} == {
+        server.key_ids["globex"]}
+    assert api(server, "admin", tenant_id="*").json()["error"]["param"] == "tenant_id"
+    for params, param in (({"start": "soon"}, "start"), ({"start": "2026-11-10", "end": "2026-11-01"}, "end"),
+                          ({"limit": "0"}, "limit"), ({"limit": "1001"}, "limit"), ({"cursor": "xyz"}, "cursor"),
+                          ({"status": "done"}, "status")):
+        response = api(server, "usage", **params)
+        assert response.status_code == 400, params
+        assert response.json()["error"]["param"] == param
