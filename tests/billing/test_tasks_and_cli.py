@@ -1,4 +1,5 @@
-"""The beat task (rollups + quota reconciliation) and `loraplex usage report`, on real databases and Redis."""
+"""The beat task (rollups + quota reconciliation), `loraplex usage report` and `usage requests`, on real databases
+and Redis."""
 
 from __future__ import annotations
 
@@ -80,3 +81,34 @@ def test_usage_report_cli_table_and_csv(cli_db):
     assert unknown.exit_code == 1 and "no tenant" in unknown.output
     bad = runner.invoke(app, ["usage", "report", "--tenant", "acme", "--from", "yesterday"])
     assert bad.exit_code == 2 and "start must be a date" in bad.output
+
+
+def test_usage_requests_cli_pages_filters_and_csv(cli_db, tmp_path, make_event):
+    from loraplex.platform.db.session import make_db_engine, make_session_factory
+
+    engine = make_db_engine(Settings(data_dir=tmp_path).resolved_database_url)
+    Ledger(make_session_factory(engine)).write(
+        [make_event(f"s{i}", tenant_id=cli_db, session_id="ses_1", created_at=NOW - timedelta(minutes=i))
+         for i in range(3)])
+    engine.dispose()
+    runner = CliRunner()
+    since = YESTERDAY.date().isoformat()
+    table = runner.invoke(app, ["usage", "requests", "--tenant", "acme", "--from", since, "--limit", "2"])
+    assert table.exit_code == 0, table.output
+    lines = [line.split("\t") for line in table.stdout.splitlines()]
+    assert lines[0][:2] == ["created_at", "request_id"]
+    assert [line[1] for line in lines[1:-1]] == ["s0", "s1"]  # newest first, two of five
+    assert lines[-1][0] == "total (5 requests)" and lines[-1][7] == "500"  # totals: the whole range, not the page
+    cursor = table.stderr.split("--cursor")[1].split()[0]
+    rest = runner.invoke(app, ["usage", "requests", "--tenant", "acme", "--from", since, "--cursor", cursor])
+    # c0 and c1 share one created_at: the later-written row (higher id) comes first
+    assert [line.split("\t")[1] for line in rest.stdout.splitlines()[1:-1]] == ["s2", "c1", "c0"]
+
+    as_csv = runner.invoke(app, ["usage", "requests", "--tenant", cli_db, "--session", "ses_1", "--csv"])
+    assert as_csv.exit_code == 0, as_csv.output
+    rows = list(csv.DictReader(io.StringIO(as_csv.stdout)))
+    assert [row["request_id"] for row in rows] == ["s0", "s1", "s2"]
+    assert {row["session_id"] for row in rows} == {"ses_1"} and rows[0]["cost_usd"] == "0"
+    bad = runner.invoke(app, ["usage", "requests", "--tenant", "acme", "--limit", "5000"])
+    assert bad.exit_code == 2 and "limit must be between" in bad.output
+    assert runner.invoke(app, ["usage", "requests", "--tenant", "nobody"]).exit_code == 1
