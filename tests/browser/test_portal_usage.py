@@ -131,6 +131,9 @@ def test_usage_page_charts_table_and_csv(
             rows = page.locator("#usage-body tr")
             expect(rows).to_have_count(len(report["data"]))
             expect(rows.first.locator("th")).to_have_text(report["data"][0]["day"])
+            expect(page.locator("#requests-body tr")).to_have_count(expected_requests)  # one page holds them all
+            expect(page.locator("#requests-summary")).to_contain_text(f"{expected_requests} of {expected_requests}")
+            expect(page.locator("#requests-more")).to_be_hidden()
             foot = page.locator("#usage-foot td")
             expect(foot.nth(0)).to_have_text(str(expected_requests))
             expect(foot.nth(1)).to_have_text(f"{report['totals']['input_tokens']:,}")
@@ -184,3 +187,38 @@ def check_date_range(page, today: str) -> None:  # type: ignore[no-untyped-def]
     page.get_by_role("button", name="7 days").click()
     expect(page.locator("#usage-error")).to_be_hidden()
     expect(page.locator("#usage-body tr")).to_have_count(len(PAST_DAYS) + 1)  # every past day is within 7
+
+
+def test_requests_table_loads_more_and_filters_by_session_or_request(start_server, new_page) -> None:  # type: ignore[no-untyped-def]
+    """30 requests: a page of 25 newest first, Load more for the rest; a session id or a request id narrows it."""
+    with start_server() as server:
+        now = datetime.now(UTC)
+        Ledger(server.services.db_sessions).write([
+            UsageEvent(request_id=f"req_{i:03d}", tenant_id=server.tenants["acme"], model=server.services.base_model_name,
+                       status=UsageStatus.COMPLETED, created_at=now - timedelta(seconds=i), api_key_id=server.key_ids["all"],
+                       session_id="sess_demo" if i % 10 == 0 else None, input_tokens=10, output_tokens=i)
+            for i in range(30)
+        ])
+        page, problems = new_page("desktop")
+        sign_in(page, server.base_url, server.keys["all"], then="/portal/usage")
+        page.wait_for_selector("body[data-loaded]")
+        rows = page.locator("#requests-body tr")
+        expect(rows).to_have_count(25)
+        expect(rows.first).to_have_attribute("data-request-id", "req_000")
+        expect(page.locator("#requests-summary")).to_contain_text("25 of 30 requests")
+        page.get_by_role("button", name="Load more").click()
+        expect(rows).to_have_count(30)
+        expect(rows.last).to_have_attribute("data-request-id", "req_029")
+        expect(page.get_by_role("button", name="Load more")).to_be_hidden()
+
+        page.get_by_label("Request id or session id").fill("sess_demo")
+        page.get_by_role("button", name="Find").click()
+        expect(rows).to_have_count(3)
+        expect(page.locator("#requests-summary")).to_contain_text("3 of 3 requests · 60 tokens")
+        page.get_by_label("Request id or session id").fill("req_017")
+        page.get_by_role("button", name="Find").click()
+        expect(rows).to_have_count(1)
+        expect(rows.first.locator("td").nth(4)).to_have_text("10")  # input tokens
+        page.get_by_role("button", name="Clear").click()
+        expect(rows).to_have_count(25)
+        assert problems.messages == []

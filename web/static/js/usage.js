@@ -1,9 +1,11 @@
-// Usage page: date range -> three group-bys of /v1/usage -> charts, table, totals; CSV download.
+// Usage page: date range -> three group-bys of /v1/usage -> charts, table, totals; CSV download;
+// the per-request log of the same range (requests.js).
 import { apiFetch, apiJson } from "./api.js";
 import { loadBudgets } from "./budgets.js";
 import { horizontalBarChart, stackedBarChart } from "./charts.js";
 import { clearError, h, showError } from "./dom.js";
 import { formatCompact, formatCost, formatInt, isoDay } from "./format.js";
+import { loadRequests } from "./requests.js";
 import { requireApiKey } from "./session.js";
 
 // The report's classes nest (cached input is part of input, thinking part of
@@ -132,12 +134,14 @@ async function load() {
   document.body.classList.add("loading");
   try {
     const report = (groupBy) => apiJson("/v1/usage", { params: { ...rangeParams(), group_by: groupBy, format: "json" } });
+    const requests = loadRequests(rangeParams());
     const [byDay, byAdapter, byKey] = await Promise.all([report("day"), report("adapter"), report("api_key")]);
     const adapterNames = byAdapter.data.some((row) => row.adapter !== null) ? await loadAdapterNames() : new Map();
     renderTotals(byDay.totals);
     renderTable(byDay.data, byDay.totals);
     renderCharts(byDay.data, byAdapter.data, byKey.data, adapterNames);
     history.replaceState(null, "", `?${new URLSearchParams(rangeParams())}`);
+    await requests;
   } catch (err) {
     showError(errorEl, `Cannot load usage: ${err.message}`);
   } finally {
