@@ -134,7 +134,9 @@ async def get_usage_request(
 
     row = await asyncio.to_thread(run)
     if row is None:
-        raise NotFoundError(f"no request '{request_id}' in this tenant's usage", param="request_id")
+        raise NotFoundError(
+            f"no request '{request_id}' in this tenant's usage; a request that just finished reaches the ledger "
+            "within about a second, so retry shortly if it is yours", param="request_id")
     return {"object": "usage.request", **row}
 
 
