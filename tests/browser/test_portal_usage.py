@@ -134,6 +134,9 @@ def test_usage_page_charts_table_and_csv(
             expect(page.locator("#requests-body tr")).to_have_count(expected_requests)  # one page holds them all
             expect(page.locator("#requests-summary")).to_contain_text(f"{expected_requests} of {expected_requests}")
             expect(page.locator("#requests-more")).to_be_hidden()
+            # the two newest requests went to the adapter, shown by its name under the model
+            expect(page.locator("#requests-body tr .cell-model .sub").first).to_have_text("pirate")
+            expect(page.locator("#requests-body .cell-model .sub")).to_have_count(2)
             foot = page.locator("#usage-foot td")
             expect(foot.nth(0)).to_have_text(str(expected_requests))
             expect(foot.nth(1)).to_have_text(f"{report['totals']['input_tokens']:,}")

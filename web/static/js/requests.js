@@ -1,6 +1,7 @@
 // Requests section of the usage page: the per-request log (/v1/usage/requests), newest first,
 // 25 rows at a time with "Load more" following next_cursor; the filter box takes a request id
 // or a session id.
+import { namesFor } from "./adapter_names.js";
 import { ApiError, apiJson } from "./api.js";
 import { h } from "./dom.js";
 import { formatCost, formatInt } from "./format.js";
@@ -34,21 +35,23 @@ const timeLabel = (iso) => new Date(iso).toLocaleString(undefined, {
 
 // Key under request and adapter under model keep the table within the page; the exact
 // time and cost stay in the cells' titles, as the API and the CSV give them.
-function requestRow(row) {
+function requestRow(row, names) {
   const sub = (text) => h("span", { class: "sub" }, text);
   return h("tr", { dataset: { requestId: row.request_id } },
     h("td", { "data-label": "Time", title: row.created_at }, timeLabel(row.created_at)),
     h("td", { "data-label": "Request", class: "mono" }, row.request_id, sub(row.api_key_id ?? "no key")),
-    h("td", { "data-label": "Model", class: "cell-model" }, row.model, row.adapter_id ? sub(row.adapter_id) : null),
+    h("td", { "data-label": "Model", class: "cell-model" }, row.model, row.adapter_id ? sub(names.get(row.adapter_id) ?? row.adapter_id) : null),
     h("td", { "data-label": "Status" }, h("span", { class: `badge ${STATUS_BADGE[row.status] ?? ""}` }, row.status)),
     ...TOKEN_CELLS.map(([key, name]) => h("td", { class: "num", "data-label": name }, formatInt(row[key]))),
     h("td", { class: "num", "data-label": "Cost", title: `$${row.cost_usd}` }, formatCost(row.cost_usd)),
   );
 }
 
-function show(rows, { append, hasMore, totals }) {
-  if (append) tbody.append(...rows.map(requestRow));
-  else tbody.replaceChildren(...rows.map(requestRow));
+async function show(rows, { append, hasMore, totals }) {
+  const names = await namesFor(rows.map((row) => row.adapter_id));
+  const built = rows.map((row) => requestRow(row, names));
+  if (append) tbody.append(...built);
+  else tbody.replaceChildren(...built);
   const shown = tbody.children.length;
   table.hidden = shown === 0;
   emptyNote.hidden = shown !== 0;
@@ -65,7 +68,7 @@ async function loadPage(append) {
     const query = { ...range, ...params, limit: PAGE_SIZE, ...(append && nextCursor ? { cursor: nextCursor } : {}) };
     const page = await apiJson("/v1/usage/requests", { params: query });
     nextCursor = page.next_cursor;
-    show(page.data, { append, hasMore: page.has_more, totals: page.totals });
+    await show(page.data, { append, hasMore: page.has_more, totals: page.totals });
   } catch (err) {
     errorEl.textContent = `Cannot load requests: ${err.message}`;
     errorEl.hidden = false;
@@ -82,10 +85,10 @@ async function applyFilter(value) {
   nextCursor = null;
   if (value.startsWith("req_")) {
     try {
-      show([await apiJson(`/v1/usage/requests/${encodeURIComponent(value)}`)], { append: false, hasMore: false, totals: null });
+      await show([await apiJson(`/v1/usage/requests/${encodeURIComponent(value)}`)], { append: false, hasMore: false, totals: null });
     } catch (err) {
       if (!(err instanceof ApiError) || err.status !== 404) throw err;
-      show([], { append: false, hasMore: false, totals: null });
+      await show([], { append: false, hasMore: false, totals: null });
     }
     return;
   }

@@ -5,6 +5,7 @@ import { loadBudgets } from "./budgets.js";
 import { horizontalBarChart, stackedBarChart } from "./charts.js";
 import { clearError, h, showError } from "./dom.js";
 import { formatCompact, formatCost, formatInt, isoDay } from "./format.js";
+import { namesFor } from "./adapter_names.js";
 import { loadRequests } from "./requests.js";
 import { requireApiKey } from "./session.js";
 
@@ -114,16 +115,6 @@ function renderCharts(byDay, byAdapter, byKey, adapterNames) {
   });
 }
 
-// The report names adapters by id; the adapters list (when this key may read it) gives their names.
-async function loadAdapterNames() {
-  try {
-    const { data } = await apiJson("/v1/adapters", { noRedirect: true });
-    return new Map(data.map((a) => [a.id, a.name]));
-  } catch {
-    return new Map();
-  }
-}
-
 async function load() {
   clearError(errorEl);
   const problem = rangeProblem();
@@ -136,7 +127,7 @@ async function load() {
     const report = (groupBy) => apiJson("/v1/usage", { params: { ...rangeParams(), group_by: groupBy, format: "json" } });
     const requests = loadRequests(rangeParams());
     const [byDay, byAdapter, byKey] = await Promise.all([report("day"), report("adapter"), report("api_key")]);
-    const adapterNames = byAdapter.data.some((row) => row.adapter !== null) ? await loadAdapterNames() : new Map();
+    const adapterNames = await namesFor(byAdapter.data.map((row) => row.adapter));
     renderTotals(byDay.totals);
     renderTable(byDay.data, byDay.totals);
     renderCharts(byDay.data, byAdapter.data, byKey.data, adapterNames);
