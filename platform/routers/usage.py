@@ -54,6 +54,11 @@ def one_tenant(key: Principal, tenant_id: str | None) -> str:
     return target
 
 
+def csv_download(body: str, filename: str) -> Response:
+    return Response(body, media_type="text/csv; charset=utf-8",
+                    headers={"Content-Disposition": f'attachment; filename="{filename}"'})
+
+
 @router.get("/usage")
 async def get_usage(
     key: CurrentKey,
@@ -73,11 +78,7 @@ async def get_usage(
 
     rows = await asyncio.to_thread(run)
     if format == "csv":
-        name = f"usage-{target or 'all'}-{query.start.isoformat()}-{query.end.isoformat()}.csv"
-        return Response(
-            report_csv(query, rows), media_type="text/csv; charset=utf-8",
-            headers={"Content-Disposition": f'attachment; filename="{name}"'},
-        )
+        return csv_download(report_csv(query, rows), f"usage-{target or 'all'}-{query.start}-{query.end}.csv")
     return JSONResponse(report_json(query, rows))
 
 
@@ -109,11 +110,7 @@ async def get_usage_requests(
 
     page = await asyncio.to_thread(run)
     if format == "csv":
-        name = f"requests-{target}-{query.start.isoformat()}-{query.end.isoformat()}.csv"
-        return Response(
-            requests_csv(page.rows), media_type="text/csv; charset=utf-8",
-            headers={"Content-Disposition": f'attachment; filename="{name}"'},
-        )
+        return csv_download(requests_csv(page.rows), f"requests-{target}-{query.start}-{query.end}.csv")
     return JSONResponse({"object": "list", "data": page.rows, "has_more": page.has_more,
                          "next_cursor": page.next_cursor, "totals": page.totals})
 
