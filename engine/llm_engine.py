@@ -97,6 +97,8 @@ class LLMEngine:
             raise InvalidRequestError(f"prompt holds token ids outside [0, {vocab})", param="prompt")
         sampling = request.sampling
         sampling.validate()
+        if sampling.logit_bias and max(sampling.logit_bias) >= vocab:
+            raise InvalidRequestError(f"logit_bias holds token ids outside [0, {vocab})", param="logit_bias")
         total = len(prompt) + sampling.max_tokens
         if total > self.max_model_len:
             raise PromptTooLongError(

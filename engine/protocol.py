@@ -42,6 +42,7 @@ class SamplingParams:
     logprobs: int | None = None         # None: off; k >= 0: the chosen token's logprob and k alternatives
     prompt_logprobs: int | None = None  # for /v1/completions echo + logprobs
     max_reasoning_tokens: int | None = None  # thinking budget; needs EngineRequest.reasoning
+    logit_bias: dict[int, float] | None = None  # token id -> added to its logit before drawing (OpenAI's -100..100)
 
     def validate(self) -> None:
         """Raise InvalidRequestError naming the first bad field."""
@@ -71,6 +72,12 @@ class SamplingParams:
             raise InvalidRequestError("stop strings must be non-empty strings", param="stop")
         if self.max_reasoning_tokens is not None and self.max_reasoning_tokens < 0:
             raise InvalidRequestError("max_reasoning_tokens must be >= 0", param="max_reasoning_tokens")
+        for token, bias in (self.logit_bias or {}).items():
+            if not isinstance(token, int) or isinstance(token, bool) or token < 0:
+                raise InvalidRequestError(f"logit_bias keys must be token ids >= 0; got {token!r}", param="logit_bias")
+            if not -100.0 <= bias <= 100.0:
+                raise InvalidRequestError(f"logit_bias values must be in [-100, 100]; got {bias} for token {token}",
+                                          param="logit_bias")
 
 
 @dataclass(slots=True)

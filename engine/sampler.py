@@ -49,6 +49,7 @@ class Sampler:
             raw_logprobs = torch.log_softmax(logits, dim=-1)
         self._apply_grammar(logits, seqs, result)
         self._apply_penalties(logits, seqs)
+        self._apply_logit_bias(logits, seqs)
         tokens = self._draw(logits, seqs)
         for i, seq in enumerate(seqs):
             token = seq.forced_token_ids[0] if seq.forced_token_ids else tokens[i]
@@ -101,6 +102,19 @@ class Sampler:
         pres = torch.tensor([seqs[i].sampling.presence_penalty for i in rows]).unsqueeze(1)
         sub = sub - freq * counts - pres * (counts > 0).float()
         logits[index] = sub
+
+    @staticmethod
+    def _apply_logit_bias(logits: torch.Tensor, seqs: list[Sequence]) -> None:
+        """After the penalties, so a repetition penalty never scales the caller's bias; a masked (-inf) token
+        stays masked whatever its bias."""
+        rows, columns, biases = [], [], []
+        for i, seq in enumerate(seqs):
+            for token, bias in (seq.sampling.logit_bias or {}).items():
+                rows.append(i)
+                columns.append(token)
+                biases.append(bias)
+        if rows:
+            logits.index_put_((torch.tensor(rows), torch.tensor(columns)), torch.tensor(biases), accumulate=True)
 
     # ---- drawing --------------------------------------------------------------------------
     def _draw(self, logits: torch.Tensor, seqs: list[Sequence]) -> list[int]:

@@ -43,6 +43,7 @@ def needs_host_sampler(seq: Sequence) -> bool:
         or sampling.logprobs is not None
         or bool(sampling.presence_penalty or sampling.frequency_penalty)
         or sampling.repetition_penalty != 1.0
+        or bool(sampling.logit_bias)
     )
 
 

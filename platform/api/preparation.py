@@ -35,6 +35,7 @@ def sampling_from(body: ChatCompletionRequest | CompletionRequest, *, max_tokens
         n=body.n,
         stop=stop,
         ignore_eos=body.ignore_eos,
+        logit_bias=_logit_bias(body.logit_bias),
     )
     if isinstance(body, ChatCompletionRequest):
         if body.top_logprobs is not None and not body.logprobs:
@@ -47,6 +48,19 @@ def sampling_from(body: ChatCompletionRequest | CompletionRequest, *, max_tokens
             sampling.prompt_logprobs = body.logprobs
     sampling.validate()
     return sampling
+
+
+def _logit_bias(bias: dict[str, float] | None) -> dict[int, float] | None:
+    """JSON object keys are strings; OpenAI's are token ids written in decimal."""
+    if not bias:
+        return None
+    parsed = {}
+    for key, value in bias.items():
+        try:
+            parsed[int(key)] = float(value)
+        except ValueError:
+            raise InvalidRequestError(f"logit_bias keys must be token ids; got {key!r}", param="logit_bias") from None
+    return parsed
 
 
 def chat_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:

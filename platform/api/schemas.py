@@ -50,6 +50,7 @@ class _SamplingFields(_Body):
     min_p: float | None = None
     repetition_penalty: float | None = None
     ignore_eos: bool = False
+    logit_bias: dict[str, float] | None = None  # token id (as a string, as JSON keys are) -> bias in [-100, 100]
 
 
 class ChatCompletionRequest(_SamplingFields):

@@ -186,3 +186,27 @@ def test_unknown_fields_are_ignored(api_server) -> None:  # type: ignore[no-unty
                    headers={"Authorization": f"Bearer {api_server.keys['inference']}"})
     assert r.status_code == 200, r.text
     assert r.json()["usage"]["completion_tokens"] == 2
+
+
+def test_logit_bias_forces_and_bans_tokens_through_the_api(openai_client, api_server) -> None:  # type: ignore[no-untyped-def]
+    tokenizer = api_server.services.tokenizer
+    (blue,) = tokenizer.encode(" blue", add_special_tokens=False)
+    forced = openai_client.completions.create(model=MODEL, prompt="The sky is", max_tokens=3, temperature=0,
+                                              logit_bias={str(blue): 100})
+    assert forced.choices[0].text == " blue" * 3
+
+    plain = openai_client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=1, temperature=0,
+                                                  logprobs=True)
+    first = plain.choices[0].logprobs.content[0]
+    (first_id,) = tokenizer.encode(first.token, add_special_tokens=False)
+    banned = openai_client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=1, temperature=0,
+                                                   logit_bias={str(first_id): -100})
+    assert banned.choices[0].message.content and banned.choices[0].message.content != plain.choices[0].message.content
+
+
+@pytest.mark.parametrize("bias", [{"blue": 5}, {"5": 101}, {"-3": 1}, {"999999": 1}])
+def test_bad_logit_bias_is_400(api_server, bias) -> None:  # type: ignore[no-untyped-def]
+    from e2e_helpers import assert_openai_error, chat_body, post
+
+    response = post(api_server, "/v1/chat/completions", chat_body(logit_bias=bias), api_server.keys["inference"])
+    assert_openai_error(response, 400, param="logit_bias")

@@ -6,6 +6,7 @@ import pytest
 import torch
 from enginecore_helpers import output_tokens, run_to_completion, tiny_random_config
 from loraplex.engine.config import EngineConfig
+from loraplex.engine.errors import InvalidRequestError
 from loraplex.engine.llm_engine import LLMEngine
 from loraplex.engine.protocol import EngineRequest, SamplingParams
 from loraplex.engine.runner import StepResult
@@ -110,3 +111,36 @@ def test_bitmask_packing_matches_xgrammar_and_pads_beyond_the_tokenizer():
     assert torch.equal(logits, reference)
     allowed = (logits[0] > float("-inf")).nonzero().squeeze(1).tolist()
     assert allowed == [35, 64, 65, 66, 67, 68, 69]
+
+
+class _OnlyToken:
+    """A grammar matcher double that allows one token id."""
+
+    def __init__(self, token: int) -> None:
+        self.token = token
+
+    def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
+        bitmask[row] = 0
+        bitmask[row, self.token // 32] = 1 << (self.token % 32)
+
+
+def test_logit_bias_forces_and_bans_tokens_but_never_unmasks_the_grammar():
+    logits = torch.zeros(4, 64)
+    logits[:, 7] = 5.0
+    params = [SamplingParams(temperature=0.0, logit_bias={3: 100.0}),
+              SamplingParams(temperature=0.0, logit_bias={7: -100.0, 9: 0.5}),
+              SamplingParams(temperature=1.0, logit_bias={3: 100.0}),
+              SamplingParams(temperature=0.0, logit_bias={3: 100.0})]
+    sampler = Sampler(64, 64)
+    seqs = seqs_for(params)
+    seqs[3].matcher = _OnlyToken(7)  # the grammar allows only 7: a +100 bias elsewhere cannot win
+    result = StepResult()
+    sampler.sample(logits.clone(), seqs, result)
+    assert [result.sampled[s.seq_id] for s in seqs] == [3, 9, 3, 7]
+    assert draw(logits, [SamplingParams(temperature=0.0)]) == [7]  # no bias, no change
+
+
+@pytest.mark.parametrize(("bias", "message"), [({3: 100.5}, "in \\[-100, 100\\]"), ({-1: 1.0}, "token ids >= 0")])
+def test_logit_bias_out_of_range_is_refused(bias, message):
+    with pytest.raises(InvalidRequestError, match=message):
+        SamplingParams(logit_bias=bias).validate()
