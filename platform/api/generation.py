@@ -12,12 +12,13 @@ import contextlib
 import inspect
 import logging
 import time
-from collections.abc import AsyncGenerator, Awaitable
+from collections.abc import AsyncGenerator, Awaitable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import anyio
 from fastapi import Request
+from loraplex.engine.errors import EngineDeadError, InvalidRequestError
 from loraplex.engine.protocol import EngineRequest, FinishReason, RequestOutput
 from loraplex.platform.deps import Principal
 from loraplex.platform.errors import OverloadedError
@@ -46,6 +47,7 @@ class PromptCounts:
     num_prompt_tokens: int = 0
     num_cached_tokens: int = 0
     finished: bool = False
+    num_outputs: int = 0          # outputs the engine sent for this prompt (0: it may have refused it)
 
 
 class Generation:
@@ -104,18 +106,20 @@ class Generation:
         """(prompt index, output) as the engine produces them; counts are updated on the way."""
         if len(self.prepared.prompts) == 1:
             stream = self._engine_streams[0] = self.services.engine.generate(self._engine_request(0))
-            async for output in stream:
-                self._account(0, output)
-                yield 0, output
+            with self._refusals_counted(0):
+                async for output in stream:
+                    self._account(0, output)
+                    yield 0, output
             return
         queue: asyncio.Queue[tuple[int, RequestOutput | BaseException | None]] = asyncio.Queue()
 
         async def pump(index: int) -> None:
             try:
                 stream = self._engine_streams[index] = self.services.engine.generate(self._engine_request(index))
-                async for output in stream:
-                    self._account(index, output)  # counted on arrival: what the engine did, read or not
-                    await queue.put((index, output))
+                with self._refusals_counted(index):
+                    async for output in stream:
+                        self._account(index, output)  # counted on arrival: what the engine did, read or not
+                        await queue.put((index, output))
             except BaseException as exc:  # handed to the consumer, which re-raises it
                 await queue.put((index, exc))
             else:
@@ -136,9 +140,23 @@ class Generation:
             for task in tasks:
                 task.cancel()
 
+    @contextlib.contextmanager
+    def _refusals_counted(self, index: int) -> Iterator[None]:
+        """An engine that refuses a prompt before queueing it (bad input, the loop down) processed none of
+        it: bill nothing for it, as the engine's own counters count nothing."""
+        try:
+            yield
+        except (InvalidRequestError, EngineDeadError):
+            counts = self.prompt_counts[index]
+            if counts.num_outputs == 0:
+                counts.num_prompt_tokens = 0
+                self._started.discard(index)  # nothing to abort
+            raise
+
     def _account(self, prompt_index: int, output: RequestOutput) -> None:
         self._timer.on_output()
         counts = self.prompt_counts[prompt_index]
+        counts.num_outputs += 1
         counts.num_prompt_tokens = output.num_prompt_tokens
         counts.num_cached_tokens = output.num_cached_tokens
         counts.finished = output.finished

@@ -52,6 +52,26 @@ def test_each_request_is_one_ledger_row_with_the_served_usage(server):
     assert row.duration_ms > 0 and row.ttft_ms is not None
 
 
+def test_a_prompt_the_engine_refuses_bills_nothing(server):
+    """Checks only the engine makes (a logit_bias token past the vocabulary) refuse a request after the API
+    admitted it but before anything is queued: the engine's counters count nothing, and neither does the
+    ledger, whose row says the request failed."""
+    client = server.client("all")
+    before = server.services.engine.stats()
+    with pytest.raises(openai.BadRequestError) as bias:
+        client.chat.completions.with_raw_response.create(model=MODEL, messages=HELLO, max_tokens=2,
+                                                         logit_bias={"999999": 1})
+    with pytest.raises(openai.BadRequestError) as ids:
+        client.completions.create(model=MODEL, prompt=["Hi", "Yo"], max_tokens=2, logit_bias={"999999": 1})
+    assert (bias.value.body["param"], ids.value.body["param"]) == ("logit_bias", "logit_bias")
+    after = server.services.engine.stats()
+    rows = ledger_rows(server)
+    for error in (bias.value, ids.value):
+        row = rows[error.response.headers["x-request-id"]]
+        assert row.status == "failed" and (row.input_tokens, row.output_tokens, row.cost_picousd) == (0, 0, 0), row
+    assert after["prompt_tokens_total"] == before["prompt_tokens_total"]
+
+
 def test_usage_report_json_csv_scopes_and_tenant_isolation(server):
     acme, globex = server.client("all"), server.client("globex")
     served = [acme.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=3, temperature=0)
