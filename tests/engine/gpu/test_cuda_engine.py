@@ -70,6 +70,25 @@ def test_float32_greedy_equals_cpu_engine_with_graphs() -> None:
     assert engine.runner.num_graph_steps > 0 and engine.runner.num_eager_steps > 0
 
 
+def test_logit_bias_rows_take_the_host_sampler_and_equal_the_cpu_engine() -> None:
+    """Biased greedy rows beside unbiased ones (which stay on the GPU argmax and its graphs)."""
+    def requests() -> list[EngineRequest]:
+        out = []
+        for i, prompt in enumerate(prompts(8)):
+            bias = {5: 100.0} if i % 3 == 0 else ({int(t): -100.0 for t in range(0, VOCAB, 2)} if i % 3 == 1 else None)
+            out.append(EngineRequest(f"r{i}", prompt, SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True,
+                                                                     logit_bias=bias)))
+        return out
+
+    expected = generate(make_engine("cpu"), requests())
+    engine = make_engine(GPU_DEVICE)
+    got = generate(engine, requests())
+    assert got == expected
+    assert all(t == [5] * 6 for rid, t in got.items() if int(rid[1:]) % 3 == 0)
+    assert all(tok % 2 == 1 for rid, t in got.items() if int(rid[1:]) % 3 == 1 for tok in t)
+    assert engine.runner.num_graph_steps > 0
+
+
 def test_graphs_on_and_off_give_the_same_tokens_bf16() -> None:
     on = make_engine(GPU_DEVICE, "bfloat16")
     assert on.runner.capture_decode_graphs() == len(on.runner.ladder)  # start-up capture of every size
