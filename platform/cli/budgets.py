@@ -8,9 +8,15 @@ from __future__ import annotations
 import typer
 from loraplex.billing.budget_status import budget_status
 from loraplex.billing.quotas import delete_budget, set_budget, validate_budget_limits
-from loraplex.engine.errors import InvalidRequestError
-from loraplex.platform.auth import store
-from loraplex.platform.cli.common import console, db_session, err_console, load_settings, print_table
+from loraplex.platform.cli.common import (
+    bad_input_exits,
+    console,
+    db_session,
+    err_console,
+    load_settings,
+    print_table,
+    tenant_or_exit,
+)
 from loraplex.platform.db.models import ApiKey, Tenant
 from sqlalchemy.orm import Session
 
@@ -31,13 +37,10 @@ def set_(
     if tokens is None and cost is None:
         err_console.print("[red]give --tokens and/or --cost (to remove a budget: loraplex budgets clear)[/red]")
         raise typer.Exit(2)
-    try:
+    with bad_input_exits():
         token_limit, cost_limit = validate_budget_limits(monthly_token_limit=tokens, monthly_cost_limit_usd=cost)
-    except InvalidRequestError as exc:
-        err_console.print(f"[red]{exc.message}[/red]")
-        raise typer.Exit(2) from None
     with db_session(load_settings()) as db:
-        found = _tenant(db, tenant)
+        found = tenant_or_exit(db, tenant)
         if key is not None:
             _tenant_key(db, found, key)
         set_budget(db, tenant_id=found.id, api_key_id=key, monthly_token_limit=token_limit,
@@ -50,7 +53,7 @@ def set_(
 def list_(tenant: str = _TENANT) -> None:
     """A tenant's budgets with this month's spend (from the ledger) and what is left."""
     with db_session(load_settings()) as db:
-        found = _tenant(db, tenant)
+        found = tenant_or_exit(db, tenant)
         status = budget_status(db, tenant_id=found.id, guard=None)
     if not status["data"]:
         console.print(f"{found.name} has no budgets")
@@ -74,20 +77,12 @@ def list_(tenant: str = _TENANT) -> None:
 def clear(tenant: str = _TENANT, key: str | None = _KEY) -> None:
     """Remove a budget (the tenant's, or one key's with --key)."""
     with db_session(load_settings()) as db:
-        found = _tenant(db, tenant)
+        found = tenant_or_exit(db, tenant)
         if not delete_budget(db, tenant_id=found.id, api_key_id=key):
             err_console.print(f"[red]no budget for {'key ' + key if key else found.name + ' as a whole'}[/red]")
             raise typer.Exit(1)
         db.commit()
     console.print(f"budget cleared for {found.name}{' key ' + key if key else ''}")
-
-
-def _tenant(db: Session, ref: str) -> Tenant:
-    found = store.get_tenant(db, tenant_ref=ref)
-    if found is None:
-        err_console.print(f"[red]no tenant {ref!r}[/red]")
-        raise typer.Exit(1)
-    return found
 
 
 def _tenant_key(db: Session, tenant: Tenant, key_id: str) -> None:

@@ -5,6 +5,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+import typer
+from loraplex.engine.errors import InvalidRequestError
+from loraplex.platform.auth import store
+from loraplex.platform.db.models import Tenant
 from loraplex.platform.db.session import make_db_engine, make_session_factory
 from loraplex.platform.settings import Settings
 from loraplex.platform.wiring import prepare_database
@@ -42,3 +46,22 @@ def print_table(headers: list[str], rows: list[list[str]]) -> None:
     for row in rows:
         table.add_row(*row)
     console.print(table)
+
+
+@contextmanager
+def bad_input_exits() -> Iterator[None]:
+    """Input the billing validators refuse: its message in red, exit status 2 (a usage error)."""
+    try:
+        yield
+    except InvalidRequestError as exc:
+        err_console.print(f"[red]{exc.message}[/red]")
+        raise typer.Exit(2) from None
+
+
+def tenant_or_exit(db: Session, ref: str) -> Tenant:
+    """The tenant named by id or name, or exit 1 saying there is none."""
+    found = store.get_tenant(db, tenant_ref=ref)
+    if found is None:
+        err_console.print(f"[red]no tenant '{ref}'[/red]")
+        raise typer.Exit(1)
+    return found

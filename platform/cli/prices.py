@@ -10,8 +10,14 @@ from datetime import datetime
 import typer
 from loraplex.adapters.models import AdapterRecord
 from loraplex.billing.pricing import list_prices, micro_to_usd, usd_text, validate_new_price
-from loraplex.engine.errors import InvalidRequestError
-from loraplex.platform.cli.common import console, db_session, err_console, load_settings, print_table
+from loraplex.platform.cli.common import (
+    bad_input_exits,
+    console,
+    db_session,
+    err_console,
+    load_settings,
+    print_table,
+)
 
 app = typer.Typer(help="Add and list prices (USD per million tokens).", no_args_is_help=True)
 
@@ -34,14 +40,11 @@ def add(
         err_console.print(f"[red]--effective-from must be an ISO date-time like 2026-12-01T00:00:00Z, "
                           f"not {effective_from!r}[/red]")
         raise typer.Exit(2) from None
-    try:
+    with bad_input_exits():
         new = validate_new_price(
             model=model, adapter_id=adapter, input_usd=input_usd, output_usd=output_usd,
             cached_input_usd=cached_input_usd, thinking_usd=thinking_usd, effective_from=moment,
         )
-    except InvalidRequestError as exc:
-        err_console.print(f"[red]{exc.message}[/red]")
-        raise typer.Exit(2) from None
     with db_session(load_settings()) as db:
         if new.adapter_id is not None and db.get(AdapterRecord, new.adapter_id) is None:
             err_console.print(f"[red]no adapter {new.adapter_id!r}[/red]")

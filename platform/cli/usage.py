@@ -7,9 +7,14 @@ import sys
 import typer
 from loraplex.billing.reports import TOKEN_COLUMNS, ReportQuery, report_csv, report_totals, usage_report
 from loraplex.billing.request_log import RequestLogQuery, list_requests, requests_csv
-from loraplex.engine.errors import InvalidRequestError
-from loraplex.platform.auth import store
-from loraplex.platform.cli.common import db_session, err_console, load_settings, print_table
+from loraplex.platform.cli.common import (
+    bad_input_exits,
+    db_session,
+    err_console,
+    load_settings,
+    print_table,
+    tenant_or_exit,
+)
 
 app = typer.Typer(help="Usage reports from the billing ledger.", no_args_is_help=True)
 
@@ -24,15 +29,9 @@ def report(
 ) -> None:
     """Tokens by class, requests and cost for one tenant over a date range."""
     with db_session(load_settings()) as db:
-        found = store.get_tenant(db, tenant_ref=tenant)
-        if found is None:
-            err_console.print(f"[red]no tenant '{tenant}'[/red]")
-            raise typer.Exit(1)
-        try:
+        found = tenant_or_exit(db, tenant)
+        with bad_input_exits():
             query = ReportQuery.parse(start=start, end=end, group_by=group_by, tenant_id=found.id)
-        except InvalidRequestError as exc:
-            err_console.print(f"[red]{exc.message}[/red]")
-            raise typer.Exit(2) from None
         rows = usage_report(db, query)
     if csv:
         sys.stdout.write(report_csv(query, rows))
@@ -57,16 +56,10 @@ def requests(
 ) -> None:
     """What each request was charged, newest first, with totals over every matching request."""
     with db_session(load_settings()) as db:
-        found = store.get_tenant(db, tenant_ref=tenant)
-        if found is None:
-            err_console.print(f"[red]no tenant '{tenant}'[/red]")
-            raise typer.Exit(1)
-        try:
+        found = tenant_or_exit(db, tenant)
+        with bad_input_exits():
             query = RequestLogQuery.parse(tenant_id=found.id, start=start, end=end, session_id=session_id,
                                           api_key_id=api_key_id, limit=limit, cursor=cursor)
-        except InvalidRequestError as exc:
-            err_console.print(f"[red]{exc.message}[/red]")
-            raise typer.Exit(2) from None
         page = list_requests(db, query)
     if page.next_cursor:
         err_console.print(f"more: --cursor {page.next_cursor}")
