@@ -10,7 +10,7 @@ from loraplex.adapters.base_model import BaseModelSpec
 from loraplex.adapters.models import AdapterStatus
 from loraplex.adapters.peft_format import CONFIG_NAME, WEIGHTS_NAME, read_peft_adapter
 from loraplex.adapters.registry import AdapterRegistry
-from loraplex.adapters.store import BlobStore
+from loraplex.adapters.store import BlobStore, link_adapter_files
 from loraplex.engine.interfaces import AdapterWeights
 
 
@@ -35,8 +35,7 @@ class StoredAdapterSource:
             raise KeyError(adapter_id)
         with tempfile.TemporaryDirectory(prefix="lpx-load-") as tmp:
             folder = Path(tmp)
-            (folder / CONFIG_NAME).symlink_to(self.store.local_path(info.config_sha256))
-            (folder / WEIGHTS_NAME).symlink_to(self.store.local_path(info.sha256))
+            link_adapter_files(self.store, folder, config_sha256=info.config_sha256, weights_sha256=info.sha256)
             _require_files(folder, adapter_id)
             return read_peft_adapter(folder, adapter_id, self.spec, dtype=self.dtype)
 

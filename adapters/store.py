@@ -32,6 +32,18 @@ class BlobStore(Protocol):
         """Remove the blob; False if it was not there."""
 
 
+def link_adapter_files(store: BlobStore, folder: Path, *, config_sha256: str, weights_sha256: str) -> None:
+    """Lay an adapter out as the PEFT folder readers expect: links to its blobs, not copies of them.
+
+    A link holds its target as written and resolves it against the link's own folder, so a relative blob
+    path (a relative data directory) would dangle; targets are made absolute here, whatever the store gave.
+    """
+    from loraplex.adapters.peft_format import CONFIG_NAME, WEIGHTS_NAME
+
+    for name, sha256 in ((CONFIG_NAME, config_sha256), (WEIGHTS_NAME, weights_sha256)):
+        (folder / name).symlink_to(store.local_path(sha256).absolute())
+
+
 def sha256_of_file(path: Path) -> str:
     digest = hashlib.sha256()
     with path.open("rb") as f:
@@ -42,7 +54,7 @@ def sha256_of_file(path: Path) -> str:
 
 class LocalBlobStore:
     def __init__(self, root: Path) -> None:
-        self.root = Path(root)
+        self.root = Path(root).absolute()
         self._blobs = self.root / "blobs"
         self._staging = self.root / "staging"
         self._blobs.mkdir(parents=True, exist_ok=True)

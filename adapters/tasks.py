@@ -24,9 +24,8 @@ from typing import Any, Protocol
 import torch
 from loraplex.adapters.archive import UploadLimits
 from loraplex.adapters.base_model import BaseModelSpec
-from loraplex.adapters.peft_format import CONFIG_NAME, WEIGHTS_NAME
 from loraplex.adapters.registry import AdapterRegistry, SqlAdapterRegistry
-from loraplex.adapters.store import BlobStore, LocalBlobStore
+from loraplex.adapters.store import BlobStore, LocalBlobStore, link_adapter_files
 from loraplex.adapters.validation import validate_adapter
 from loraplex.engine.errors import EngineError
 
@@ -89,9 +88,7 @@ def run_validation(adapter_id: str, context: ValidationContext) -> str:
     try:
         with tempfile.TemporaryDirectory(prefix="lpx-validate-") as tmp:
             folder = Path(tmp)
-            # Links, not copies: the blob store already holds the bytes on local disk.
-            (folder / CONFIG_NAME).symlink_to(context.store.local_path(info.config_sha256))
-            (folder / WEIGHTS_NAME).symlink_to(context.store.local_path(info.sha256))
+            link_adapter_files(context.store, folder, config_sha256=info.config_sha256, weights_sha256=info.sha256)
             _, summary = validate_adapter(
                 folder, adapter_id, context.spec, max_rank=context.max_rank, dtype=context.dtype,
                 limits=context.limits,

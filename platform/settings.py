@@ -10,7 +10,7 @@ from __future__ import annotations
 from functools import cached_property
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -84,11 +84,22 @@ class Settings(BaseSettings):
     billing_rollup_interval_s: float = 3600.0  # Celery beat period of rollups and quota reconciliation
     celery_always_eager: bool = Field(default=False, description="run tasks in-process (no worker)")
 
+    @model_validator(mode="after")
+    def _absolute_paths(self) -> Settings:
+        """Paths are made absolute once, here. The default `./data` is relative, and a relative path kept in a
+        symlink, handed to a Celery worker or opened after a chdir points somewhere else (uploads failed so)."""
+        self.data_dir = self.data_dir.expanduser().absolute()
+        if self.model_path is not None:
+            self.model_path = self.model_path.expanduser().absolute()
+        if self.adapter_storage_dir is not None:
+            self.adapter_storage_dir = self.adapter_storage_dir.expanduser().absolute()
+        return self
+
     @cached_property
     def resolved_database_url(self) -> str:
         if self.database_url:
             return self.database_url
-        return f"sqlite:///{(self.data_dir / 'loraplex.db').resolve()}"
+        return f"sqlite:///{self.data_dir / 'loraplex.db'}"
 
     @cached_property
     def models_dir(self) -> Path:
