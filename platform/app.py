@@ -7,6 +7,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import FastAPI
+from loraplex.platform.body_limit import BodyLimitMiddleware
 from loraplex.platform.errors import install_error_handlers
 from loraplex.platform.metrics import Metrics, RequestMetricsMiddleware
 from loraplex.platform.portal import build_portal_router
@@ -39,6 +40,8 @@ def create_app(settings: Settings | None = None, engine: Any | None = None) -> F
     for router in all_routers():
         app.include_router(router)
     app.include_router(build_portal_router())  # the tenant portal: /portal pages and /portal/static
+    app.add_middleware(BodyLimitMiddleware, max_body_bytes=settings.max_request_body_bytes,
+                       max_upload_bytes=settings.max_upload_request_bytes)
     app.add_middleware(RequestMetricsMiddleware, metrics=metrics)
     app.add_middleware(RequestIdMiddleware)
     return app

@@ -52,6 +52,9 @@ class Settings(BaseSettings):
     # Longer than clients' idle pools hold connections, so a reused connection is never one the server
     # is closing at that very moment (uvicorn's default of 5 s makes idle SDK clients fail now and then).
     keep_alive_timeout_s: int = 75
+    # Request bodies, refused with 413 before they are read or parsed (platform/body_limit.py)
+    max_request_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
+    max_upload_request_bytes: int = Field(default=1026 * 1024 * 1024, ge=1024)  # POST /v1/adapters
 
     # Rate limits per API key (a key may override them); 0 = unlimited
     default_rpm: int = 600
