@@ -39,6 +39,9 @@ class SamplingParams:
     stop: list[str] = field(default_factory=list)
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
+    min_tokens: int = 0        # EOS and stop_token_ids cannot be drawn before this many output tokens
+    include_stop_str_in_output: bool = False  # keep the stop string (or stop token's text) that ended a choice
+    skip_special_tokens: bool = True  # special tokens' text is left out of the output
     logprobs: int | None = None         # None: off; k >= 0: the chosen token's logprob and k alternatives
     prompt_logprobs: int | None = None  # for /v1/completions echo + logprobs
     max_reasoning_tokens: int | None = None  # thinking budget; needs EngineRequest.reasoning
@@ -70,6 +73,10 @@ class SamplingParams:
             raise InvalidRequestError("logprobs must be in [0, 20]", param="logprobs")
         if any(not isinstance(s, str) or not s for s in self.stop):
             raise InvalidRequestError("stop strings must be non-empty strings", param="stop")
+        if any(not isinstance(t, int) or isinstance(t, bool) or t < 0 for t in self.stop_token_ids):
+            raise InvalidRequestError("stop_token_ids must be token ids >= 0", param="stop_token_ids")
+        if not isinstance(self.min_tokens, int) or self.min_tokens < 0:
+            raise InvalidRequestError("min_tokens must be an integer >= 0", param="min_tokens")
         if self.max_reasoning_tokens is not None and self.max_reasoning_tokens < 0:
             raise InvalidRequestError("max_reasoning_tokens must be >= 0", param="max_reasoning_tokens")
         for token, bias in (self.logit_bias or {}).items():

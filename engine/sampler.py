@@ -48,6 +48,7 @@ class Sampler:
         if any(s.sampling.logprobs is not None for s in seqs):
             raw_logprobs = torch.log_softmax(logits, dim=-1)
         self._apply_grammar(logits, seqs, result)
+        self._apply_min_tokens(logits, seqs)
         self._apply_penalties(logits, seqs)
         self._apply_logit_bias(logits, seqs)
         tokens = self._draw(logits, seqs)
@@ -75,6 +76,18 @@ class Sampler:
         # Ids past the tokenizer's vocabulary are padding rows of the embedding: never emit them.
         sub[:, self.tokenizer_vocab_size :] = float("-inf")
         logits[index] = sub
+
+    def _apply_min_tokens(self, logits: torch.Tensor, seqs: list[Sequence]) -> None:
+        """Before `min_tokens`, the tokens that would end a choice (EOS, stop_token_ids) cannot be drawn,
+        unless nothing else is left (a grammar that only allows its end): then the grammar wins."""
+        vocab = logits.shape[-1]
+        for i, seq in enumerate(seqs):
+            if not seq.min_tokens_ban_ids or seq.num_output_tokens >= seq.sampling.min_tokens:
+                continue
+            banned = torch.tensor([t for t in seq.min_tokens_ban_ids if t < vocab], dtype=torch.long)
+            row = logits[i].index_fill(0, banned, float("-inf"))
+            if bool(torch.isfinite(row).any()):
+                logits[i] = row
 
     # ---- penalties ------------------------------------------------------------------------
     def _apply_penalties(self, logits: torch.Tensor, seqs: list[Sequence]) -> None:

@@ -37,6 +37,7 @@ class Sequence:
         "generator",
         "index",
         "matcher",
+        "min_tokens_ban_ids",
         "num_cached_tokens",
         "num_computed_tokens",
         "num_prompt_tokens",
@@ -81,6 +82,7 @@ class Sequence:
         self.arrival_time = arrival_time
         self.generator: torch.Generator | None = None
         self.matcher: GrammarMatcher | None = None
+        self.min_tokens_ban_ids: list[int] = []  # tokens that would end it, masked until sampling.min_tokens
         self.forced_token_ids: list[int] = []
         self.num_reasoning_tokens = 0
         self.reasoning_inside = False

@@ -7,6 +7,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import FastAPI
+from loraplex.platform.api.cors import install_cors
 from loraplex.platform.body_limit import BodyLimitMiddleware
 from loraplex.platform.errors import install_error_handlers
 from loraplex.platform.metrics import Metrics, RequestMetricsMiddleware
@@ -44,4 +45,5 @@ def create_app(settings: Settings | None = None, engine: Any | None = None) -> F
                        max_upload_bytes=settings.max_upload_request_bytes)
     app.add_middleware(RequestMetricsMiddleware, metrics=metrics)
     app.add_middleware(RequestIdMiddleware)
+    install_cors(app, settings)  # outermost: preflights carry no API key
     return app

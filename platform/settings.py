@@ -7,11 +7,13 @@ on one machine).
 
 from __future__ import annotations
 
+import json
 from functools import cached_property
 from pathlib import Path
+from typing import Annotated
 
-from pydantic import Field, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import Field, field_validator, model_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 
 class Settings(BaseSettings):
@@ -45,6 +47,12 @@ class Settings(BaseSettings):
     # makes the HTTP side wait up to that long whenever the engine thread holds it (a whole token's time).
     gil_switch_interval_ms: float | None = 0.5  # None: leave Python's default
 
+    # Process layout of `loraplex serve`: one engine-core process, `api_servers` uvicorn processes on one port
+    api_servers: int = Field(default=1, ge=1, le=64)
+    engine_core_address: str | None = None  # set by `serve` for its API servers; None: the engine runs in-process
+    engine_core_start_timeout_s: float = Field(default=600.0, gt=0)  # loading (and converting) the model
+    drain_timeout_s: float = Field(default=30.0, ge=0)  # SIGTERM: in-flight requests get this long to finish
+
     # HTTP
     host: str = "127.0.0.1"
     port: int = 8000
@@ -68,6 +76,11 @@ class Settings(BaseSettings):
     max_cpu_loras: int = 32             # adapters kept in host memory
     max_lora_rank: int = 64
     adapter_storage_dir: Path | None = None  # None: <data_dir>/adapters
+    # Adapter storage per tenant (failed adapters hold none); past either: 413 storage_quota_exceeded. 0: no limit
+    adapter_quota_bytes_per_tenant: int = Field(default=20 * 1024**3, ge=0)
+    adapter_quota_count_per_tenant: int = Field(default=100, ge=0)
+    adapter_sweep_interval_s: float = Field(default=600.0, gt=0)  # orphaned blobs / abandoned staging removed
+    adapter_sweep_min_age_s: float = Field(default=3600.0, ge=0)  # ...once at least this old
     max_reasoning_tokens: int | None = None  # default thinking budget; None: unbounded
     reasoning_format: str = "think"     # think markers of the served family: think | auto | none | a family name
     reasoning_budget_low: int = Field(default=64, ge=0)     # reasoning_effort -> thinking budget (tokens)
@@ -86,6 +99,27 @@ class Settings(BaseSettings):
     billing_journal_lease_s: float = 10.0  # a killed server's Redis journal is taken over this long after it died
     billing_rollup_interval_s: float = 3600.0  # Celery beat period of rollups and quota reconciliation
     celery_always_eager: bool = Field(default=False, description="run tasks in-process (no worker)")
+
+    # OpenAI/vLLM conformance: request limits (each a 400 naming the parameter), streaming, browsers
+    reasoning_budget_minimal: int = Field(default=16, ge=0)  # reasoning_effort "minimal" (tokens); "none" is 0
+    max_stop_sequences: int = Field(default=4, ge=1)        # OpenAI allows 4
+    max_stop_sequence_chars: int = Field(default=256, ge=1)
+    max_stop_token_ids: int = Field(default=64, ge=0)
+    max_logit_bias_entries: int = Field(default=300, ge=0)  # OpenAI allows 300
+    max_n: int = Field(default=16, ge=1)                    # choices per request
+    max_messages: int = Field(default=2048, ge=1)           # chat messages per request
+    max_prompts: int = Field(default=256, ge=1)             # prompts in one /v1/completions list
+    sse_keepalive_s: float = Field(default=10.0, ge=0)      # ": keep-alive" while a stream waits for its first token; 0: off
+    # Browser origins allowed to call the API (CORS), comma-separated or a JSON list; empty: none
+    cors_allowed_origins: Annotated[list[str], NoDecode] = Field(default_factory=list)
+
+    @field_validator("cors_allowed_origins", mode="before")
+    @classmethod
+    def _split_origins(cls, value: object) -> object:
+        if isinstance(value, str):
+            text = value.strip()
+            return json.loads(text) if text.startswith("[") else [o.strip() for o in text.split(",") if o.strip()]
+        return value
 
     @model_validator(mode="after")
     def _absolute_paths(self) -> Settings:

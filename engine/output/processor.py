@@ -37,11 +37,16 @@ class RequestState:
         self.eos_token_ids = eos_token_ids
         self.max_model_len = max_model_len
         self.stop_token_ids = set(request.sampling.stop_token_ids)
+        sampling = request.sampling
         self.choices = [
-            ChoiceState(seq, IncrementalDetokenizer(tokenizer, request.prompt_token_ids),
-                        StopStringMatcher(request.sampling.stop))
+            ChoiceState(seq, IncrementalDetokenizer(tokenizer, request.prompt_token_ids, sampling.skip_special_tokens),
+                        StopStringMatcher(sampling.stop, include_in_output=sampling.include_stop_str_in_output))
             for seq in seqs
         ]
+        if sampling.min_tokens:
+            ending = set(self.stop_token_ids) if sampling.ignore_eos else self.stop_token_ids | eos_token_ids
+            for seq in seqs:
+                seq.min_tokens_ban_ids = sorted(ending)
         self.prompt_logprobs: list[TokenLogprob | None] | None = (
             [None] if request.sampling.prompt_logprobs is not None else None
         )
@@ -77,6 +82,8 @@ class RequestState:
         if token in self.eos_token_ids and not sampling.ignore_eos:
             self._finish(choice, FinishReason.STOP, None)
         elif token in self.stop_token_ids:
+            if sampling.include_stop_str_in_output:
+                choice.pending_text += choice.stop_strings.flush() + choice.detokenizer.add(token)
             self._finish(choice, FinishReason.STOP, token)
         else:
             choice.pending_text += choice.stop_strings.feed(choice.detokenizer.add(token))

@@ -75,8 +75,9 @@ def stop_automaton(stop: tuple[str, ...]) -> StopAutomaton:
 
 
 class StopStringMatcher:
-    def __init__(self, stop: list[str]) -> None:
+    def __init__(self, stop: list[str], *, include_in_output: bool = False) -> None:
         self.stop = [s for s in stop if s]
+        self.include_in_output = include_in_output  # the matched stop string is returned, not cut
         self.automaton = stop_automaton(tuple(self.stop)) if self.stop else None
         self.state = _ROOT
         self.num_chars = 0      # characters fed so far
@@ -110,7 +111,8 @@ class StopStringMatcher:
         if best_word != _NO_WORD:
             self.matched = stop[best_word]
             self.held = ""
-            return self._emit(text, best_start - self.num_emitted)
+            kept = len(self.matched) if self.include_in_output else 0
+            return self._emit(text, best_start - self.num_emitted + kept)
         self.state = state
         self.num_chars += len(delta)
         return self._emit(text, len(text) - depth[state])

@@ -1,15 +1,29 @@
 """Request bodies of /v1/chat/completions and /v1/completions.
 
-Unknown fields are ignored (as OpenAI does); a wrong type is a 400 naming
+Every top-level field is either declared here or screened by
+param_policy.screen_fields: a parameter we cannot honour is a 400
+`unsupported_parameter`, one no API defines a 400 `unknown_parameter`, never
+silently ignored. Nested objects (messages, content parts) stay lenient,
+since clients add their own bookkeeping there. A wrong type is a 400 naming
 the field (errors.install_error_handlers). Range checks live in
-SamplingParams.validate so the engine and the API agree on them.
+SamplingParams.validate so the engine and the API agree on them; counts and
+sizes a tenant controls are bounded by request_limits (settings-driven).
+vLLM's extensions are translated by vllm_compat when the body is validated.
 """
 
 from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from loraplex.engine.errors import InvalidRequestError
+from loraplex.platform.api.param_policy import check_harmless, screen_fields
+from loraplex.platform.api.vllm_compat import structured_response_format
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+# OpenAI asks for a stable end-user id; longer values would only bloat the ledger's index.
+MAX_USER_CHARS = 256
+
+ReasoningEffort = Literal["none", "minimal", "low", "medium", "high"]
 
 
 class _Body(BaseModel):
@@ -33,7 +47,9 @@ class ChatMessage(_Body):
     tool_call_id: str | None = None
 
 
-class _SamplingFields(_Body):
+class _SamplingFields(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
     model: str
     temperature: float | None = None
     top_p: float | None = None
@@ -42,15 +58,54 @@ class _SamplingFields(_Body):
     seed: int | None = None
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
-    user: str | None = None
+    user: str | None = Field(default=None, max_length=MAX_USER_CHARS)
     stream: bool = False
     stream_options: StreamOptions | None = None
+    logit_bias: dict[str, float] | None = None  # token id (as a string, as JSON keys are) -> bias in [-100, 100]
+    response_format: dict[str, Any] | None = None
+    # Accepted and harmless: nothing is stored, no tier is faster, the prefix cache needs no key.
+    store: bool | None = None
+    metadata: dict[str, str] | None = None
+    service_tier: str | None = None
+    prompt_cache_key: str | None = None
+    prompt_cache_retention: str | None = None
+    prompt_cache_options: dict[str, Any] | None = None
+    safety_identifier: str | None = None
     # Extensions beyond OpenAI (vLLM-compatible names)
     top_k: int | None = None
     min_p: float | None = None
     repetition_penalty: float | None = None
     ignore_eos: bool = False
-    logit_bias: dict[str, float] | None = None  # token id (as a string, as JSON keys are) -> bias in [-100, 100]
+    min_tokens: int | None = None
+    stop_token_ids: list[int] | None = None
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
+    guided_json: dict[str, Any] | str | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
+    structured_outputs: dict[str, Any] | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _screen_undeclared(cls, data: Any) -> Any:
+        return screen_fields(data, declared=frozenset(cls.model_fields))
+
+    @model_validator(mode="after")
+    def _translate_extensions(self) -> _SamplingFields:
+        check_harmless(service_tier=self.service_tier, modalities=getattr(self, "modalities", None),
+                       metadata=self.metadata)
+        response_format = structured_response_format(self)
+        if response_format is not None:
+            self.response_format = response_format
+        max_tokens = self.explicit_max_tokens()
+        if self.min_tokens is not None and max_tokens is not None and self.min_tokens > max_tokens:
+            raise InvalidRequestError(f"min_tokens ({self.min_tokens}) must not exceed max_tokens ({max_tokens})",
+                                      param="min_tokens")
+        return self
+
+    def explicit_max_tokens(self) -> int | None:
+        return getattr(self, "max_tokens", None)
 
 
 class ChatCompletionRequest(_SamplingFields):
@@ -59,14 +114,21 @@ class ChatCompletionRequest(_SamplingFields):
     max_completion_tokens: int | None = None
     logprobs: bool = False
     top_logprobs: int | None = None
-    # Read by the grammar, sessions and reasoning preparers (see extensions.py)
-    response_format: dict[str, Any] | None = None
+    # Read by the grammar, sessions and reasoning stages
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
     session_id: str | None = None
-    reasoning_effort: str | None = None
+    reasoning_effort: ReasoningEffort | None = None
     max_reasoning_tokens: int | None = None  # extension: thinking budget (tokens), wins over reasoning_effort
+    modalities: list[str] | None = None      # only ["text"]
+    # vLLM's chat template controls
+    chat_template_kwargs: dict[str, Any] | None = None
+    add_generation_prompt: bool | None = None
+    continue_final_message: bool = False
+
+    def explicit_max_tokens(self) -> int | None:
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
 
 
 class CompletionRequest(_SamplingFields):
@@ -76,4 +138,3 @@ class CompletionRequest(_SamplingFields):
     logprobs: int | None = None
     best_of: int | None = None
     suffix: str | None = None
-    response_format: dict[str, Any] | None = None  # extension: the same structured output as chat

@@ -10,6 +10,7 @@ from loraplex.platform.api.chat_response import collect_chat, stream_chat
 from loraplex.platform.api.completion_response import collect_completion, stream_completion
 from loraplex.platform.api.generation import Generation
 from loraplex.platform.api.preparation import prepare_chat, prepare_completion
+from loraplex.platform.api.request_limits import RequestLimits, check_request_limits
 from loraplex.platform.api.respond import respond
 from loraplex.platform.api.schemas import ChatCompletionRequest, CompletionRequest
 from loraplex.platform.deps import AppServices, InferenceKey
@@ -43,6 +44,7 @@ def _model_public(model: ServedModel, base_model_name: str) -> dict:
 async def create_chat_completion(
     body: ChatCompletionRequest, key: InferenceKey, services: AppServices, request: Request
 ) -> Response:
+    check_request_limits(body, RequestLimits.from_settings(services.settings))
     prepared = await prepare_chat(services, key, body, request.state.request_id)
     gen = Generation(services, key, prepared)
     return await respond(
@@ -54,6 +56,7 @@ async def create_chat_completion(
 
 @router.post("/completions")
 async def create_completion(body: CompletionRequest, key: InferenceKey, services: AppServices, request: Request) -> Response:
+    check_request_limits(body, RequestLimits.from_settings(services.settings))
     prepared = await prepare_completion(services, key, body, request.state.request_id)
     gen = Generation(services, key, prepared)
     return await respond(
