@@ -43,6 +43,7 @@ class UsageEvent:
     thinking_tokens: int = 0
     ttft_ms: float | None = None         # None when no token was produced
     duration_ms: float = 0.0
+    user: str | None = None              # the caller's end-user id (OpenAI's `user` field), if it sent one
 
     def __post_init__(self) -> None:
         if self.status not in UsageStatus.ALL:

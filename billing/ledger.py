@@ -104,6 +104,7 @@ class Ledger:
             "model": event.model,
             "adapter_id": event.adapter_id,
             "session_id": event.session_id,
+            "end_user": event.user,
             "input_tokens": event.input_tokens,
             "cached_input_tokens": event.cached_input_tokens,
             "output_tokens": event.output_tokens,

@@ -46,6 +46,8 @@ class UsageEventRow(BillingBase):
         # The per-request log: a tenant's events newest first (keyset on created_at, id), and by session.
         Index("ix_billing_usage_events_tenant_created", "tenant_id", "created_at", "id"),
         Index("ix_billing_usage_events_tenant_session", "tenant_id", "session_id"),
+        # Usage by end user: the request log's `user` filter and reports grouped by user.
+        Index("ix_billing_usage_events_tenant_user", "tenant_id", "end_user", "created_at"),
     )
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
@@ -55,6 +57,8 @@ class UsageEventRow(BillingBase):
     model: Mapped[str] = mapped_column(String(200))
     adapter_id: Mapped[str | None] = mapped_column(String(200))
     session_id: Mapped[str | None] = mapped_column(String(64))
+    # OpenAI's `user` ("user" is reserved in SQL); reports and the API call it `user`.
+    end_user: Mapped[str | None] = mapped_column(String(256))
     input_tokens: Mapped[int]
     cached_input_tokens: Mapped[int]
     output_tokens: Mapped[int]

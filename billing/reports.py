@@ -1,9 +1,11 @@
-"""Usage reports: tokens by class, requests and cost, grouped by day, model, adapter or API key.
+"""Usage reports: tokens by class, requests and cost, grouped by day, model, adapter, API key or user.
 
 Closed days that are rolled up are read from the rollups; every other day
 (today, and closed days whose rollup is missing or stale) from the raw
 events. Both halves are one UNION ALL statement, so a rollup finishing
-mid-report can neither double-count nor drop a day.
+mid-report can neither double-count nor drop a day. Rollups carry no end
+user, so a report grouped by `user` reads raw events only (by the
+(tenant_id, end_user, created_at) index for one tenant).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from loraplex.engine.errors import InvalidRequestError
 from sqlalchemy import func, literal, select, union_all
 from sqlalchemy.orm import Session
 
-GROUP_BY_CHOICES = ("day", "model", "adapter", "api_key", "tenant")
+GROUP_BY_CHOICES = ("day", "model", "adapter", "api_key", "tenant", "user")
 TOKEN_COLUMNS = ("input_tokens", "cached_input_tokens", "output_tokens", "thinking_tokens")
 MAX_REPORT_DAYS = 366
 
@@ -77,24 +79,28 @@ def usage_report(session: Session, query: ReportQuery, *, today: date | None = N
     today = today or datetime.now(UTC).date()
     rolled_days = select(RolledUpDayRow.day).where(RolledUpDayRow.day < today)
 
+    by_user = "user" in query.group_by
     d = DailyUsageRow
     from_rollups = select(
-        d.day, d.tenant_id, d.model, d.adapter_id, d.api_key_id,
+        d.day, d.tenant_id, d.model, d.adapter_id, d.api_key_id, literal(NONE_KEY),
         d.input_tokens, d.cached_input_tokens, d.output_tokens, d.thinking_tokens,
         d.requests, d.cost_picousd,
     ).where(d.day.between(query.start, query.end), d.day.in_(rolled_days))
     e = UsageEventRow
     from_events = select(
         e.day, e.tenant_id, e.model, func.coalesce(e.adapter_id, NONE_KEY), func.coalesce(e.api_key_id, NONE_KEY),
-        e.input_tokens, e.cached_input_tokens, e.output_tokens, e.thinking_tokens,
-        literal(1), e.cost_picousd,
-    ).where(e.day.between(query.start, query.end), e.day.not_in(rolled_days))
+        func.coalesce(e.end_user, NONE_KEY), e.input_tokens, e.cached_input_tokens, e.output_tokens,
+        e.thinking_tokens, literal(1), e.cost_picousd,
+    ).where(e.day.between(query.start, query.end))
+    if not by_user:
+        from_events = from_events.where(e.day.not_in(rolled_days))
     if query.tenant_id is not None:
         from_rollups = from_rollups.where(d.tenant_id == query.tenant_id)
         from_events = from_events.where(e.tenant_id == query.tenant_id)
 
-    both = union_all(from_rollups, from_events).subquery("usage")
-    names = ["day", "tenant_id", "model", "adapter_id", "api_key_id", *TOKEN_COLUMNS, "requests", "cost_picousd"]
+    both = (from_events if by_user else union_all(from_rollups, from_events)).subquery("usage")
+    names = ["day", "tenant_id", "model", "adapter_id", "api_key_id", "end_user", *TOKEN_COLUMNS, "requests",
+             "cost_picousd"]
     columns = dict(zip(names, both.c, strict=True))
     group_columns = [columns[_GROUP_COLUMN[key]] for key in query.group_by]
     sums = [func.sum(columns[name]) for name in (*TOKEN_COLUMNS, "requests", "cost_picousd")]
@@ -112,13 +118,14 @@ def usage_report(session: Session, query: ReportQuery, *, today: date | None = N
     return rows
 
 
-_GROUP_COLUMN = {"day": "day", "model": "model", "adapter": "adapter_id", "api_key": "api_key_id", "tenant": "tenant_id"}
+_GROUP_COLUMN = {"day": "day", "model": "model", "adapter": "adapter_id", "api_key": "api_key_id", "tenant": "tenant_id",
+                 "user": "end_user"}
 
 
 def _group_value(key: str, value: Any) -> Any:
     if key == "day":
         return value.isoformat() if isinstance(value, date) else str(value)
-    if key in ("adapter", "api_key") and value == NONE_KEY:
+    if key in ("adapter", "api_key", "user") and value == NONE_KEY:
         return None
     return value
 

@@ -29,7 +29,7 @@ MAX_LIMIT = 1000
 BASE_ADAPTER = "base"   # the adapter_id filter value for requests to the base model (no adapter)
 
 REQUEST_COLUMNS = (
-    "request_id", "created_at", "api_key_id", "model", "adapter_id", "session_id", "status",
+    "request_id", "created_at", "api_key_id", "model", "adapter_id", "session_id", "user", "status",
     *TOKEN_COLUMNS, "total_tokens", "cost_usd", "price_id", "ttft_ms", "duration_ms",
 )
 
@@ -43,6 +43,7 @@ class RequestLogQuery:
     model: str | None = None
     adapter_id: str | None = None        # BASE_ADAPTER: the base model
     session_id: str | None = None
+    user: str | None = None              # the end user (OpenAI's `user` field) the requests named
     status: str | None = None
     limit: int = DEFAULT_LIMIT
     after: tuple[datetime, int] | None = None   # the decoded cursor: (created_at, id) of the last row seen
@@ -50,7 +51,8 @@ class RequestLogQuery:
     @classmethod
     def parse(cls, *, tenant_id: str, start: str | None = None, end: str | None = None,
               api_key_id: str | None = None, model: str | None = None, adapter_id: str | None = None,
-              session_id: str | None = None, status: str | None = None, limit: int | str | None = None,
+              session_id: str | None = None, user: str | None = None, status: str | None = None,
+              limit: int | str | None = None,
               cursor: str | None = None, today: date | None = None) -> RequestLogQuery:
         """Validate query-string input; raises InvalidRequestError naming the bad parameter."""
         start_day, end_day = parse_day_range(start=start, end=end, today=today)
@@ -59,7 +61,7 @@ class RequestLogQuery:
                                       param="status")
         return cls(tenant_id=tenant_id, start=start_day, end=end_day, api_key_id=api_key_id or None,
                    model=model or None, adapter_id=adapter_id or None, session_id=session_id or None,
-                   status=status, limit=_parse_limit(limit), after=decode_cursor(cursor) if cursor else None)
+                   user=user or None, status=status, limit=_parse_limit(limit), after=decode_cursor(cursor) if cursor else None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,7 +141,7 @@ def _filtered(statement: Select, query: RequestLogQuery) -> Select:
     until = datetime.combine(query.end + timedelta(days=1), time(), tzinfo=UTC)
     statement = statement.where(e.tenant_id == query.tenant_id, e.created_at >= since, e.created_at < until)
     for column, value in ((e.api_key_id, query.api_key_id), (e.model, query.model),
-                          (e.session_id, query.session_id), (e.status, query.status)):
+                          (e.session_id, query.session_id), (e.end_user, query.user), (e.status, query.status)):
         if value is not None:
             statement = statement.where(column == value)
     if query.adapter_id == BASE_ADAPTER:
@@ -157,6 +159,7 @@ def request_row(row: UsageEventRow) -> dict[str, Any]:
         "model": row.model,
         "adapter_id": row.adapter_id,
         "session_id": row.session_id,
+        "user": row.end_user,
         "status": row.status,
         "input_tokens": row.input_tokens,
         "cached_input_tokens": row.cached_input_tokens,

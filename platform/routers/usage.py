@@ -1,4 +1,4 @@
-"""GET /v1/usage: the caller's usage by day, model, adapter or API key, as JSON or CSV.
+"""GET /v1/usage: the caller's usage by day, model, adapter, API key or end user, as JSON or CSV.
 
 Scope `usage` reads the key's own tenant; an `admin` key may name any tenant
 with `tenant_id` (or `*` for every tenant). GET /v1/usage/requests: the
@@ -65,7 +65,7 @@ async def get_usage(
     services: AppServices,
     start: Annotated[str | None, Query(description="first day, YYYY-MM-DD (default: first of this month)")] = None,
     end: Annotated[str | None, Query(description="last day, inclusive (default: today, UTC)")] = None,
-    group_by: Annotated[str, Query(description="day, model, adapter, api_key (comma-separated)")] = "day",
+    group_by: Annotated[str, Query(description="day, model, adapter, api_key, user (comma-separated)")] = "day",
     format: Annotated[Literal["json", "csv"], Query()] = "json",
     tenant_id: Annotated[str | None, Query(description="admins only: another tenant, or * for all")] = None,
 ) -> Response:
@@ -92,6 +92,7 @@ async def get_usage_requests(
     model: Annotated[str | None, Query()] = None,
     adapter_id: Annotated[str | None, Query(description="an adapter id, or 'base' for the base model")] = None,
     session_id: Annotated[str | None, Query()] = None,
+    user: Annotated[str | None, Query(description="the `user` the requests sent (the caller's end user)")] = None,
     status: Annotated[str | None, Query(description="completed, stopped, length, aborted or failed")] = None,
     limit: Annotated[str | None, Query(description="rows per page, 1-1000 (default 100)")] = None,
     cursor: Annotated[str | None, Query(description="next_cursor of the previous page")] = None,
@@ -101,7 +102,7 @@ async def get_usage_requests(
     """One request per row, newest first, with its cost; totals cover every row the filters match."""
     target = one_tenant(key, tenant_id)
     query = RequestLogQuery.parse(tenant_id=target, start=start, end=end, api_key_id=api_key_id, model=model,
-                                  adapter_id=adapter_id, session_id=session_id, status=status, limit=limit,
+                                  adapter_id=adapter_id, session_id=session_id, user=user, status=status, limit=limit,
                                   cursor=cursor)
 
     def run() -> RequestPage:
