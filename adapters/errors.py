@@ -24,6 +24,12 @@ class UploadTooLargeError(InvalidRequestError):
     code = "upload_too_large"
 
 
+class StorageQuotaExceededError(UploadTooLargeError):
+    """The tenant's adapters would pass its storage quota (bytes or number of adapters)."""
+
+    code = "storage_quota_exceeded"
+
+
 class UnsupportedMediaError(InvalidRequestError):
     status = 415
     code = "unsupported_media_type"

@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 from loraplex.adapters.base_model import SUPPORTED_MODULES, BaseModelSpec
 from loraplex.adapters.errors import AdapterRejectedError, UnsafeUploadError
+from loraplex.adapters.regex_safety import MAX_UNBOUNDED_REPEATS, check_safe_regex
 from loraplex.adapters.safetensors_header import read_safetensors_header
 from loraplex.engine.interfaces import AdapterWeights, LoRAModuleWeights
 from safetensors import safe_open
@@ -25,6 +26,9 @@ from safetensors import safe_open
 CONFIG_NAME = "adapter_config.json"
 WEIGHTS_NAME = "adapter_model.safetensors"
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
+_MAX_NUMBER = 1e9            # ranks and alphas are small; a huge one is a mistake or an attack
+_MAX_PATTERNS = 1024         # rank_pattern / alpha_pattern entries, layers_to_transform items
+_MAX_BASE_MODEL_NAME = 500   # the registry's column
 
 _TENSOR_KEY = re.compile(
     r"^base_model\.model\.(?P<path>(?:.+\.)?layers\.(?P<layer>\d+)\.(?:self_attn|mlp)\.(?P<module>[A-Za-z_]+))"
@@ -103,7 +107,7 @@ def _pattern_key(patterns: dict, module_path: str) -> str | None:
 def parse_adapter_config(raw: bytes) -> PeftLoraConfig:
     try:
         data = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:  # ValueError: also integers of 4,300+ digits
         raise UnsafeUploadError(f"adapter_config.json is not valid JSON: {exc}") from None
     if not isinstance(data, dict):
         raise UnsafeUploadError("adapter_config.json must hold a JSON object")
@@ -118,8 +122,14 @@ def parse_adapter_config(raw: bytes) -> PeftLoraConfig:
     r, alpha = data.get("r"), data.get("lora_alpha", 8)
     if not isinstance(r, int) or isinstance(r, bool) or r < 1:
         raise AdapterRejectedError(f"adapter_config.json: r must be a positive integer, got {r!r}")
-    if not isinstance(alpha, int | float) or isinstance(alpha, bool) or alpha <= 0:
+    if not isinstance(alpha, int | float) or isinstance(alpha, bool) or not 0 < alpha <= _MAX_NUMBER:
         raise AdapterRejectedError(f"adapter_config.json: lora_alpha must be a positive number, got {alpha!r}")
+    base_model = data.get("base_model_name_or_path")
+    if base_model is not None and (not isinstance(base_model, str) or len(base_model) > _MAX_BASE_MODEL_NAME):
+        raise AdapterRejectedError(
+            f"adapter_config.json: base_model_name_or_path must be a string of at most {_MAX_BASE_MODEL_NAME} "
+            "characters"
+        )
     return PeftLoraConfig(
         r=r,
         lora_alpha=float(alpha),
@@ -127,7 +137,7 @@ def parse_adapter_config(raw: bytes) -> PeftLoraConfig:
         target_modules=_target_modules(data.get("target_modules")),
         rank_pattern=_pattern(data.get("rank_pattern"), "rank_pattern", int),
         alpha_pattern=_pattern(data.get("alpha_pattern"), "alpha_pattern", float),
-        base_model_name_or_path=data.get("base_model_name_or_path") or None,
+        base_model_name_or_path=base_model or None,
         layers_to_transform=_layers(data.get("layers_to_transform")),
         exclude_modules=_exclude_modules(data.get("exclude_modules")),
     )
@@ -137,10 +147,7 @@ def _exclude_modules(value: object) -> tuple[str, ...] | str:
     if value is None or value == []:
         return ()
     if isinstance(value, str):
-        try:
-            re.compile(value)
-        except re.error as exc:
-            raise AdapterRejectedError(f"exclude_modules regex {value!r} does not compile: {exc}") from None
+        check_safe_regex(value, "exclude_modules")
         return value
     if isinstance(value, list) and all(isinstance(v, str) for v in value):
         return tuple(value)
@@ -149,10 +156,7 @@ def _exclude_modules(value: object) -> tuple[str, ...] | str:
 
 def _target_modules(value: object) -> tuple[str, ...] | str:
     if isinstance(value, str):
-        try:
-            re.compile(value)
-        except re.error as exc:
-            raise AdapterRejectedError(f"target_modules regex {value!r} does not compile: {exc}") from None
+        check_safe_regex(value, "target_modules")
         return value
     if isinstance(value, list) and value and all(isinstance(v, str) for v in value):
         unsupported = sorted(set(value) - set(SUPPORTED_MODULES))
@@ -169,9 +173,13 @@ def _pattern(value: object, name: str, kind: type) -> dict:
         return {}
     if not isinstance(value, dict):
         raise AdapterRejectedError(f"{name} must be an object, got {type(value).__name__}")
+    if len(value) > _MAX_PATTERNS:
+        raise AdapterRejectedError(f"{name} has {len(value)} entries (at most {_MAX_PATTERNS})")
     out = {}
     for key, v in value.items():
-        if not isinstance(v, int | float) or isinstance(v, bool) or v <= 0:
+        # Matched as `(.*\.)?(KEY)$`: the wrapper spends one of the unbounded repeats a pattern may have.
+        check_safe_regex(key, f"{name} key", max_unbounded=MAX_UNBOUNDED_REPEATS - 1)
+        if not isinstance(v, int | float) or isinstance(v, bool) or not 0 < v <= _MAX_NUMBER:
             raise AdapterRejectedError(f"{name}[{key!r}] must be a positive number, got {v!r}")
         out[key] = kind(v)
     return out
@@ -182,7 +190,9 @@ def _layers(value: object) -> tuple[int, ...] | None:
         return None
     if isinstance(value, int) and not isinstance(value, bool):
         return (value,)
-    if isinstance(value, list) and all(isinstance(v, int) for v in value):
+    if isinstance(value, list) and len(value) <= _MAX_PATTERNS and all(
+        isinstance(v, int) and not isinstance(v, bool) for v in value
+    ):
         return tuple(value)
     raise AdapterRejectedError(f"layers_to_transform must be an integer or a list of integers, got {value!r}")
 

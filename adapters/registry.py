@@ -90,7 +90,12 @@ class AdapterRegistry(Protocol):
     def mark_failed(self, adapter_id: str, reason: str) -> None: ...
 
     def num_blob_refs(self, sha256: str) -> int:
-        """How many records (any tenant) point at this blob, as weights or config."""
+        """How many records (any tenant) that may still be served point at this blob, as weights or config.
+
+        A failed record keeps its reason for the tenant to read but no longer holds its blobs."""
+
+    def live_blob_digests(self) -> set[str]:
+        """Every blob some record that may still be served points at (the storage sweep keeps these)."""
 
 
 def resolve_adapter(registry: AdapterRegistry, *, tenant_id: str, model: str, base_model_id: str) -> AdapterInfo | None:
@@ -171,7 +176,12 @@ class InMemoryAdapterRegistry:
             self._records[adapter_id] = replace(info, status=AdapterStatus.FAILED, reason=reason)
 
     def num_blob_refs(self, sha256: str) -> int:
-        return sum(1 for r in self._records.values() if sha256 in (r.sha256, r.config_sha256))
+        return sum(1 for r in self._records.values()
+                   if r.status != AdapterStatus.FAILED and sha256 in (r.sha256, r.config_sha256))
+
+    def live_blob_digests(self) -> set[str]:
+        live = [r for r in self._records.values() if r.status != AdapterStatus.FAILED]
+        return {r.sha256 for r in live} | {r.config_sha256 for r in live}
 
 
 def _info(row: AdapterRecord) -> AdapterInfo:
@@ -265,6 +275,13 @@ class SqlAdapterRegistry:
         with self._sessions() as db:
             return db.scalar(
                 select(func.count()).select_from(AdapterRecord).where(
-                    (AdapterRecord.sha256 == sha256) | (AdapterRecord.config_sha256 == sha256)
+                    (AdapterRecord.sha256 == sha256) | (AdapterRecord.config_sha256 == sha256),
+                    AdapterRecord.status != AdapterStatus.FAILED,
                 )
             ) or 0
+
+    def live_blob_digests(self) -> set[str]:
+        with self._sessions() as db:
+            rows = db.execute(select(AdapterRecord.sha256, AdapterRecord.config_sha256)
+                              .where(AdapterRecord.status != AdapterStatus.FAILED))
+            return {digest for row in rows for digest in row}

@@ -51,7 +51,7 @@ def read_safetensors_header(path: Path) -> dict[str, TensorEntry]:
         raw = f.read(header_len)
     try:
         header = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:  # ValueError: also integers of 4,300+ digits
         raise UnsafeUploadError(f"adapter_model.safetensors header is not valid JSON: {exc}") from None
     if not isinstance(header, dict):
         raise UnsafeUploadError("adapter_model.safetensors header is not a JSON object")

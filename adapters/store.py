@@ -102,3 +102,13 @@ class LocalBlobStore:
 
     def count(self) -> int:
         return sum(1 for p in self._blobs.glob("*/*") if p.is_file())
+
+    def blob_ages(self, now: float) -> dict[str, float]:
+        """Every stored blob's digest -> seconds since it was written (for the storage sweep)."""
+        ages = {}
+        for path in self._blobs.glob("*/*"):
+            try:
+                ages[path.name] = now - path.stat().st_mtime
+            except FileNotFoundError:
+                continue
+        return ages

@@ -24,7 +24,7 @@ from typing import Any, Protocol
 import torch
 from loraplex.adapters.archive import UploadLimits
 from loraplex.adapters.base_model import BaseModelSpec
-from loraplex.adapters.registry import AdapterRegistry, SqlAdapterRegistry
+from loraplex.adapters.registry import AdapterInfo, AdapterRegistry, SqlAdapterRegistry
 from loraplex.adapters.store import BlobStore, LocalBlobStore, link_adapter_files
 from loraplex.adapters.validation import validate_adapter
 from loraplex.engine.errors import EngineError
@@ -94,17 +94,25 @@ def run_validation(adapter_id: str, context: ValidationContext) -> str:
                 limits=context.limits,
             )
     except EngineError as exc:
-        context.registry.mark_failed(adapter_id, exc.message)
+        _fail(context, info, exc.message)
         return "failed"
     except KeyError:
-        context.registry.mark_failed(adapter_id, "the adapter's files are missing from storage")
+        _fail(context, info, "the adapter's files are missing from storage")
         return "failed"
     except Exception as exc:  # a bug must still end the record's `validating` state
         log.exception("validation of %s crashed", adapter_id)
-        context.registry.mark_failed(adapter_id, f"internal error during validation: {type(exc).__name__}")
+        _fail(context, info, f"internal error during validation: {type(exc).__name__}")
         return "failed"
     context.registry.mark_ready(adapter_id, summary)
     return "ready"
+
+
+def _fail(context: ValidationContext, info: AdapterInfo, reason: str) -> None:
+    """Record the reason for the tenant, and free the blobs no adapter that may be served still needs."""
+    context.registry.mark_failed(info.id, reason)
+    for digest in {info.sha256, info.config_sha256}:
+        if context.registry.num_blob_refs(digest) == 0:
+            context.store.delete(digest)
 
 
 class ValidationDispatcher(Protocol):

@@ -6,14 +6,22 @@ or the whole body passes its limit. Form fields (name, description) are
 small and capped. Accepted file parts: `adapter_config.json` +
 `adapter_model.safetensors`, or one `.zip` / `.tar.gz`, which is then
 extracted safely. The caller deletes the staging folder whatever happens.
+
+Unpacking, hashing and copying take seconds for a large upload: they run in
+one small thread pool (`run_upload_work`), never on the event loop, and at
+most `UPLOAD_WORKERS` at once per process, so a burst of uploads queues
+instead of taking every core from the requests being served.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import asyncio
+import functools
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path, PurePath
-from typing import BinaryIO
+from typing import BinaryIO, TypeVar
 
 from loraplex.adapters.archive import UploadLimits, extract_adapter_archive
 from loraplex.adapters.errors import UnsafeUploadError, UnsupportedMediaError, UploadTooLargeError
@@ -22,6 +30,9 @@ from python_multipart.exceptions import MultipartParseError
 from python_multipart.multipart import MultipartParser, parse_options_header
 
 MAX_FIELD_BYTES = 4096
+UPLOAD_WORKERS = 2
+T = TypeVar("T")
+_UPLOAD_POOL = ThreadPoolExecutor(max_workers=UPLOAD_WORKERS, thread_name_prefix="adapter-upload")
 _ARCHIVE_SUFFIXES = (".zip", ".tar.gz", ".tgz")
 _DIRECT_FILES = (CONFIG_NAME, WEIGHTS_NAME)
 
@@ -142,7 +153,13 @@ async def receive_adapter_upload(
         raise UnsafeUploadError(f"malformed multipart body: {exc}") from None
     finally:
         sink.close()
-    return ReceivedUpload(fields=sink.fields, folder=_assemble(sink.files, staging, limits))
+    folder = await run_upload_work(_assemble, sink.files, staging, limits)
+    return ReceivedUpload(fields=sink.fields, folder=folder)
+
+
+async def run_upload_work(fn: Callable[..., T], *args: object, **kwargs: object) -> T:
+    """Run blocking upload work (unpacking, hashing, copying) in the bounded upload pool."""
+    return await asyncio.get_running_loop().run_in_executor(_UPLOAD_POOL, functools.partial(fn, *args, **kwargs))
 
 
 def _assemble(files: dict[str, Path], staging: Path, limits: UploadLimits) -> Path:

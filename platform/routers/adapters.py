@@ -21,9 +21,10 @@ from loraplex.adapters.base_model import BaseModelSpec
 from loraplex.adapters.errors import AdapterNotFoundError
 from loraplex.adapters.models import AdapterStatus
 from loraplex.adapters.registry import AdapterInfo, SqlAdapterRegistry, resolve_adapter
-from loraplex.adapters.service import AdapterService, EngineAdapterHooks
+from loraplex.adapters.service import AdapterService, EngineAdapterHooks, StorageQuota
 from loraplex.adapters.source import StoredAdapterSource
 from loraplex.adapters.store import LocalBlobStore
+from loraplex.adapters.sweep import StorageSweeper
 from loraplex.adapters.tasks import CeleryValidationDispatcher, ThreadValidationDispatcher, make_job
 from loraplex.platform.deps import AdaptersKey, AppServices
 from loraplex.platform.errors import NotFoundError
@@ -155,13 +156,19 @@ def install_adapters(
         manager = LoRAManager.for_engine(llm_engine, source, max_loras=settings.max_loras,
                                          max_cpu_loras=settings.max_cpu_loras, max_lora_rank=settings.max_lora_rank)
     hooks = EngineAdapterHooks(is_in_use=manager.is_in_use, evict=manager.evict) if manager else EngineAdapterHooks()
+    quota = StorageQuota(max_bytes=settings.adapter_quota_bytes_per_tenant or None,
+                         max_adapters=settings.adapter_quota_count_per_tenant or None)
     service = AdapterService(registry=registry, store=store, dispatcher=dispatcher, staging_root=storage / "staging",
-                             limits=limits or UploadLimits(), hooks=hooks)
+                             limits=limits or UploadLimits(), hooks=hooks, quota=quota)
+    sweeper = StorageSweeper(registry, store, storage / "staging", interval_s=settings.adapter_sweep_interval_s,
+                             min_age_s=settings.adapter_sweep_min_age_s)
+    sweeper.start()
     domain = AdaptersDomain(service=service, manager=manager)
     extensions.domain_state["adapters"] = domain
     extensions.model_resolver = AdapterModelResolver(service, base_model_name)
 
     async def stop() -> None:
+        await asyncio.to_thread(sweeper.stop)
         if isinstance(dispatcher, ThreadValidationDispatcher):
             await asyncio.to_thread(dispatcher.shutdown)
         if manager is not None:

@@ -65,7 +65,8 @@ def test_failed_records_reason_and_blob_refs(registry):
     _create(registry, "ten_b", "two", sha="e" * 64)
     registry.mark_failed(a.id, "layer 7 q_proj lora_B has shape [576, 16], expected [576, 8]")
     assert registry.get(tenant_id="ten_a", adapter_id=a.id).reason.startswith("layer 7 q_proj")
-    assert registry.num_blob_refs("e" * 64) == 2
+    assert registry.num_blob_refs("e" * 64) == 1  # a failed record keeps its reason, not its blobs
+    assert registry.live_blob_digests() == {"e" * 64, "c" * 64}
     registry.delete(tenant_id="ten_a", adapter_id=a.id)
     assert registry.num_blob_refs("e" * 64) == 1
     assert registry.find(a.id) is None
