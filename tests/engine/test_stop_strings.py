@@ -143,3 +143,15 @@ def test_thousands_of_stop_strings_cost_per_token_like_one():
     naive = NaiveStopMatcher(many)
     naive_s = feed_all(naive, pieces[:200])  # the old search, for the record: per token ~O(stop strings)
     assert naive_s / 200 > (first_half + second_half) / 20_000
+
+
+def test_include_in_output_returns_exactly_the_text_up_to_the_end_of_the_stop_string():
+    rng = random.Random(11)
+    for _ in range(1500):
+        stop = ["".join(rng.choice("abc") for _ in range(rng.randint(1, 4))) for _ in range(rng.randint(1, 5))]
+        text = "".join(rng.choice("abc") for _ in range(rng.randint(0, 40)))
+        pieces = random_chunks(rng, text)
+        emitted, matched = run(NaiveStopMatcher(stop), pieces)
+        expected = "".join(emitted) + (matched or "")
+        out, got = run(StopStringMatcher(stop, include_in_output=True), pieces)
+        assert ("".join(out), got) == (expected, matched), (stop, pieces)
