@@ -1,4 +1,4 @@
-"""AsyncEngine: the engine loop in its own thread, `generate()` as an async iterator.
+"""AsyncEngine: the engine loop in a thread of this process; the in-process `EngineClient`.
 
 Callers on any asyncio loop submit requests; the engine thread applies
 commands (add / abort / release_session) between steps and pushes each
@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import queue
 import threading
 from collections import OrderedDict
@@ -21,7 +22,9 @@ from typing import Any
 
 import torch
 from loraplex.engine.config import EngineConfig, ModelConfig
+from loraplex.engine.core.client import AdapterLimits, EngineHealth
 from loraplex.engine.errors import DuplicateRequestError, EngineDeadError
+from loraplex.engine.interfaces import AdapterSource
 from loraplex.engine.llm_engine import LLMEngine
 from loraplex.engine.protocol import EngineRequest, RequestOutput
 
@@ -68,6 +71,7 @@ class AsyncEngine:
         self._stats: dict[str, int] = engine.stats()
         self._dead: BaseException | None = None
         self._num_threads = num_threads
+        self._lora: Any = None  # a LoRAManager once adapters are attached
         self._thread = threading.Thread(target=self._run, name="loraplex-engine", daemon=True)
         self._thread.start()
 
@@ -149,9 +153,32 @@ class AsyncEngine:
     def release_session(self, key: str) -> None:
         self._send("release_session", key)
 
-    def session_state(self, key: str) -> str:
+    async def session_state(self, key: str) -> str:
         """pinned / offloaded / dropped (a read across threads: a hint, exact once the loop is idle)."""
         return self.engine.session_state(key)
+
+    # ---- adapters -------------------------------------------------------------------------
+    def attach_adapters(self, source: AdapterSource, limits: AdapterLimits) -> Any:
+        """Build a LoRA manager over `source` and hook it in, replacing any earlier one (tests attach one per
+        app to a shared engine); returns it, the handle for `detach_adapters`."""
+        from loraplex.engine.lora.manager import LoRAManager
+
+        self._lora = LoRAManager.for_engine(self.engine, source, max_loras=limits.max_loras,
+                                            max_cpu_loras=limits.max_cpu_loras, max_lora_rank=limits.max_lora_rank)
+        return self._lora
+
+    def detach_adapters(self, handle: Any) -> None:
+        """Unhook `handle` (a no-op on the engine if a later attach replaced it) and stop its loading."""
+        handle.detach()
+        if self._lora is handle:
+            self._lora = None
+
+    def adapter_in_use(self, adapter_id: str) -> bool:
+        return self._lora is not None and self._lora.is_in_use(adapter_id)
+
+    def evict_adapter(self, adapter_id: str) -> None:
+        if self._lora is not None:
+            self._lora.evict(adapter_id)
 
     def stats(self) -> dict[str, int]:
         """A snapshot taken by the engine thread after its latest step."""
@@ -166,6 +193,13 @@ class AsyncEngine:
     @property
     def is_alive(self) -> bool:
         return self._thread.is_alive()
+
+    def health(self) -> EngineHealth:
+        if self._dead is not None:
+            return EngineHealth(False, f"the engine loop died: {self._dead}", os.getpid())
+        if not self._thread.is_alive():
+            return EngineHealth(False, "the engine loop has stopped", os.getpid())
+        return EngineHealth(True, pid=os.getpid())
 
     # ---- the engine thread ----------------------------------------------------------------
     def _send(self, kind: str, payload: Any) -> None:

@@ -1,12 +1,12 @@
-"""Typed errors the engine raises; the API layer maps each to an HTTP status."""
+"""Typed errors the engine raises. They say what went wrong, never how a web API reports it:
+the platform's one error table (platform/errors.py) maps each class to a status code."""
 
 from __future__ import annotations
 
 
 class EngineError(Exception):
-    """Base class. `status` is the HTTP status the API layer should use."""
+    """Base class; `code` is a stable machine-readable name for the failure."""
 
-    status = 500
     code = "engine_error"
 
     def __init__(self, message: str, *, param: str | None = None) -> None:
@@ -16,27 +16,24 @@ class EngineError(Exception):
 
 
 class InvalidRequestError(EngineError):
-    status = 400
     code = "invalid_request"
 
 
 class PromptTooLongError(InvalidRequestError):
     """The prompt (plus max_tokens) can never fit the context or the KV pool."""
 
-    status = 413
     code = "context_length_exceeded"
 
 
 class DuplicateRequestError(InvalidRequestError):
-    status = 409
     code = "duplicate_request_id"
 
 
 class EngineOverloadedError(EngineError):
-    status = 503
     code = "overloaded"
 
 
 class EngineDeadError(EngineError):
-    status = 503
+    """The engine (its loop, or its whole process) has stopped; nothing sent to it will be answered."""
+
     code = "engine_unavailable"

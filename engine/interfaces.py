@@ -8,9 +8,10 @@ them in.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import torch
+from loraplex.engine.protocol import ReasoningMarkers
 
 
 class GrammarMatcher(Protocol):
@@ -28,6 +29,21 @@ class GrammarMatcher(Protocol):
 
     def is_terminated(self) -> bool:
         """True once the grammar is complete: the choice finishes with `stop`."""
+
+
+@runtime_checkable
+class BudgetedGrammarMatcher(Protocol):
+    """A matcher that knows the choice's token budget: near it, it forces the shortest close, and it
+    names the tokens the grammar forces next so the engine can append them without sampling."""
+
+    def set_token_budget(self, max_tokens: int) -> None: ...
+
+    def forced_token_ids(self) -> list[int]:
+        """Tokens the mask will force next, in order; appending them at once (jump-forward) gives the
+        same output as sampling them one step at a time."""
+
+    def closed_by_budget(self) -> bool:
+        """True when the budget forced the close: the choice then finishes with `length`."""
 
 
 class CompiledGrammar(Protocol):
@@ -56,3 +72,16 @@ class AdapterSource(Protocol):
 
     def load(self, adapter_id: str) -> AdapterWeights:
         """Blocking; called off the engine loop. Raises KeyError for an unknown adapter."""
+
+
+class GrammarCodec(Protocol):
+    """How a request's grammar crosses to the engine-core process (grammar/ provides it, the platform wires it).
+
+    The API server compiled the grammar already (to refuse a bad one with a 400); the core rebuilds
+    it from the text, from a cache keyed by that text.
+    """
+
+    def encode(self, grammar: CompiledGrammar) -> str: ...
+
+    def decode(self, text: str, reasoning: ReasoningMarkers | None) -> CompiledGrammar:
+        """`reasoning`: the request's markers, when its grammar is gated behind the think block."""

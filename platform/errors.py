@@ -1,8 +1,10 @@
 """Every failure leaves the API as an OpenAI error body with the right status.
 
-`{"error": {"message", "type", "param", "code"}}`: engine errors carry their
-own status (engine/errors.py), the platform's own ones are below, request
-validation becomes a 400 naming the field.
+`{"error": {"message", "type", "param", "code"}}`. The domains' errors
+(engine, sessions, adapters, billing) carry no HTTP status: `ERROR_TABLE`
+below is the one place that maps each class to a status code, most specific
+class first. The platform's own errors (`ApiError`) are HTTP errors by
+nature and carry theirs. Request validation becomes a 400 naming the field.
 """
 
 from __future__ import annotations
@@ -13,8 +15,13 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from loraplex.adapters import errors as adapter_errors
+from loraplex.billing.quotas import QuotaExceededError
+from loraplex.engine import errors as engine_errors
 from loraplex.engine.errors import EngineError
+from loraplex.platform.api.retry_hints import retry_headers
 from loraplex.platform.request_context import REQUEST_ID_HEADER
+from loraplex.sessions.errors import SessionBusyError, SessionConflictError, SessionNotFoundError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 log = logging.getLogger(__name__)
@@ -31,6 +38,43 @@ _TYPE_BY_STATUS = {
     500: "server_error",
     503: "server_error",
 }
+
+
+# Error class -> HTTP status. Looked up along the class's MRO, so a subclass not listed takes its parent's row.
+ERROR_TABLE: dict[type[Exception], int] = {
+    engine_errors.PromptTooLongError: 400,  # OpenAI's: the SDK raises BadRequestError, code context_length_exceeded
+    engine_errors.DuplicateRequestError: 409,
+    engine_errors.InvalidRequestError: 400,
+    engine_errors.EngineOverloadedError: 503,
+    engine_errors.EngineDeadError: 503,
+    engine_errors.EngineError: 500,
+    SessionNotFoundError: 404,
+    SessionBusyError: 409,
+    SessionConflictError: 409,
+    adapter_errors.AdapterRejectedError: 422,
+    adapter_errors.UnsafeUploadError: 400,
+    adapter_errors.UploadTooLargeError: 413,
+    adapter_errors.UnsupportedMediaError: 415,
+    adapter_errors.AdapterNotFoundError: 404,
+    adapter_errors.AdapterNameTakenError: 409,
+    adapter_errors.AdapterInUseError: 409,
+    QuotaExceededError: 429,
+}
+
+
+def status_for(exc: BaseException) -> int:
+    """The HTTP status of an error raised by any domain (ApiError: its own; unknown: 500)."""
+    if isinstance(exc, ApiError):
+        return exc.status
+    for cls in type(exc).__mro__:
+        status = ERROR_TABLE.get(cls)
+        if status is not None:
+            return status
+    return 500
+
+
+def error_type_for(status: int) -> str:
+    return _TYPE_BY_STATUS.get(status, "server_error" if status >= 500 else "invalid_request_error")
 
 
 class ApiError(Exception):
@@ -102,7 +146,7 @@ def error_body(status: int, message: str, *, param: str | None = None, code: str
     return {
         "error": {
             "message": message,
-            "type": _TYPE_BY_STATUS.get(status, "server_error" if status >= 500 else "invalid_request_error"),
+            "type": error_type_for(status),
             "param": param,
             "code": code,
         }
@@ -120,7 +164,9 @@ def response_for(exc: Exception) -> JSONResponse:
     if isinstance(exc, ApiError):
         return error_response(exc.status, exc.message, param=exc.param, code=exc.code, headers=exc.headers())
     if isinstance(exc, EngineError):
-        return error_response(exc.status, exc.message, param=exc.param, code=exc.code)
+        status = status_for(exc)
+        headers = {"Retry-After": "5"} if isinstance(exc, engine_errors.EngineDeadError) else retry_headers(exc.code)
+        return error_response(status, exc.message, param=exc.param, code=exc.code, headers=headers)
     log.exception("unhandled error", exc_info=exc)
     return error_response(500, "internal server error", code="internal_error")
 

@@ -2,8 +2,8 @@
 
 The platform runs every chat/completions request as:
 
-    resolve model (ModelResolver) -> preparers (RequestPreparer, in order)
-    -> chat template + tokenize -> EngineRequest -> engine
+    resolve model (ModelResolver) -> the pipeline's stages (pipeline.STAGE_ORDER)
+    -> chat template + tokenize -> admission checks -> EngineRequest -> engine
     -> MessageParser turns generated text into content / reasoning / tool calls
     -> UsageRecorder.record(...) exactly once, in a `finally`, with the final counts
 
@@ -17,10 +17,13 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from loraplex.engine.protocol import ReasoningMarkers, SamplingParams
 from loraplex.platform.errors import NotFoundError
+
+if TYPE_CHECKING:
+    from loraplex.platform.pipeline import Stage
 
 
 @dataclass(slots=True, frozen=True)
@@ -81,10 +84,11 @@ class PlainTextParser:
 
 @dataclass(slots=True)
 class PreparedRequest:
-    """Everything known about a request before it reaches the engine; preparers edit it in place.
+    """Everything known about a request before it reaches the engine.
 
     `body` is the validated request (ChatCompletionRequest or CompletionRequest):
-    preparers read their fields from it (response_format, tools, session_id...).
+    stages read their fields from it (response_format, tools, session_id...);
+    only the pipeline writes what they return into it (pipeline.apply).
     """
 
     request_id: str
@@ -106,17 +110,11 @@ class PreparedRequest:
     metadata: dict[str, Any] = field(default_factory=dict)
 
 
-class RequestPreparer(Protocol):
-    """Runs before the chat template; may edit `prepared` or raise an ApiError/EngineError."""
-
-    async def __call__(self, prepared: PreparedRequest) -> None: ...
-
-
 class AdmissionCheck(Protocol):
     """Runs once the prompts' token ids are known, before anything is queued; may raise to refuse.
 
     For checks that need the request's size, such as a token budget this prompt
-    would overrun. Refusals that need no size belong in a preparer, which runs
+    would overrun. Refusals that need no size belong in a pipeline stage, which runs
     before the chat template and grammar compilation are paid for.
     """
 
@@ -162,7 +160,7 @@ class UsageRecorder(Protocol):
 @dataclass(slots=True)
 class Extensions:
     model_resolver: ModelResolver
-    preparers: list[RequestPreparer] = field(default_factory=list)
+    stages: dict[str, Stage] = field(default_factory=dict)  # by name; pipeline.STAGE_ORDER orders them
     admission_checks: list[AdmissionCheck] = field(default_factory=list)
     usage_recorders: list[UsageRecorder] = field(default_factory=list)
     on_shutdown: list[Callable[[], Awaitable[None]]] = field(default_factory=list)

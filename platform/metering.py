@@ -77,6 +77,7 @@ class QuotaPreparer:
         self.guard = guard
 
     async def __call__(self, prepared: PreparedRequest) -> None:
+        """The pipeline's `quota` stage: it adds nothing, it only refuses."""
         if self.guard.is_known_unlimited(prepared.tenant_id):
             return  # the common case costs no I/O on the event loop
         await asyncio.to_thread(self.guard.check, tenant_id=prepared.tenant_id, api_key_id=prepared.key_id or None)
@@ -151,7 +152,7 @@ def install_billing(
     )
     meter.start()
     extensions.usage_recorders.append(MeteringRecorder(meter, base_model=base_model))
-    extensions.preparers.insert(0, QuotaPreparer(guard))
+    extensions.stages["quota"] = QuotaPreparer(guard)
     extensions.admission_checks.append(QuotaAdmission(guard, price_book, base_model=base_model))
     extensions.domain_state["billing"] = BillingDomain(guard=guard, price_book=price_book, meter=meter)
 

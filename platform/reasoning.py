@@ -1,14 +1,13 @@
 """Thinking tokens on the API: reasoning markers, the reasoning/content split and the thinking budget.
 
-`ReasoningPreparer` is one of the platform's request preparers
-(extensions.RequestPreparer). For chat requests on a model family with a
+`ReasoningStage` is the pipeline's `reasoning` stage. For chat requests on a model family with a
 configured reasoning format it gives the engine the marker token ids (so it
 counts reasoning tokens and can close the block when the budget is spent) and
 sets a message parser that moves the think block into `reasoning_content`.
 
 The budget comes from the request: the extension `max_reasoning_tokens`
 (already on `prepared.sampling`, validated by SamplingParams) wins over
-`reasoning_effort` (low/medium/high, mapped to the budgets in Settings), which
+`reasoning_effort` (none/minimal/low/medium/high, mapped to the budgets in Settings; none is 0), which
 wins over the server default `Settings.max_reasoning_tokens`.
 
 Structured output (response_format / tools) gates its grammar behind the think
@@ -21,6 +20,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from loraplex.engine.core.client import EngineClient
 from loraplex.engine.errors import InvalidRequestError
 from loraplex.engine.protocol import ReasoningMarkers
 from loraplex.grammar.reasoning import (
@@ -30,10 +30,11 @@ from loraplex.grammar.reasoning import (
     reasoning_markers,
 )
 from loraplex.platform.extensions import Extensions, MessageParser, PreparedRequest
+from loraplex.platform.pipeline import StageAdditions
 from loraplex.platform.settings import Settings
 from loraplex.platform.structured import ReasoningMessageParser
 
-EFFORTS = ("low", "medium", "high")
+EFFORTS = ("none", "minimal", "low", "medium", "high")  # none: a budget of 0, the think block closes at once
 
 
 def resolve_format(name: str, model_type: str | None) -> ReasoningFormat | None:
@@ -51,8 +52,8 @@ def resolve_format(name: str, model_type: str | None) -> ReasoningFormat | None:
     raise ValueError(f"unknown reasoning_format {name!r}; expected none, think, auto or one of {sorted(REASONING_FORMATS)}")
 
 
-class ReasoningPreparer:
-    """extensions.RequestPreparer; markers are computed once per served model, not per request."""
+class ReasoningStage:
+    """pipeline.Stage; markers are computed once per served model, not per request."""
 
     def __init__(self, fmt: ReasoningFormat, markers: ReasoningMarkers, budgets: dict[str, int],
                  default_budget: int | None = None) -> None:
@@ -61,23 +62,22 @@ class ReasoningPreparer:
         self.budgets = budgets
         self.default_budget = default_budget
 
-    async def __call__(self, prepared: PreparedRequest) -> None:
+    async def __call__(self, prepared: PreparedRequest) -> StageAdditions | None:
         if prepared.kind != "chat":
-            return  # completions return raw text; there is no message to split
+            return None  # completions return raw text; there is no message to split
         budget = self._budget(prepared)
+        # `prepared.body` already holds what the session stage supplied (its tools, response_format).
         if _constrained(prepared.body) and not self.markers.starts_inside and not _asks_for_reasoning(prepared):
             # With markers set, the grammar is gated and the think marker becomes allowed first; a model that
             # does not think would wander into a think block instead of answering. Think only when asked to
             # (or when the template has already opened the block).
-            return
-        prepared.sampling.max_reasoning_tokens = budget
-        prepared.reasoning = self.markers
+            return None
         fmt, inside = self.fmt, self.markers.starts_inside
 
         def parser() -> MessageParser:
             return ReasoningMessageParser(fmt, starts_inside=inside)
 
-        prepared.parser_factory = parser
+        return StageAdditions(reasoning=self.markers, reasoning_budget=budget, base_parser=parser)
 
     def _budget(self, prepared: PreparedRequest) -> int | None:
         effort = getattr(prepared.body, "reasoning_effort", None)
@@ -97,21 +97,19 @@ def _constrained(body: Any) -> bool:
 
 
 def _asks_for_reasoning(prepared: PreparedRequest) -> bool:
-    return getattr(prepared.body, "reasoning_effort", None) is not None or prepared.sampling.max_reasoning_tokens is not None
+    return getattr(prepared.body, "reasoning_effort", None) not in (None, "none") or prepared.sampling.max_reasoning_tokens is not None
 
 
-def build_reasoning(settings: Settings, tokenizer: Any, model_type: str | None) -> ReasoningPreparer | None:
+def build_reasoning(settings: Settings, tokenizer: Any, model_type: str | None) -> ReasoningStage | None:
     fmt = resolve_format(settings.reasoning_format, model_type)
     if fmt is None:
         return None
-    budgets = {"low": settings.reasoning_budget_low, "medium": settings.reasoning_budget_medium,
-               "high": settings.reasoning_budget_high}
-    return ReasoningPreparer(fmt, reasoning_markers(tokenizer, fmt), budgets, settings.max_reasoning_tokens)
+    budgets = {"none": 0, "minimal": settings.reasoning_budget_minimal, "low": settings.reasoning_budget_low,
+               "medium": settings.reasoning_budget_medium, "high": settings.reasoning_budget_high}
+    return ReasoningStage(fmt, reasoning_markers(tokenizer, fmt), budgets, settings.max_reasoning_tokens)
 
 
-def install_reasoning(extensions: Extensions, settings: Settings, *, engine: Any) -> None:
-    """Register the preparer first: the sessions preparer (and later the tool-call parser) wrap its parser."""
-    model_type = getattr(getattr(engine, "model_config", None), "model_type", None)
-    preparer = build_reasoning(settings, engine.tokenizer, model_type)
-    if preparer is not None:
-        extensions.preparers.insert(0, preparer)
+def install_reasoning(extensions: Extensions, settings: Settings, *, engine: EngineClient) -> None:
+    stage = build_reasoning(settings, engine.tokenizer, engine.model_config.model_type)
+    if stage is not None:
+        extensions.stages["reasoning"] = stage

@@ -5,10 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from loraplex.engine.core.client import EngineClient
 from loraplex.platform.api.logprobs import TokenTexts
 from loraplex.platform.auth.key_cache import KeyCache
 from loraplex.platform.extensions import Extensions
 from loraplex.platform.metrics import Metrics
+from loraplex.platform.pipeline import RequestPipeline
 from loraplex.platform.ratelimit.limiter import RateLimiter
 from loraplex.platform.settings import Settings
 from sqlalchemy import Engine
@@ -21,11 +23,12 @@ class Services:
     db_engine: Engine
     db_sessions: sessionmaker[Session]
     rate_limiter: RateLimiter
-    engine: Any                      # loraplex.engine.async_engine.AsyncEngine
+    engine: EngineClient             # in-process (AsyncEngine) or the engine-core process
     tokenizer: Any                   # the engine's Hugging Face tokenizer
     token_texts: TokenTexts          # cached single-token decoding for logprobs
     base_model_name: str
     extensions: Extensions
+    pipeline: RequestPipeline        # the declared stages, built once from extensions.stages
     metrics: Metrics
     key_cache: KeyCache[Any]         # authenticated keys (deps.Principal) by key hash
     owns_engine: bool = True         # False when a test passed its own engine in

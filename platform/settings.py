@@ -53,6 +53,12 @@ class Settings(BaseSettings):
     engine_core_start_timeout_s: float = Field(default=600.0, gt=0)  # loading (and converting) the model
     drain_timeout_s: float = Field(default=30.0, ge=0)  # SIGTERM: in-flight requests get this long to finish
 
+    # Process layout of `loraplex serve`: one engine-core process, `api_servers` uvicorn processes on one port
+    api_servers: int = Field(default=1, ge=1, le=64)
+    engine_core_address: str | None = None  # set by `serve` for its API servers; None: the engine runs in-process
+    engine_core_start_timeout_s: float = Field(default=600.0, gt=0)  # loading (and converting) the model
+    drain_timeout_s: float = Field(default=30.0, ge=0)  # SIGTERM: in-flight requests get this long to finish
+
     # HTTP
     host: str = "127.0.0.1"
     port: int = 8000

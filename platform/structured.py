@@ -1,7 +1,7 @@
 """Structured output on the API: `response_format`, `tools`, `tool_choice`, `parallel_tool_calls`.
 
-`StructuredOutputPreparer` is one of the platform's request preparers
-(extensions.RequestPreparer): it validates the fields (400 naming the field),
+`StructuredOutputPreparer` is the pipeline's `structured_output` stage
+(pipeline.Stage): it validates the fields (400 naming the field),
 puts the tools in front of the model (chat template or a system prompt),
 compiles the grammar off the engine thread (cached by content) and sets a
 message parser that turns the model's tool-call text into OpenAI `tool_calls`.
@@ -9,9 +9,9 @@ message parser that turns the model's tool-call text into OpenAI `tool_calls`.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
+from loraplex.engine.core.client import EngineClient
 from loraplex.grammar.compiler import GrammarCompilerService, GrammarLimits
 from loraplex.grammar.reasoning import ReasoningFormat, ReasoningParser
 from loraplex.grammar.reasoning_gate import ReasoningGatedGrammar
@@ -25,6 +25,7 @@ from loraplex.grammar.tools import (
 )
 from loraplex.grammar.validation import ToolRequest, parse_tools, response_format_spec
 from loraplex.platform.extensions import Extensions, MessageDelta, MessageParser, PreparedRequest
+from loraplex.platform.pipeline import StageAdditions
 from loraplex.platform.settings import Settings
 
 
@@ -62,9 +63,8 @@ class ToolCallMessageParser:
 class ReasoningMessageParser:
     """extensions.MessageParser splitting reasoning from content at the model's think markers.
 
-    A reasoning preparer sets `prepared.parser_factory = lambda: ReasoningMessageParser(fmt, inside)`;
-    it must run before StructuredOutputPreparer, whose tool-call parser then wraps it and
-    searches only the content (never the reasoning) for calls.
+    The reasoning stage makes it the request's base parser; the tool-call parser wraps it
+    (pipeline.PARSER_LAYERS) and searches only the content (never the reasoning) for calls.
     """
 
     def __init__(self, fmt: ReasoningFormat, *, starts_inside: bool = False) -> None:
@@ -80,50 +80,48 @@ class ReasoningMessageParser:
 
 
 class StructuredOutputPreparer:
-    """extensions.RequestPreparer for response_format and tools (chat and completions)."""
+    """pipeline.Stage for response_format and tools (chat and completions)."""
 
     def __init__(self, compiler: GrammarCompilerService, chat_template: str | None) -> None:
         self.compiler = compiler
         self.template_has_tools = template_supports_tools(chat_template)
 
-    async def __call__(self, prepared: PreparedRequest) -> None:
+    async def __call__(self, prepared: PreparedRequest) -> StageAdditions | None:
         body = prepared.body
+        additions = StageAdditions()
         spec = response_format_spec(getattr(body, "response_format", None))
         if prepared.kind == "chat":
             tools = parse_tools(body.tools, body.tool_choice, body.parallel_tool_calls)
             if tools is not None:
-                spec = self._prepare_tools(prepared, tools, spec)
+                spec = self._prepare_tools(prepared, tools, spec, additions)
         if spec is not None:
             grammar = await self.compiler.compile(spec)
             # A reasoning model thinks freely first; the grammar constrains its answer.
-            # (prepared.reasoning is set by the reasoning preparer, which runs before this one.)
-            prepared.grammar = grammar if prepared.reasoning is None else ReasoningGatedGrammar(grammar, prepared.reasoning)
-            prepared.metadata["grammar"] = spec.kind
+            # (prepared.reasoning comes from the reasoning stage, which runs before this one.)
+            additions.grammar = grammar if prepared.reasoning is None else ReasoningGatedGrammar(grammar, prepared.reasoning)
+            additions.metadata["grammar"] = spec.kind
+        return additions
 
-    def _prepare_tools(self, prepared: PreparedRequest, tools: ToolRequest, spec: GrammarSpec | None) -> GrammarSpec | None:
-        prepared.messages = messages_with_tools(
+    def _prepare_tools(self, prepared: PreparedRequest, tools: ToolRequest, spec: GrammarSpec | None,
+                       additions: StageAdditions) -> GrammarSpec | None:
+        additions.messages = messages_with_tools(
             prepared.messages or [], tools, template_has_tools=self.template_has_tools
         )
         if tools.mode == "none":
             return spec  # the tools are not offered; any response_format still applies
         if self.template_has_tools:
-            prepared.template_kwargs["tools"] = [t.as_openai() for t in tools.offered]
-        inner_factory = prepared.parser_factory
-        prepared.parser_factory = _tool_parser_factory(inner_factory)
+            additions.template_kwargs["tools"] = [t.as_openai() for t in tools.offered]
+        additions.parser_layer = ToolCallMessageParser
         return tool_call_spec(tools, content_format_for(spec))
 
 
-def _tool_parser_factory(inner: Callable[[], MessageParser]) -> Callable[[], MessageParser]:
-    return lambda: ToolCallMessageParser(inner())
-
-
-def install_structured_output(extensions: Extensions, settings: Settings, *, engine: Any) -> None:
-    """Register the preparer (last, so quota and auth refusals never pay for a compilation)."""
+def install_structured_output(extensions: Extensions, settings: Settings, *, engine: EngineClient) -> None:
+    """Register the stage (last in pipeline.STAGE_ORDER, so quota refusals never pay for a compilation)."""
     limits = GrammarLimits(
         compile_timeout_s=settings.grammar_compile_timeout_s, max_spec_bytes=settings.grammar_max_spec_bytes
     )
     preparer = build_structured_output(engine.tokenizer, engine.model_config.vocab_size, limits)
-    extensions.preparers.append(preparer)
+    extensions.stages["structured_output"] = preparer
 
     async def close() -> None:
         preparer.compiler.close()

@@ -2,7 +2,8 @@
 
 This is the one place that knows all domains. Adapters, grammar, sessions
 and billing register here (see `build_extensions`); their code never
-imports the platform.
+imports the platform. Where each request stage runs is declared in
+pipeline.STAGE_ORDER, not by the order of the lines below.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import logging
 import sys
 from typing import Any
 
+from loraplex.engine.core.client import EngineClient
 from loraplex.platform.api.logprobs import TokenTexts
 from loraplex.platform.auth.key_cache import KeyCache
 from loraplex.platform.db import migrate
@@ -18,11 +20,12 @@ from loraplex.platform.db.session import make_db_engine, make_session_factory
 from loraplex.platform.extensions import BaseModelResolver, Extensions
 from loraplex.platform.metering import install_billing
 from loraplex.platform.metrics import Metrics
+from loraplex.platform.pipeline import RequestPipeline
 from loraplex.platform.ratelimit.limiter import make_rate_limiter
 from loraplex.platform.reasoning import install_reasoning
 from loraplex.platform.routers.adapters import install_adapters
-from loraplex.platform.routers.sessions import install_sessions
 from loraplex.platform.services import Services
+from loraplex.platform.sessions_domain import install_sessions
 from loraplex.platform.settings import Settings
 from loraplex.platform.structured import install_structured_output
 from sqlalchemy.orm import Session, sessionmaker
@@ -49,8 +52,13 @@ def engine_config(settings: Settings) -> Any:
     )
 
 
-def build_engine(settings: Settings) -> Any:
-    """The AsyncEngine for the configured model (converting the bundled GGUF on first use)."""
+def build_engine(settings: Settings) -> EngineClient:
+    """The engine-core process's client when `serve` started one, else the in-process engine for the
+    configured model (converting the bundled GGUF on first use)."""
+    if settings.engine_core_address is not None:
+        from loraplex.platform.engine_process import connect_engine
+
+        return connect_engine(settings, settings.engine_core_address)
     from loraplex.engine.async_engine import AsyncEngine
 
     model_path = settings.resolve_model_path()
@@ -69,16 +77,16 @@ def served_model_name(settings: Settings) -> str:
 
 
 def build_extensions(
-    settings: Settings, *, base_model_name: str, engine: Any,
+    settings: Settings, *, base_model_name: str, engine: EngineClient,
     db_sessions: sessionmaker[Session] | None = None, metrics: Metrics | None = None,
 ) -> Extensions:
-    """Every domain's hooks. Each domain adds its lines here:
+    """Every domain's hooks; each domain's install function is its one place of wiring:
 
-    - adapters: `extensions.model_resolver = <resolver that knows the tenant's adapters>`
-    - grammar:  `extensions.preparers.append(<response_format/tools preparer>)`
-    - sessions: `extensions.preparers.append(<session_id preparer>)`; closer in `on_shutdown`
-    - billing:  `extensions.usage_recorders.append(<meter>)`; quota checks (429) as a preparer (budget spent)
-                and an admission check (this prompt would overrun it)
+    - adapters:  `extensions.model_resolver` (a resolver that knows the tenant's adapters)
+    - sessions:  stage `session`; the sweeper's stop in `on_shutdown`
+    - billing:   stage `quota` (budget spent: 429), an admission check (this prompt would overrun it),
+                 the meter as a usage recorder
+    - reasoning: stage `reasoning`; grammar: stage `structured_output`
     """
     extensions = Extensions(model_resolver=BaseModelResolver(base_model_name))
     install_sessions(extensions, settings, engine=engine, metrics=metrics)
@@ -86,7 +94,7 @@ def build_extensions(
         install_adapters(extensions, settings, engine=engine, db_sessions=db_sessions, base_model_name=base_model_name)
     if settings.metering_enabled and db_sessions is not None:
         install_billing(extensions, settings, db_sessions=db_sessions, base_model=base_model_name)
-    install_reasoning(extensions, settings, engine=engine)  # before structured output: its tool parser wraps ours
+    install_reasoning(extensions, settings, engine=engine)
     install_structured_output(extensions, settings, engine=engine)
     return extensions
 
@@ -97,7 +105,7 @@ def prepare_database(settings: Settings) -> None:
         migrate.upgrade(settings.resolved_database_url)
 
 
-def build_services(settings: Settings, engine: Any | None = None, *, metrics: Metrics | None = None) -> Services:
+def build_services(settings: Settings, engine: EngineClient | None = None, *, metrics: Metrics | None = None) -> Services:
     if settings.gil_switch_interval_ms is not None:
         sys.setswitchinterval(settings.gil_switch_interval_ms / 1000)
     prepare_database(settings)
@@ -109,6 +117,9 @@ def build_services(settings: Settings, engine: Any | None = None, *, metrics: Me
     base_model_name = served_model_name(settings)
     metrics = metrics or Metrics()
     metrics.watch_engine(engine.stats)
+    extensions = build_extensions(
+        settings, base_model_name=base_model_name, engine=engine, db_sessions=db_sessions, metrics=metrics
+    )
     return Services(
         settings=settings,
         db_engine=db_engine,
@@ -118,9 +129,8 @@ def build_services(settings: Settings, engine: Any | None = None, *, metrics: Me
         tokenizer=engine.tokenizer,
         token_texts=TokenTexts(engine.tokenizer),
         base_model_name=base_model_name,
-        extensions=build_extensions(
-            settings, base_model_name=base_model_name, engine=engine, db_sessions=db_sessions, metrics=metrics
-        ),
+        extensions=extensions,
+        pipeline=RequestPipeline(extensions.stages),
         metrics=metrics,
         key_cache=KeyCache(fresh_s=settings.key_cache_fresh_s, stale_s=settings.key_cache_stale_s),
         owns_engine=owns_engine,
@@ -135,9 +145,5 @@ async def close_services(services: Services) -> None:
             log.exception("shutdown hook failed")
     await services.rate_limiter.close()
     if services.owns_engine:
-        shutdown = getattr(services.engine, "shutdown", None)
-        if shutdown is not None:
-            result = shutdown()
-            if hasattr(result, "__await__"):
-                await result
+        services.engine.shutdown()
     services.db_engine.dispose()

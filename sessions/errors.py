@@ -1,4 +1,4 @@
-"""Typed session errors; the API maps them to HTTP statuses like every EngineError."""
+"""Typed session errors; the platform's error table maps each to an HTTP status."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ from loraplex.engine.errors import EngineError
 class SessionNotFoundError(EngineError):
     """Unknown, expired, deleted, or another tenant's session (never say which)."""
 
-    status = 404
     code = "session_not_found"
 
     def __init__(self, session_id: str) -> None:
@@ -23,7 +22,6 @@ class SessionNotFoundError(EngineError):
 class SessionBusyError(EngineError):
     """Another turn of this session is running; turns are one at a time."""
 
-    status = 409
     code = "session_busy"
 
     def __init__(self, session_id: str) -> None:
@@ -36,7 +34,6 @@ class SessionBusyError(EngineError):
 class SessionConflictError(EngineError):
     """The turn's lease was lost (it ran past the lease time) and the session moved on without it."""
 
-    status = 409
     code = "session_conflict"
 
     def __init__(self, session_id: str) -> None:

@@ -2,7 +2,9 @@
 
 `ServerProcess` owns one process: a free port, its environment, a log file
 (stdout and stderr) in a temporary folder, waiting for /healthz, SIGKILL (a
-crash: no shutdown hooks run) and terminate (a clean stop). `start()` may be
+crash: no shutdown hooks run) and terminate (a clean stop). `loraplex serve`
+is a supervisor with an engine-core process and API server processes under
+it; the server runs in its own process group, so a kill reaches all of them. `start()` may be
 called again after a stop to restart on a new port with the same
 environment, which is how a crashed server "comes back". Used as a context
 manager it always stops the process, and prints the end of its log when the
@@ -11,6 +13,7 @@ block fails, so a server-side traceback shows up in the test report.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -99,7 +102,7 @@ class ServerProcess:
         with open(log_path, "wb") as log:
             self.process = subprocess.Popen(
                 [*SERVE_COMMAND, "--port", str(self.port)],
-                cwd=REPO_ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT,
+                cwd=REPO_ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
             )
         if wait:
             self.wait_healthy(timeout_s)
@@ -123,13 +126,16 @@ class ServerProcess:
         return httpx.get(self.url + "/healthz", timeout=5).json()
 
     def kill(self) -> None:
-        """SIGKILL, like a crash or the OOM killer: nothing in the server gets to run afterwards."""
+        """SIGKILL to every process of the server, like a crash or the OOM killer: nothing gets to run afterwards."""
         if self.process is None:
             return
-        if self.process.poll() is None:
-            os.kill(self.process.pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signal.SIGKILL)
         self.process.wait(timeout=30)
         self.process = None
+
+    def engine_core_pid(self) -> int:
+        return int(self.health()["engine"]["pid"])
 
     def terminate(self, timeout_s: float = 30) -> bool:
         """SIGTERM (a clean shutdown: hooks run), SIGKILL if it takes over `timeout_s`; False in that case."""
@@ -142,6 +148,8 @@ class ServerProcess:
             except subprocess.TimeoutExpired:
                 self.kill()
                 return False
+        with contextlib.suppress(ProcessLookupError):  # a child the supervisor left behind (it never should)
+            os.killpg(self.process.pid, signal.SIGKILL)
         self.process = None
         return True
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import inspect
 import logging
 import time
 from collections.abc import AsyncGenerator, Awaitable, Iterator
@@ -259,11 +258,9 @@ class Generation:
         if stream is not None:
             with contextlib.suppress(RuntimeError):  # still running elsewhere: its own finally aborts it
                 await stream.aclose()  # generate()'s finally aborts and keeps the unread tail
-        await _maybe_await(engine.abort(request_id))
-        take_tail = getattr(engine, "take_abandoned_outputs", None)
-        if take_tail is not None:
-            for output in await take_tail(request_id):
-                self._account(index, output)
+        engine.abort(request_id)
+        for output in await engine.take_abandoned_outputs(request_id):
+            self._account(index, output)
 
     def _record(self, error: BaseException | None) -> RequestRecord:
         usage = self.usage()
@@ -286,11 +283,6 @@ class Generation:
             time_to_first_token_s=self._timer.time_to_first_token_s,
             error=None if error is None or isinstance(error, ClientDisconnected) else repr(error),
         )
-
-
-async def _maybe_await(value: Any) -> None:
-    if inspect.isawaitable(value):
-        await value
 
 
 async def until_disconnected(request: Request) -> None:

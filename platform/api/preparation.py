@@ -1,7 +1,7 @@
-"""From a validated body to `PreparedRequest`: model, sampling, preparers, chat template, token ids.
+"""From a validated body to `PreparedRequest`: model, sampling, the pipeline's stages, chat template, token ids.
 
-The preparers registered by other domains (extensions.RequestPreparer) run
-after the model is resolved and before the chat template is applied.
+The stages (platform/pipeline.py, in their declared order) run after the
+model is resolved and before the chat template is applied.
 """
 
 from __future__ import annotations
@@ -97,7 +97,7 @@ async def prepare_chat(services: Services, key: Principal, body: ChatCompletionR
         sampling=sampling_from(body, max_tokens=max_tokens), messages=chat_messages(body.messages),
         session_id=body.session_id,
     )
-    await _run_preparers(services, prepared)
+    await services.pipeline.run(prepared)
     tokens = await _maybe_off_loop(_apply_chat_template, services.tokenizer, prepared, size=_chat_size(prepared))
     prepared.prompts = [tokens]
     _fit_context(services, prepared, explicit_max_tokens=max_tokens is not None)
@@ -116,16 +116,11 @@ async def prepare_completion(
         request_id=request_id, kind="completion", tenant_id=key.tenant_id, key_id=key.key_id, body=body, model=model,
         sampling=sampling_from(body, max_tokens=body.max_tokens),
     )
-    await _run_preparers(services, prepared)
+    await services.pipeline.run(prepared)
     size = sum(len(p) for p in body.prompt if isinstance(p, str)) if isinstance(body.prompt, list) else len(body.prompt)
     prepared.prompts = await _maybe_off_loop(_tokenize_prompts, services.tokenizer, body.prompt, size=size)
     _fit_context(services, prepared, explicit_max_tokens=body.max_tokens is not None)
     return prepared
-
-
-async def _run_preparers(services: Services, prepared: PreparedRequest) -> None:
-    for preparer in services.extensions.preparers:
-        await preparer(prepared)
 
 
 async def _maybe_off_loop(fn: Any, *args: Any, size: int) -> Any:

@@ -16,13 +16,12 @@ from collections.abc import AsyncIterator, Callable
 from loraplex.engine.errors import EngineError
 from loraplex.platform.api.generation import Generation
 from loraplex.platform.api.sse import DONE, sse_error
-from loraplex.platform.errors import ApiError
+from loraplex.platform.errors import ApiError, status_for
 
 
 class ChoiceFailed(EngineError):
-    """One choice's engine request failed after the response started."""
+    """One choice's engine request failed after the response started (a 500 by the error table)."""
 
-    status = 500
     code = "generation_failed"
 
 
@@ -40,7 +39,7 @@ async def finish_stream(
         yield DONE
     except (ApiError, EngineError) as exc:
         error = exc
-        yield sse_error(getattr(exc, "status", 500), exc.message, code=exc.code)
+        yield sse_error(status_for(exc), exc.message, code=exc.code)
     except BaseException as exc:
         error = exc
         raise

@@ -1,4 +1,8 @@
-"""`loraplex serve`: model, database, optional demo tenant, then uvicorn."""
+"""`loraplex serve`: model, database, optional demo tenant, then the engine core and the API servers.
+
+The process layout (platform/supervisor.py): this process supervises one
+engine-core process and `--api-servers` uvicorn processes sharing the port.
+"""
 
 from __future__ import annotations
 
@@ -31,11 +35,15 @@ def serve(
     port: int | None = typer.Option(None, help="Port (default: LORAPLEX_PORT or 8000)."),
     demo: bool = typer.Option(False, "--demo", help="Create a 'demo' tenant and print its API key once."),
     model_path: str | None = typer.Option(None, help="HF model folder (default: the bundled SmolLM2-135M)."),
+    api_servers: int | None = typer.Option(
+        None, "--api-servers", min=1, max=64,
+        help="API server processes sharing the port and one engine core (default: LORAPLEX_API_SERVERS or 1).",
+    ),
 ) -> None:
     """Serve the OpenAI-compatible API (converts the bundled model and migrates SQLite on first run)."""
-    import uvicorn
-
-    overrides: dict[str, Any] = {k: v for k, v in {"host": host, "port": port, "model_path": model_path}.items() if v}
+    overrides: dict[str, Any] = {
+        k: v for k, v in {"host": host, "port": port, "model_path": model_path, "api_servers": api_servers}.items() if v
+    }
     settings = load_settings().model_copy(update=overrides) if overrides else load_settings()
     configure_logging(settings.log_level)
     model = settings.resolve_model_path()  # shows a progress bar the first time (GGUF conversion)
@@ -47,11 +55,11 @@ def serve(
         else:
             console.print("demo tenant exists; new key: loraplex keys create --tenant demo --scopes inference")
 
-    from loraplex.platform.app import create_app
+    from loraplex.platform.supervisor import Supervisor
+    from loraplex.platform.wiring import prepare_database
 
-    app = create_app(settings.model_copy(update={"model_path": model}))
-    console.print(f"serving on http://{settings.host}:{settings.port}/v1")
-    uvicorn.run(
-        app, host=settings.host, port=settings.port, log_config=None, access_log=True,
-        timeout_keep_alive=settings.keep_alive_timeout_s,
-    )
+    settings = settings.model_copy(update={"model_path": model})
+    prepare_database(settings)  # once, here: N API servers must not race to migrate
+    console.print(f"serving on http://{settings.host}:{settings.port}/v1 "
+                  f"(1 engine core, {settings.api_servers} API server process(es))")
+    raise typer.Exit(Supervisor(settings).run())

@@ -26,6 +26,8 @@ from loraplex.adapters.source import StoredAdapterSource
 from loraplex.adapters.store import LocalBlobStore
 from loraplex.adapters.sweep import StorageSweeper
 from loraplex.adapters.tasks import CeleryValidationDispatcher, ThreadValidationDispatcher, make_job
+from loraplex.engine.config import ModelConfig
+from loraplex.engine.core.client import AdapterLimits, EngineClient
 from loraplex.platform.deps import AdaptersKey, AppServices
 from loraplex.platform.errors import NotFoundError
 from loraplex.platform.extensions import Extensions, ServedModel
@@ -125,23 +127,19 @@ class AdapterModelResolver:
 @dataclass(slots=True)
 class AdaptersDomain:
     service: AdapterService
-    manager: Any  # loraplex.engine.lora.manager.LoRAManager, or None for an engine without LoRA hooks
+    manager: Any  # the in-process engine's LoRAManager (tests inspect it); None when the engine is another process
 
 
 def install_adapters(
-    extensions: Extensions, settings: Settings, *, engine: Any, db_sessions: sessionmaker[Session],
+    extensions: Extensions, settings: Settings, *, engine: EngineClient, db_sessions: sessionmaker[Session],
     base_model_name: str, limits: UploadLimits | None = None,
 ) -> AdaptersDomain:
     """Build the adapters domain and hook it into the extensions and the engine."""
-    from loraplex.engine.lora.manager import LoRAManager
-
     storage = settings.resolved_adapter_storage_dir
     store = LocalBlobStore(storage)
     registry = SqlAdapterRegistry(db_sessions)
     dtype_name = settings.resolve_dtype()
-    llm_engine = getattr(engine, "engine", engine)
-    aliases = (settings.model_path.name,) if settings.model_path is not None else ()
-    spec = BaseModelSpec.from_model_config(llm_engine.model_config, name=base_model_name, aliases=aliases)
+    spec = base_model_spec(settings, engine.model_config, base_model_name)
     job = make_job(database_url=settings.resolved_database_url, storage_dir=storage, spec=spec,
                    max_rank=settings.max_lora_rank, dtype=dtype_name)
     if settings.redis_url:
@@ -150,12 +148,9 @@ def install_adapters(
         dispatcher: Any = CeleryValidationDispatcher(make_celery(settings), job)
     else:
         dispatcher = ThreadValidationDispatcher(job=job)
-    manager = None
-    if hasattr(llm_engine, "scheduler") and hasattr(llm_engine, "runner"):
-        source = StoredAdapterSource(registry, store, spec, getattr(torch, dtype_name))
-        manager = LoRAManager.for_engine(llm_engine, source, max_loras=settings.max_loras,
-                                         max_cpu_loras=settings.max_cpu_loras, max_lora_rank=settings.max_lora_rank)
-    hooks = EngineAdapterHooks(is_in_use=manager.is_in_use, evict=manager.evict) if manager else EngineAdapterHooks()
+    source = StoredAdapterSource(registry, store, spec, getattr(torch, dtype_name))
+    manager = engine.attach_adapters(source, adapter_limits(settings))
+    hooks = EngineAdapterHooks(is_in_use=engine.adapter_in_use, evict=engine.evict_adapter)
     quota = StorageQuota(max_bytes=settings.adapter_quota_bytes_per_tenant or None,
                          max_adapters=settings.adapter_quota_count_per_tenant or None)
     service = AdapterService(registry=registry, store=store, dispatcher=dispatcher, staging_root=storage / "staging",
@@ -172,7 +167,25 @@ def install_adapters(
         if isinstance(dispatcher, ThreadValidationDispatcher):
             await asyncio.to_thread(dispatcher.shutdown)
         if manager is not None:
-            manager.detach()
+            engine.detach_adapters(manager)
 
     extensions.on_shutdown.append(stop)
     return domain
+
+
+def base_model_spec(settings: Settings, model_config: ModelConfig, base_model_name: str) -> BaseModelSpec:
+    aliases = (settings.model_path.name,) if settings.model_path is not None else ()
+    return BaseModelSpec.from_model_config(model_config, name=base_model_name, aliases=aliases)
+
+
+def stored_adapter_source(settings: Settings, *, db_sessions: sessionmaker[Session], model_config: ModelConfig,
+                          base_model_name: str) -> StoredAdapterSource:
+    """Where the engine loads adapters from (the engine-core process builds its own with this)."""
+    return StoredAdapterSource(SqlAdapterRegistry(db_sessions), LocalBlobStore(settings.resolved_adapter_storage_dir),
+                               base_model_spec(settings, model_config, base_model_name),
+                               getattr(torch, settings.resolve_dtype()))
+
+
+def adapter_limits(settings: Settings) -> AdapterLimits:
+    return AdapterLimits(max_loras=settings.max_loras, max_cpu_loras=settings.max_cpu_loras,
+                         max_lora_rank=settings.max_lora_rank)

@@ -1,0 +1,75 @@
+"""EngineClient: everything the API layer may ask of the engine, wherever the engine runs.
+
+Two implementations: `AsyncEngine` (the engine loop in a thread of this
+process; tests and single-process tools) and `MultiProcessEngineClient` (the
+engine-core process, over ZeroMQ; what `loraplex serve` uses). The platform
+types `Services.engine` with this protocol and calls nothing else.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from loraplex.engine.config import ModelConfig
+from loraplex.engine.interfaces import AdapterSource
+from loraplex.engine.protocol import EngineRequest, RequestOutput
+
+
+@dataclass(frozen=True, slots=True)
+class EngineHealth:
+    """Liveness: the engine loop is running and will answer; `reason` says why not."""
+
+    alive: bool
+    reason: str | None = None
+    pid: int | None = None       # the process the engine steps in
+
+
+@dataclass(frozen=True, slots=True)
+class AdapterLimits:
+    max_loras: int
+    max_cpu_loras: int
+    max_lora_rank: int
+
+
+class EngineClient(Protocol):
+    tokenizer: Any
+    model_config: ModelConfig
+    max_model_len: int
+
+    def generate(self, request: EngineRequest) -> AsyncIterator[RequestOutput]:
+        """The request's outputs (deltas), the last with `finished=True`; a typed EngineError before
+        anything is queued for bad input. Stopping early (or cancelling) aborts the request."""
+
+    def abort(self, request_id: str) -> None:
+        """Free the request's KV blocks at the engine's next step."""
+
+    async def take_abandoned_outputs(self, request_id: str, timeout_s: float = 10.0) -> list[RequestOutput]:
+        """Outputs an aborted generate() never read, through the final one (billing needs the counts)."""
+
+    def release_session(self, key: str) -> None:
+        """Unpin a session's KV blocks (safe from any thread)."""
+
+    async def session_state(self, key: str) -> str:
+        """Where a session's KV is: pinned / offloaded / dropped."""
+
+    def attach_adapters(self, source: AdapterSource, limits: AdapterLimits) -> Any:
+        """Serve adapters from `source`; returns a handle for `detach_adapters` (None from a client whose
+        engine-core process built its own source at start-up)."""
+
+    def detach_adapters(self, handle: Any) -> None: ...
+
+    def adapter_in_use(self, adapter_id: str) -> bool:
+        """Blocking (call it off the event loop): does a queued or running request use the adapter?"""
+
+    def evict_adapter(self, adapter_id: str) -> None:
+        """Drop the adapter from the engine's slots and host cache (after its deletion)."""
+
+    def stats(self) -> dict[str, Any]:
+        """The engine's counters after its latest step (a snapshot; never blocks)."""
+
+    def health(self) -> EngineHealth: ...
+
+    def shutdown(self) -> None:
+        """Abort what runs and stop the engine (what this client started)."""

@@ -1,0 +1,177 @@
+"""The engine-core loop: owns an LLMEngine and a ZeroMQ ROUTER socket, steps without waiting on anyone.
+
+API servers connect DEALER sockets; each message from one carries its
+identity, which is how the core knows where a request's outputs go. Between
+steps the core drains its socket without blocking; when it has nothing to
+run it blocks on the socket (up to the heartbeat interval). Each step's
+outputs leave as ONE `Outputs` message per client. A `Stats` message to every
+known client, a few times a second, is both the counters and the heartbeat.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections import defaultdict
+from typing import Any
+
+import zmq
+from loraplex.engine.core.messages import (
+    Abort,
+    Add,
+    Call,
+    Codec,
+    Failure,
+    Hello,
+    Outputs,
+    Ready,
+    ReleaseSession,
+    Reply,
+    Shutdown,
+    Stats,
+    failure,
+    from_wire,
+)
+from loraplex.engine.interfaces import GrammarCodec
+from loraplex.engine.llm_engine import LLMEngine
+from loraplex.engine.protocol import RequestOutput
+
+logger = logging.getLogger(__name__)
+
+
+class EngineCore:
+    def __init__(self, engine: LLMEngine, address: str, *, grammar_codec: GrammarCodec | None = None,
+                 lora: Any = None, heartbeat_s: float = 0.25) -> None:
+        self.engine = engine
+        self.address = address
+        self.grammar_codec = grammar_codec
+        self.lora = lora                       # a LoRAManager hooked into `engine`, or None
+        self.heartbeat_s = heartbeat_s
+        self._codec = Codec()
+        self._owner: dict[str, bytes] = {}     # request id -> the identity of the client that added it
+        self._clients: set[bytes] = set()
+        self._pending: dict[bytes, tuple[list[RequestOutput], list[Failure]]] = defaultdict(lambda: ([], []))
+        self._last_stats = 0.0
+        self._running = True
+
+    def run(self) -> None:
+        context = zmq.Context()
+        socket = context.socket(zmq.ROUTER)
+        socket.setsockopt(zmq.SNDHWM, 0)  # never drop an output for a slow reader: it is a client's own memory
+        socket.setsockopt(zmq.RCVHWM, 0)
+        socket.setsockopt(zmq.LINGER, 0)
+        socket.bind(self.address)
+        self._socket = socket
+        logger.info("engine core %d listening on %s", os.getpid(), self.address)
+        try:
+            while self._running:
+                busy = self.engine.has_unfinished_requests()
+                self._receive(timeout_ms=0 if busy else int(self.heartbeat_s * 1000))
+                if self._running and self.engine.has_unfinished_requests():
+                    self._deliver(self.engine.step())
+                    if self.engine.last_step_was_idle:  # adapters loading: don't spin
+                        self._receive(timeout_ms=5)
+                self._flush()
+                self._heartbeat()
+        finally:
+            socket.close(linger=1000)
+            context.term()
+
+    # ---- input ----------------------------------------------------------------------------
+    def _receive(self, timeout_ms: int) -> None:
+        if not self._socket.poll(timeout_ms):
+            return
+        while self._running:
+            try:
+                identity, payload = self._socket.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            self._clients.add(identity)
+            try:
+                message = self._codec.to_core.decode(payload)
+            except Exception:
+                logger.exception("dropping a malformed message")
+                continue
+            self._apply(identity, message)
+
+    def _apply(self, identity: bytes, message: Any) -> None:
+        if isinstance(message, Add):
+            self._add(identity, message)
+        elif isinstance(message, Abort):
+            for request_id in message.request_ids:
+                output = self.engine.abort(request_id)
+                if output is not None:
+                    self._deliver([output])
+        elif isinstance(message, ReleaseSession):
+            self.engine.release_session(message.key)
+        elif isinstance(message, Call):
+            self._send(identity, self._call(message))
+        elif isinstance(message, Hello):
+            self._send(identity, Ready(os.getpid(), self.engine.max_model_len, self.engine.num_blocks))
+            self._send(identity, Stats(self.engine.stats()))
+        elif isinstance(message, Shutdown):
+            for request_id in list(self.engine.requests):
+                output = self.engine.abort(request_id)
+                if output is not None:
+                    self._deliver([output])
+            self._running = False
+
+    def _add(self, identity: bytes, message: Add) -> None:
+        wire = message.request
+        try:
+            grammar = None
+            if wire.grammar is not None:
+                if self.grammar_codec is None:
+                    raise ValueError("this engine core serves no grammars")
+                grammar = self.grammar_codec.decode(wire.grammar, wire.reasoning)
+            self.engine.add_request(from_wire(wire, grammar))
+        except Exception as exc:
+            self._pending[identity][1].append(failure(wire.request_id, exc))
+            return
+        self._owner[wire.request_id] = identity
+
+    def _call(self, call: Call) -> Reply:
+        try:
+            if call.method == "session_state":
+                return Reply(call.call_id, self.engine.session_state(call.arg))
+            if call.method == "adapter_in_use":
+                return Reply(call.call_id, self.lora is not None and self.lora.is_in_use(call.arg))
+            if call.method == "evict_adapter":
+                if self.lora is not None:
+                    self.lora.evict(call.arg)
+                return Reply(call.call_id, None)
+            return Reply(call.call_id, None, f"unknown method {call.method!r}")
+        except Exception as exc:
+            logger.exception("call %s failed", call.method)
+            return Reply(call.call_id, None, f"{type(exc).__name__}: {exc}")
+
+    # ---- output ---------------------------------------------------------------------------
+    def _deliver(self, outputs: list[RequestOutput]) -> None:
+        for output in outputs:
+            identity = self._owner.get(output.request_id)
+            if output.finished:
+                self._owner.pop(output.request_id, None)
+            if identity is not None:
+                self._pending[identity][0].append(output)
+
+    def _flush(self) -> None:
+        for identity, (outputs, failures) in self._pending.items():
+            if outputs or failures:
+                self._send(identity, Outputs(outputs, failures))
+        self._pending.clear()
+
+    def _heartbeat(self) -> None:
+        now = time.monotonic()
+        if now - self._last_stats < self.heartbeat_s:
+            return
+        self._last_stats = now
+        message = Stats(self.engine.stats())
+        for identity in self._clients:
+            self._send(identity, message)
+
+    def _send(self, identity: bytes, message: Any) -> None:
+        try:
+            self._socket.send_multipart([identity, self._codec.encode(message)], zmq.NOBLOCK)
+        except zmq.ZMQError:
+            logger.warning("could not reach a client; dropping one message")

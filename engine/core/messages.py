@@ -1,0 +1,137 @@
+"""The messages between API servers and the engine-core process, and their msgpack encoding.
+
+Every message is a msgspec Struct (tagged, so one decoder reads the whole
+union); the payload types are the engine's own plain dataclasses
+(`SamplingParams`, `RequestOutput`...), which msgspec encodes field by field.
+Nothing is pickled: a message that does not match its schema is refused
+by the decoder. A request's grammar crosses as the text its `GrammarCodec`
+wrote (compiled grammars are not plain data).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+from loraplex.engine import errors as engine_errors
+from loraplex.engine.protocol import EngineRequest, ReasoningMarkers, RequestOutput, SamplingParams
+
+
+class WireRequest(msgspec.Struct, array_like=True):
+    request_id: str
+    prompt_token_ids: list[int]
+    sampling: SamplingParams
+    tenant_id: str
+    adapter_id: str | None
+    cache_salt: str
+    grammar: str | None        # GrammarCodec.encode's text
+    reasoning: ReasoningMarkers | None
+    session_id: str | None
+
+
+# ---- API server -> engine core ----------------------------------------------------------------------
+
+class Hello(msgspec.Struct, tag=True):
+    """First message of a client; answered with `Ready`."""
+
+
+class Add(msgspec.Struct, tag=True):
+    request: WireRequest
+
+
+class Abort(msgspec.Struct, tag=True):
+    request_ids: list[str]
+
+
+class ReleaseSession(msgspec.Struct, tag=True):
+    key: str
+
+
+class Call(msgspec.Struct, tag=True):
+    """A query answered by `Reply` with the same id: session_state, adapter_in_use, evict_adapter."""
+
+    call_id: int
+    method: str
+    arg: str
+
+
+class Shutdown(msgspec.Struct, tag=True):
+    """Abort everything and exit (sent by the process that started the core)."""
+
+
+ToCore = Hello | Add | Abort | ReleaseSession | Call | Shutdown
+
+
+# ---- engine core -> API server ----------------------------------------------------------------------
+
+class Failure(msgspec.Struct, array_like=True):
+    """A request the core refused or lost; the client raises it as the engine error it names."""
+
+    request_id: str
+    error: str       # an EngineError class name from engine.errors (others become EngineError)
+    message: str
+    param: str | None
+
+
+class Ready(msgspec.Struct, tag=True):
+    pid: int
+    max_model_len: int
+    num_blocks: int
+
+
+class Outputs(msgspec.Struct, tag=True):
+    """Everything one engine step produced for one client: one message per step, however many streams."""
+
+    outputs: list[RequestOutput]
+    failures: list[Failure]
+
+
+class Stats(msgspec.Struct, tag=True):
+    """The core's counters; also its heartbeat (sent a few times a second, busy or idle)."""
+
+    stats: dict[str, Any]
+
+
+class Reply(msgspec.Struct, tag=True):
+    call_id: int
+    value: str | bool | None
+    error: str | None = None
+
+
+ToClient = Ready | Outputs | Stats | Reply
+
+
+def to_wire(request: EngineRequest, grammar: str | None) -> WireRequest:
+    return WireRequest(request.request_id, request.prompt_token_ids, request.sampling, request.tenant_id,
+                       request.adapter_id, request.cache_salt, grammar, request.reasoning, request.session_id)
+
+
+def from_wire(wire: WireRequest, grammar: Any) -> EngineRequest:
+    return EngineRequest(request_id=wire.request_id, prompt_token_ids=wire.prompt_token_ids, sampling=wire.sampling,
+                         tenant_id=wire.tenant_id, adapter_id=wire.adapter_id, cache_salt=wire.cache_salt,
+                         grammar=grammar, reasoning=wire.reasoning, session_id=wire.session_id)
+
+
+def failure(request_id: str, exc: BaseException) -> Failure:
+    if isinstance(exc, engine_errors.EngineError):
+        return Failure(request_id, type(exc).__name__, exc.message, exc.param)
+    return Failure(request_id, "EngineError", f"{type(exc).__name__}: {exc}", None)
+
+
+def error_of(item: Failure) -> engine_errors.EngineError:
+    cls = getattr(engine_errors, item.error, None)
+    if not (isinstance(cls, type) and issubclass(cls, engine_errors.EngineError)):
+        cls = engine_errors.EngineError
+    return cls(item.message, param=item.param)
+
+
+class Codec:
+    """One encoder and the two decoders (a process reads only one direction)."""
+
+    def __init__(self) -> None:
+        self.encoder = msgspec.msgpack.Encoder()
+        self.to_core = msgspec.msgpack.Decoder(ToCore)
+        self.to_client = msgspec.msgpack.Decoder(ToClient)
+
+    def encode(self, message: msgspec.Struct) -> bytes:
+        return self.encoder.encode(message)

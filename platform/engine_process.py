@@ -1,0 +1,137 @@
+"""The engine-core process as the platform starts it: what it owns, and how an API server reaches it.
+
+`start_engine_core` spawns a process running `run_engine_core`: it loads the
+model, builds the LoRA manager over the adapter store and the grammar
+compiler, and runs `EngineCore` on an IPC socket. `connect_engine` is the API
+server's side: the tokenizer and model config from the same model folder,
+and a `MultiProcessEngineClient` on the socket.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+import secrets
+import signal
+import tempfile
+import time
+from dataclasses import dataclass
+from multiprocessing.process import BaseProcess
+
+from loraplex.engine.core.mp_client import MultiProcessEngineClient, handshake
+from loraplex.engine.errors import EngineDeadError
+from loraplex.platform.settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+def die_with_parent() -> None:
+    """Ask Linux to SIGTERM this process when its parent dies, so no orphan keeps the model or the port."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        pr_set_pdeathsig = 1
+        libc.prctl(pr_set_pdeathsig, signal.SIGTERM)
+    except (OSError, AttributeError):
+        return
+
+
+def new_core_address() -> str:
+    # ipc:// paths are limited to ~107 bytes: keep them in the system temp folder, not under data_dir.
+    return f"ipc://{tempfile.gettempdir()}/loraplex-core-{os.getpid()}-{secrets.token_hex(4)}.sock"
+
+
+def run_engine_core(settings: Settings, address: str) -> None:
+    """The engine-core process's main: everything that touches the model lives here."""
+    die_with_parent()
+    from loraplex.engine.core.engine_core import EngineCore
+    from loraplex.engine.llm_engine import LLMEngine
+    from loraplex.engine.lora.manager import LoRAManager
+    from loraplex.grammar.compiler import GrammarCompilerService, GrammarLimits
+    from loraplex.platform.db.session import make_db_engine, make_session_factory
+    from loraplex.platform.grammar_wire import SpecGrammarCodec
+    from loraplex.platform.request_context import configure_logging
+    from loraplex.platform.routers.adapters import stored_adapter_source
+    from loraplex.platform.wiring import engine_config, served_model_name
+
+    configure_logging(settings.log_level)
+    signal.signal(signal.SIGTERM, _exit)
+    engine = LLMEngine.from_model_path(settings.resolve_model_path(), engine_config(settings))
+    db_engine = make_db_engine(settings.resolved_database_url)
+    source = stored_adapter_source(settings, db_sessions=make_session_factory(db_engine),
+                                   model_config=engine.model_config, base_model_name=served_model_name(settings))
+    lora = LoRAManager.for_engine(engine, source, max_loras=settings.max_loras, max_cpu_loras=settings.max_cpu_loras,
+                                  max_lora_rank=settings.max_lora_rank)
+    limits = GrammarLimits(compile_timeout_s=settings.grammar_compile_timeout_s,
+                           max_spec_bytes=settings.grammar_max_spec_bytes)
+    compiler = GrammarCompilerService(engine.tokenizer, engine.model_config.vocab_size, limits)
+    try:
+        EngineCore(engine, address, grammar_codec=SpecGrammarCodec(compiler), lora=lora).run()
+    finally:
+        lora.detach()
+        compiler.close()
+        db_engine.dispose()
+
+
+def _exit(_signum: int, _frame: object) -> None:
+    raise SystemExit(0)  # unwinds through EngineCore.run's finally: the socket is closed
+
+
+@dataclass
+class EngineCoreProcess:
+    process: BaseProcess
+    address: str
+
+    @property
+    def pid(self) -> int:
+        assert self.process.pid is not None
+        return self.process.pid
+
+    def is_alive(self) -> bool:
+        return self.process.is_alive()  # also reaps it once it has exited
+
+    def wait_ready(self, timeout_s: float) -> None:
+        """Until the core answers; EngineDeadError if it exits first or takes longer than `timeout_s`."""
+        deadline = time.monotonic() + timeout_s
+        while self.is_alive():
+            try:
+                handshake(self.address, min(5.0, max(deadline - time.monotonic(), 0.1)))
+                return
+            except EngineDeadError:
+                if time.monotonic() > deadline:
+                    raise
+        raise EngineDeadError(f"the engine core exited while starting (exit code {self.process.exitcode})")
+
+    def stop(self, timeout_s: float = 30.0) -> int | None:
+        """SIGTERM, then SIGKILL after `timeout_s`; the exit code."""
+        if self.process.is_alive():
+            self.process.terminate()
+            self.process.join(timeout_s)
+            if self.process.is_alive():
+                self.process.kill()
+                self.process.join(5)
+        return self.process.exitcode
+
+
+def start_engine_core(settings: Settings) -> EngineCoreProcess:
+    address = new_core_address()
+    context = multiprocessing.get_context("spawn")  # never fork a process holding threads and a model
+    process = context.Process(target=run_engine_core, args=(settings, address), name="loraplex-engine-core")
+    process.start()
+    log.info("engine core starting (pid %d) on %s", process.pid, address)
+    return EngineCoreProcess(process, address)
+
+
+def connect_engine(settings: Settings, address: str) -> MultiProcessEngineClient:
+    """An API server's client of the core at `address` (call on the event loop that will serve requests)."""
+    from loraplex.engine.config import ModelConfig
+    from loraplex.platform.grammar_wire import SpecGrammarCodec
+    from transformers import AutoTokenizer
+
+    model_path = settings.resolve_model_path()
+    ready = handshake(address, timeout_s=settings.engine_core_start_timeout_s)
+    return MultiProcessEngineClient(address, tokenizer=AutoTokenizer.from_pretrained(model_path),
+                                    model_config=ModelConfig.from_pretrained(model_path), ready=ready,
+                                    grammar_codec=SpecGrammarCodec())

@@ -1,0 +1,137 @@
+"""`loraplex serve`'s process layout: one engine-core process, N API server processes, this supervisor.
+
+    supervisor (this process: binds the port, starts and watches the others)
+      ├── engine core      model, KV cache, scheduler, LoRA slots, grammar masks, session pins
+      └── API server × N   uvicorn apps sharing the port; each talks to the core over ZeroMQ
+
+If the engine core dies, every API server ends its open requests with a 503
+at once (its client watches the core) and reports unhealthy on /healthz; the
+supervisor then stops the API servers cleanly (usage already metered is
+flushed) and exits non-zero, so an orchestrator restarts the whole server.
+An API server that dies takes the server down the same way. SIGTERM drains:
+the API servers stop accepting, finish in-flight requests for up to
+`drain_timeout_s`, flush their meters, and only then is the core stopped.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import signal
+import socket
+import time
+from multiprocessing.process import BaseProcess
+from typing import Any
+
+from loraplex.engine.errors import EngineDeadError
+from loraplex.platform.engine_process import EngineCoreProcess, die_with_parent, start_engine_core
+from loraplex.platform.settings import Settings
+
+log = logging.getLogger(__name__)
+
+# After the core dies, the API servers keep answering (503s, an unhealthy /healthz) this long before they stop,
+# so clients and probes see a clear error rather than a refused connection.
+CORE_DEATH_GRACE_S = 3.0
+_POLL_S = 0.2
+
+
+def run_api_server(settings: Settings, sock: socket.socket) -> None:
+    """One API server process: the app on the shared listening socket, its engine the core's client."""
+    die_with_parent()
+    import uvicorn
+    from loraplex.platform.app import create_app
+    from loraplex.platform.request_context import configure_logging
+
+    configure_logging(settings.log_level)
+    config = uvicorn.Config(create_app(settings), log_config=None, access_log=True,
+                            timeout_keep_alive=settings.keep_alive_timeout_s,
+                            timeout_graceful_shutdown=int(settings.drain_timeout_s) or None)
+    uvicorn.Server(config).run(sockets=[sock])
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.set_inheritable(True)
+    return sock
+
+
+class Supervisor:
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.core: EngineCoreProcess | None = None
+        self.api_servers: list[BaseProcess] = []
+        self._stopping = False
+
+    def run(self) -> int:
+        """Serve until SIGTERM/SIGINT (exit 0) or until a process dies (exit 1)."""
+        signal.signal(signal.SIGTERM, self._request_stop)
+        signal.signal(signal.SIGINT, self._request_stop)
+        self.core = start_engine_core(self.settings)
+        try:
+            self.core.wait_ready(self.settings.engine_core_start_timeout_s)
+        except EngineDeadError as exc:
+            log.error("%s", exc)
+            self.core.stop()
+            return 1
+        sock = bind_socket(self.settings.host, self.settings.port)
+        # The supervisor migrated already: N servers must not race to.
+        api_settings = self.settings.model_copy(update={"engine_core_address": self.core.address,
+                                                        "migrate_on_start": False})
+        context = multiprocessing.get_context("spawn")
+        for index in range(self.settings.api_servers):
+            process = context.Process(target=run_api_server, args=(api_settings, sock),
+                                      name=f"loraplex-api-{index}")
+            process.start()
+            self.api_servers.append(process)
+        log.info("engine core pid %d; %d API server(s): %s", self.core.pid, len(self.api_servers),
+                 ", ".join(str(p.pid) for p in self.api_servers))
+        try:
+            return self._watch()
+        finally:
+            sock.close()
+
+    def _watch(self) -> int:
+        assert self.core is not None
+        while True:
+            if self._stopping:
+                log.info("draining: stopping the API servers (up to %.0f s), then the engine core",
+                         self.settings.drain_timeout_s)
+                self._stop_api_servers(self.settings.drain_timeout_s + 10)
+                self.core.stop()
+                return 0
+            if not self.core.is_alive():
+                log.error("the engine core died (exit code %s); in-flight requests end with 503; exiting",
+                          self.core.process.exitcode)
+                self._sleep(CORE_DEATH_GRACE_S)
+                self._stop_api_servers(self.settings.drain_timeout_s + 10)
+                return 1
+            dead = [p for p in self.api_servers if not p.is_alive()]
+            if dead:
+                log.error("API server %s exited (code %s); stopping the server", dead[0].name, dead[0].exitcode)
+                self._stop_api_servers(self.settings.drain_timeout_s + 10)
+                self.core.stop()
+                return 1
+            time.sleep(_POLL_S)
+
+    def _stop_api_servers(self, timeout_s: float) -> None:
+        for process in self.api_servers:
+            if process.is_alive():
+                process.terminate()  # uvicorn drains on SIGTERM
+        deadline = time.monotonic() + timeout_s
+        for process in self.api_servers:
+            process.join(max(deadline - time.monotonic(), 0.1))
+            if process.is_alive():
+                log.warning("API server %s did not stop in time; killing it", process.name)
+                process.kill()
+                process.join(5)
+
+    def _sleep(self, seconds: float) -> None:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline and not self._stopping:
+            time.sleep(_POLL_S)
+
+    def _request_stop(self, _signum: int, _frame: Any) -> None:
+        self._stopping = True
