@@ -129,3 +129,29 @@ class BudgetRow(BillingBase):
     monthly_token_limit: Mapped[int | None] = mapped_column(BigInteger)
     monthly_cost_limit_picousd: Mapped[int | None] = mapped_column(BigInteger)
     updated_at: Mapped[datetime]
+
+
+class BudgetSpendRow(BillingBase):
+    """A month's recorded spend per (tenant, scope) when no Redis is configured; reconciled from the ledger."""
+
+    __tablename__ = "billing_budget_spend"
+
+    month: Mapped[str] = mapped_column(String(7), primary_key=True)   # "2026-11"
+    tenant_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    scope: Mapped[str] = mapped_column(String(64), primary_key=True)  # NONE_KEY: the whole tenant; else a key id
+    tokens: Mapped[int] = mapped_column(BigInteger)
+    cost_picousd: Mapped[int] = mapped_column(BigInteger)
+
+
+class BudgetReservationRow(BillingBase):
+    """A running request's maximum cost, held against a budget until its usage is recorded (or it expires)."""
+
+    __tablename__ = "billing_budget_reservations"
+    __table_args__ = (Index("ix_billing_budget_reservations_tenant_scope", "tenant_id", "scope"),)
+
+    request_id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    scope: Mapped[str] = mapped_column(String(64), primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(String(64))
+    tokens: Mapped[int] = mapped_column(BigInteger)
+    cost_picousd: Mapped[int] = mapped_column(BigInteger)
+    expires_at: Mapped[float]  # epoch seconds: a crashed request's hold lapses by itself

@@ -1,115 +1,59 @@
-"""Monthly budgets per tenant and per API key, checked before a request is queued.
+"""Monthly budgets per tenant and per API key, held under concurrency by reservations.
 
 Spending lives in counters keyed by UTC month (Redis hashes when Redis is
-configured, a dict otherwise), so a new month starts from zero by itself. The
-meter adds each event once, when the ledger first stores it; `reconcile`
-resets the counters from the ledger (the beat task runs it), which repairs
-anything a Redis restart or a crash lost.
+configured, database rows otherwise: billing/budget_counters.py), so a new
+month starts from zero by itself. Admission `reserve`s a request's maximum
+cost (its prompt plus every choice's max_tokens, at the prices in force)
+atomically with the check: a request is admitted while recorded spend plus
+outstanding reservations is under the limit, so concurrent requests overspend
+a budget by at most one request's reservation. `settle` (the meter's callback,
+once the ledger first stores the request's event) swaps the reservation for
+the actual usage in the same atomic step. A reservation whose request never
+settles (a crashed server) lapses after its TTL. `reconcile` resets the
+recorded spend from the ledger (at start-up without Redis, and from the beat
+task), which repairs anything a Redis restart or a crash lost.
 """
 
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections import defaultdict
-from dataclasses import dataclass
-from datetime import UTC, date, datetime
+from datetime import UTC, datetime
 from decimal import Decimal
-from typing import Any, Protocol
 
+from loraplex.billing.budget_types import (
+    WHOLE_TENANT,
+    Budget,
+    Refusal,
+    ScopeHold,
+    Settlement,
+    Spend,
+    SpendCounter,
+    month_bounds,
+    month_of,
+)
 from loraplex.billing.events import UsageEvent
 from loraplex.billing.ledger import UNAVAILABLE_ERRORS
-from loraplex.billing.models import NONE_KEY, BudgetRow, UsageEventRow
+from loraplex.billing.models import BudgetRow, UsageEventRow
 from loraplex.billing.pricing import parse_usd, picousd_to_usd, usd_to_picousd
+from loraplex.billing.spend_counters import MemorySpendCounter, RedisSpendCounter
 from loraplex.engine.errors import EngineError, InvalidRequestError
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
 log = logging.getLogger(__name__)
 
-WHOLE_TENANT = NONE_KEY
-_COUNTER_TTL_S = 70 * 86400  # a month's counters outlive the month, then expire
+__all__ = [  # the counters and values are re-exported: callers name them from here
+    "WHOLE_TENANT", "Budget", "MemorySpendCounter", "QuotaExceededError", "QuotaGuard", "RedisSpendCounter",
+    "Spend", "SpendCounter", "delete_budget", "ledger_spend", "month_bounds", "month_of", "set_budget",
+    "validate_budget_limits",
+]
 
 
 class QuotaExceededError(EngineError):
     status = 429
     code = "insufficient_quota"
-
-
-@dataclass(frozen=True, slots=True)
-class Budget:
-    token_limit: int | None = None
-    cost_limit_picousd: int | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Spend:
-    tokens: int = 0
-    cost_picousd: int = 0
-
-
-def month_of(moment: datetime) -> str:
-    return moment.astimezone(UTC).strftime("%Y-%m")
-
-
-def month_bounds(month: str) -> tuple[date, date]:
-    """First day of the month and first day of the next."""
-    first = date.fromisoformat(f"{month}-01")
-    following = date(first.year + first.month // 12, first.month % 12 + 1, 1)
-    return first, following
-
-
-class SpendCounter(Protocol):
-    def add(self, month: str, tenant_id: str, scope: str, spend: Spend) -> None: ...
-    def get(self, month: str, tenant_id: str, scope: str) -> Spend: ...
-    def set(self, month: str, tenant_id: str, scope: str, spend: Spend) -> None: ...
-
-
-class MemorySpendCounter:
-    def __init__(self) -> None:
-        self._spend: dict[tuple[str, str, str], Spend] = {}
-        self._lock = threading.Lock()
-
-    def add(self, month: str, tenant_id: str, scope: str, spend: Spend) -> None:
-        with self._lock:
-            old = self._spend.get((month, tenant_id, scope), Spend())
-            self._spend[month, tenant_id, scope] = Spend(old.tokens + spend.tokens, old.cost_picousd + spend.cost_picousd)
-
-    def get(self, month: str, tenant_id: str, scope: str) -> Spend:
-        return self._spend.get((month, tenant_id, scope), Spend())
-
-    def set(self, month: str, tenant_id: str, scope: str, spend: Spend) -> None:
-        with self._lock:
-            self._spend[month, tenant_id, scope] = spend
-
-
-class RedisSpendCounter:
-    def __init__(self, client: Any, key_prefix: str) -> None:
-        self._redis = client
-        self._prefix = key_prefix
-
-    def _key(self, month: str, tenant_id: str, scope: str) -> str:
-        return f"{self._prefix}billing:spend:{month}:{tenant_id}:{scope or '*'}"
-
-    def add(self, month: str, tenant_id: str, scope: str, spend: Spend) -> None:
-        key = self._key(month, tenant_id, scope)
-        pipe = self._redis.pipeline(transaction=True)
-        pipe.hincrby(key, "tokens", spend.tokens)
-        pipe.hincrby(key, "cost", spend.cost_picousd)
-        pipe.expire(key, _COUNTER_TTL_S)
-        pipe.execute()
-
-    def get(self, month: str, tenant_id: str, scope: str) -> Spend:
-        tokens, cost = self._redis.hmget(self._key(month, tenant_id, scope), "tokens", "cost")
-        return Spend(int(tokens or 0), int(cost or 0))
-
-    def set(self, month: str, tenant_id: str, scope: str, spend: Spend) -> None:
-        key = self._key(month, tenant_id, scope)
-        pipe = self._redis.pipeline(transaction=True)
-        pipe.hset(key, mapping={"tokens": spend.tokens, "cost": spend.cost_picousd})
-        pipe.expire(key, _COUNTER_TTL_S)
-        pipe.execute()
 
 
 def ledger_spend(session: Session, *, month: str, tenant_id: str | None = None) -> dict[tuple[str, str], Spend]:
@@ -133,11 +77,13 @@ def ledger_spend(session: Session, *, month: str, tenant_id: str | None = None) 
 
 class QuotaGuard:
     def __init__(
-        self, session_factory: sessionmaker[Session], counter: SpendCounter, *, budget_cache_s: float = 5.0
+        self, session_factory: sessionmaker[Session], counter: SpendCounter, *, budget_cache_s: float = 5.0,
+        reservation_ttl_s: float = 900.0,
     ) -> None:
         self._session_factory = session_factory
         self._counter = counter
         self._cache_s = budget_cache_s
+        self._reservation_ttl_s = reservation_ttl_s
         self._budgets: dict[str, tuple[float, dict[str, Budget]]] = {}
 
     def check(self, *, tenant_id: str, api_key_id: str | None, estimated_tokens: int = 0,
@@ -186,18 +132,45 @@ class QuotaGuard:
         cached = self._budgets.get(tenant_id)
         return cached is not None and not cached[1] and time.monotonic() - cached[0] < self._cache_s
 
-    def on_recorded(self, events: list[UsageEvent], costs: dict[str, int]) -> None:
-        """Meter callback: count events the ledger stored for the first time."""
-        totals: dict[tuple[str, str, str], list[int]] = defaultdict(lambda: [0, 0])
-        for event in events:
-            month = month_of(event.created_at)
-            cost = costs.get(event.request_id, 0)
-            for scope in {WHOLE_TENANT, event.api_key_id or WHOLE_TENANT}:
-                total = totals[month, event.tenant_id, scope]
-                total[0] += event.total_tokens
-                total[1] += cost
-        for (month, tenant_id, scope), (tokens, cost) in totals.items():
-            self._counter.add(month, tenant_id, scope, Spend(tokens, cost))
+    def reserve(self, *, request_id: str, tenant_id: str, api_key_id: str | None, amount: Spend,
+                floor: Spend, now: datetime | None = None) -> bool:
+        """Hold `amount` (the request's maximum cost) on the tenant's and the key's budgets, or raise
+        QuotaExceededError. `floor` is what the request certainly costs (its prompt): one that cannot fit
+        even that is refused although the budget is not used up. False when no budget applies."""
+        budgets = self._tenant_budgets(tenant_id)
+        named = [(WHOLE_TENANT, f"tenant {tenant_id}")]
+        if api_key_id:
+            named.append((api_key_id, f"API key {api_key_id}"))
+        holds = [ScopeHold(scope, budgets[scope]) for scope, _ in named if scope in budgets]
+        if not holds:
+            return False
+        moment = now or datetime.now(UTC)
+        month = month_of(moment)
+        try:
+            refusal = self._counter.reserve(
+                month=month, tenant_id=tenant_id, request_id=request_id, holds=holds, amount=amount, floor=floor,
+                expires_at=moment.timestamp() + self._reservation_ttl_s, now=moment.timestamp(),
+            )
+        except UNAVAILABLE_ERRORS:
+            # The budget store being down must not stop inference: admit, unreserved (the ledger still bills it).
+            log.warning("budget store unavailable; request %s admitted without a reservation", request_id)
+            return False
+        if refusal is not None:
+            who = dict(named)[refusal.scope]
+            raise QuotaExceededError(_refusal_message(refusal, budgets[refusal.scope], who, month, floor))
+        return True
+
+    def settle(self, events: list[UsageEvent], costs: dict[str, int]) -> None:
+        """Meter callback, for events the ledger stored for the first time: each replaces its request's
+        reservation with what it actually cost."""
+        self._counter.settle([
+            Settlement(month=month_of(event.created_at), tenant_id=event.tenant_id,
+                       scopes=tuple({WHOLE_TENANT, event.api_key_id or WHOLE_TENANT}), request_id=event.request_id,
+                       actual=Spend(event.total_tokens, costs.get(event.request_id, 0)))
+            for event in events
+        ])
+
+    on_recorded = settle
 
     def reconcile(self, *, month: str | None = None, tenant_id: str | None = None) -> int:
         """Reset the month's counters from the ledger; returns how many counters were set."""
@@ -231,6 +204,25 @@ class QuotaGuard:
         budgets = {row.api_key_id: Budget(row.monthly_token_limit, row.monthly_cost_limit_picousd) for row in rows}
         self._budgets[tenant_id] = (time.monotonic(), budgets)
         return budgets
+
+
+def _refusal_message(refusal: Refusal, budget: Budget, who: str, month: str, floor: Spend) -> str:
+    resets = month_bounds(month)[1].isoformat()
+    used = refusal.used
+    if not refusal.by_cost:
+        limit = budget.token_limit or 0
+        spent = f"{used.tokens:,} of {limit:,} tokens used or held by running requests in {month}"
+        if used.tokens >= limit:
+            return f"The monthly token budget of {who} is spent: {spent}. It resets on {resets}."
+        return (f"This request's {floor.tokens:,} prompt tokens would overrun the monthly token budget of {who}: "
+                f"{spent}, {limit - used.tokens:,} left. It resets on {resets}.")
+    limit = budget.cost_limit_picousd or 0
+    spent = (f"${picousd_to_usd(used.cost_picousd):.6f} of ${picousd_to_usd(limit):.2f} used or held by running "
+             f"requests in {month}")
+    if used.cost_picousd >= limit:
+        return f"The monthly cost budget of {who} is spent: {spent}. It resets on {resets}."
+    return (f"This request's prompt (at least ${picousd_to_usd(floor.cost_picousd):.6f}) would overrun the monthly "
+            f"cost budget of {who}: {spent}. It resets on {resets}.")
 
 
 def set_budget(

@@ -20,10 +20,11 @@ from pathlib import Path
 from typing import Any
 
 from loraplex.billing.events import UsageEvent
-from loraplex.billing.ledger import Ledger
+from loraplex.billing.ledger import UNAVAILABLE_ERRORS, Ledger
 from loraplex.billing.meter import Meter
 from loraplex.billing.pricing import PriceBook, select_price
-from loraplex.billing.quotas import MemorySpendCounter, QuotaGuard, RedisSpendCounter
+from loraplex.billing.quotas import QuotaGuard, RedisSpendCounter, Spend
+from loraplex.billing.spend_counters import SqlSpendCounter
 from loraplex.billing.spool import FileSpool, RedisStreamSpool, Spool
 from loraplex.platform.extensions import Extensions, PreparedRequest, RequestRecord
 from loraplex.platform.settings import Settings
@@ -84,11 +85,13 @@ class QuotaPreparer:
 
 
 class QuotaAdmission:
-    """Once the prompt is tokenized: refuses a request whose prompt alone would overrun a budget (429).
+    """Once the prompt is tokenized: reserves the request's maximum cost on its budgets, or refuses it (429).
 
-    The prompt's tokens are exact and its cost is taken at the lower of the input
-    and cached-input prices, so a request that might still fit is never refused;
-    what the output will add is unknown until it is made.
+    The reservation is the prompt at the input price plus every choice's
+    max_tokens at the output (or thinking, if dearer) price; the meter settles
+    it with the actual usage once the ledger has the request's event. A request
+    whose prompt alone would overrun what is left is refused (its tokens are
+    exact, its cost taken at the lower of the input and cached-input prices).
     """
 
     def __init__(self, guard: QuotaGuard, price_book: PriceBook, *, base_model: str) -> None:
@@ -99,15 +102,21 @@ class QuotaAdmission:
     async def __call__(self, prepared: PreparedRequest) -> None:
         if self.guard.is_known_unlimited(prepared.tenant_id):
             return
-        await asyncio.to_thread(self._check, prepared)
+        await asyncio.to_thread(self._reserve, prepared)
 
-    def _check(self, prepared: PreparedRequest) -> None:
-        num_tokens = sum(len(p) for p in prepared.prompts)
+    def _reserve(self, prepared: PreparedRequest) -> None:
+        num_prompt_tokens = sum(len(p) for p in prepared.prompts)
+        num_output_tokens = len(prepared.prompts) * prepared.sampling.n * prepared.sampling.max_tokens
         price = select_price(self.price_book.prices(), model=self._base_model,
                              adapter_id=prepared.model.adapter_id, at=datetime.now(UTC))
-        cost = 0 if price is None else num_tokens * min(price.input, price.cached_input)
-        self.guard.check(tenant_id=prepared.tenant_id, api_key_id=prepared.key_id or None,
-                         estimated_tokens=num_tokens, estimated_cost_picousd=cost)
+        if price is None:
+            amount, floor = Spend(num_prompt_tokens + num_output_tokens), Spend(num_prompt_tokens)
+        else:
+            amount = Spend(num_prompt_tokens + num_output_tokens,
+                           num_prompt_tokens * price.input + num_output_tokens * max(price.output, price.thinking))
+            floor = Spend(num_prompt_tokens, num_prompt_tokens * min(price.input, price.cached_input))
+        self.guard.reserve(request_id=prepared.request_id, tenant_id=prepared.tenant_id,
+                           api_key_id=prepared.key_id or None, amount=amount, floor=floor)
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,8 +148,10 @@ def install_billing(
 ) -> Meter:
     """Register the meter (usage recorder), the quota preparer and the shutdown flush."""
     redis_client = _redis(settings)
-    counter = RedisSpendCounter(redis_client, settings.redis_key_prefix) if redis_client else MemorySpendCounter()
-    guard = QuotaGuard(db_sessions, counter)
+    counter = RedisSpendCounter(redis_client, settings.redis_key_prefix) if redis_client else SqlSpendCounter(db_sessions)
+    guard = QuotaGuard(db_sessions, counter, reservation_ttl_s=settings.budget_reservation_ttl_s)
+    if redis_client is None:
+        _reconcile_at_start(guard)
     price_book = PriceBook(db_sessions)
     meter = Meter(
         Ledger(db_sessions, price_book),
@@ -161,6 +172,15 @@ def install_billing(
 
     extensions.on_shutdown.append(flush_meter)
     return meter
+
+
+def _reconcile_at_start(guard: QuotaGuard) -> None:
+    """Without Redis the month's spend lives in the database; the ledger is the truth it is reset from
+    (events a crashed server stored but never counted)."""
+    try:
+        guard.reconcile()
+    except UNAVAILABLE_ERRORS:
+        log.warning("the ledger is unreachable; budget spend is reconciled at the next start or beat run")
 
 
 def _redis(settings: Settings) -> Any | None:

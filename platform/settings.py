@@ -109,6 +109,9 @@ class Settings(BaseSettings):
     billing_batch_size: int = 256       # usage events per ledger write
     billing_journal_lease_s: float = 10.0  # a killed server's Redis journal is taken over this long after it died
     billing_rollup_interval_s: float = 3600.0  # Celery beat period of rollups and quota reconciliation
+    # A running request's maximum cost is held on its budgets until its usage is recorded; a crashed
+    # request's hold lapses after this (longer than the longest generation)
+    budget_reservation_ttl_s: float = Field(default=900.0, gt=0)
     celery_always_eager: bool = Field(default=False, description="run tasks in-process (no worker)")
 
     # OpenAI/vLLM conformance: request limits (each a 400 naming the parameter), streaming, browsers
