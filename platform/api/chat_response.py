@@ -7,13 +7,18 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from loraplex.engine.protocol import RequestOutput
+from loraplex.platform.api.fingerprint import system_fingerprint
 from loraplex.platform.api.generation import Generation
+from loraplex.platform.api.keepalive import PrimedOutputs
 from loraplex.platform.api.logprobs import TokenTexts, chat_logprobs
 from loraplex.platform.api.sse import ChunkEncoder, sse
 from loraplex.platform.api.stream_tail import ChoiceFailed, finish_stream
 from loraplex.platform.extensions import MessageDelta, MessageParser
 
-SYSTEM_FINGERPRINT = "loraplex"
+
+def fingerprint_of(gen: Generation) -> str:
+    services = gen.services
+    return system_fingerprint(services.settings, services.base_model_name, gen.prepared.model.adapter_id)
 
 
 def _merge_tool_calls(calls: list[dict[str, Any]], deltas: list[dict[str, Any]]) -> None:
@@ -80,7 +85,7 @@ async def collect_chat(gen: Generation, *, texts: TokenTexts, created: int) -> d
         "object": "chat.completion",
         "created": created,
         "model": prepared.model.id,
-        "system_fingerprint": SYSTEM_FINGERPRINT,
+        "system_fingerprint": fingerprint_of(gen),
         "choices": body_choices,
         "usage": gen.usage(),
     }
@@ -98,11 +103,11 @@ def _delta_dict(delta: MessageDelta) -> dict[str, Any]:
 
 
 def stream_chat(
-    gen: Generation, outputs: AsyncIterator[tuple[int, RequestOutput]], *, texts: TokenTexts
+    gen: Generation, outputs: PrimedOutputs[tuple[int, RequestOutput]], *, texts: TokenTexts
 ) -> AsyncIterator[bytes]:
     """SSE body: role chunk per choice, content chunks, a finish chunk per choice, usage, [DONE].
 
-    `outputs` is `gen.outputs()` already primed (generation.prime), so engine errors at submission
+    `outputs` is `gen.outputs()` primed (keepalive.prime_within), so engine errors at submission
     became real HTTP errors; the generation is closed here, whatever happens.
     """
     prepared = gen.prepared
@@ -113,7 +118,7 @@ def stream_chat(
         "object": "chat.completion.chunk",
         "created": int(time.time()),
         "model": prepared.model.id,
-        "system_fingerprint": SYSTEM_FINGERPRINT,
+        "system_fingerprint": fingerprint_of(gen),
     }
     if include_usage:
         base["usage"] = None
@@ -143,5 +148,6 @@ def stream_chat(
     def usage_chunk() -> bytes:
         return sse({**base, "choices": [], "usage": gen.usage()})
 
-    return finish_stream(gen, chunks(), usage_chunk=usage_chunk if include_usage else None)
+    return finish_stream(gen, chunks(), usage_chunk=usage_chunk if include_usage else None,
+                         outputs=outputs)
 

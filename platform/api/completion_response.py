@@ -7,8 +7,9 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from loraplex.engine.protocol import RequestOutput
-from loraplex.platform.api.chat_response import SYSTEM_FINGERPRINT
+from loraplex.platform.api.chat_response import fingerprint_of
 from loraplex.platform.api.generation import Generation
+from loraplex.platform.api.keepalive import PrimedOutputs
 from loraplex.platform.api.logprobs import LegacyLogprobs, TokenTexts
 from loraplex.platform.api.sse import ChunkEncoder, sse
 from loraplex.platform.api.stream_tail import ChoiceFailed, finish_stream
@@ -60,7 +61,7 @@ async def collect_completion(gen: Generation, *, texts: TokenTexts, tokenizer: A
         "object": "text_completion",
         "created": int(time.time()),
         "model": prepared.model.id,
-        "system_fingerprint": SYSTEM_FINGERPRINT,
+        "system_fingerprint": fingerprint_of(gen),
         "choices": [
             {
                 "index": i,
@@ -75,7 +76,7 @@ async def collect_completion(gen: Generation, *, texts: TokenTexts, tokenizer: A
 
 
 def stream_completion(
-    gen: Generation, outputs: AsyncIterator[tuple[int, RequestOutput]], *, texts: TokenTexts, tokenizer: Any
+    gen: Generation, outputs: PrimedOutputs[tuple[int, RequestOutput]], *, texts: TokenTexts, tokenizer: Any
 ) -> AsyncIterator[bytes]:
     prepared = gen.prepared
     n = prepared.sampling.n
@@ -89,7 +90,7 @@ def stream_completion(
         "object": "text_completion",
         "created": int(time.time()),
         "model": prepared.model.id,
-        "system_fingerprint": SYSTEM_FINGERPRINT,
+        "system_fingerprint": fingerprint_of(gen),
     }
     if include_usage:
         base["usage"] = None
@@ -123,4 +124,5 @@ def stream_completion(
     def usage_chunk() -> bytes:
         return sse({**base, "choices": [], "usage": gen.usage()})
 
-    return finish_stream(gen, chunks(), usage_chunk=usage_chunk if include_usage else None)
+    return finish_stream(gen, chunks(), usage_chunk=usage_chunk if include_usage else None,
+                         outputs=outputs)

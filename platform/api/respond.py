@@ -8,14 +8,15 @@ from typing import Any
 from fastapi import Request, Response
 from fastapi.responses import JSONResponse
 from loraplex.engine.protocol import RequestOutput
-from loraplex.platform.api.generation import ClientDisconnected, Generation, prime, unless_disconnected
+from loraplex.platform.api.generation import ClientDisconnected, Generation, unless_disconnected
+from loraplex.platform.api.keepalive import PrimedOutputs, prime_within
 from loraplex.platform.api.sse import EventStreamResponse
 
 # nginx's code for "client closed the request": nobody reads it, but logs and metrics do.
 CLIENT_CLOSED_REQUEST = 499
 
 Collector = Callable[[Generation], Coroutine[Any, Any, dict[str, Any]]]
-Streamer = Callable[[Generation, AsyncIterator[tuple[int, RequestOutput]]], AsyncIterator[bytes]]
+Streamer = Callable[[Generation, PrimedOutputs[tuple[int, RequestOutput]]], AsyncIterator[bytes]]
 
 
 async def respond(request: Request, gen: Generation, *, stream: bool, collect: Collector, streamer: Streamer) -> Response:
@@ -33,7 +34,7 @@ async def respond(request: Request, gen: Generation, *, stream: bool, collect: C
         await gen.close()
         return JSONResponse(body)
     try:
-        outputs = await prime(request, gen.outputs())
+        outputs = await prime_within(request, gen.outputs(), keepalive_s=gen.services.settings.sse_keepalive_s)
         body = streamer(gen, outputs)  # from here on, the body closes the generation
     except ClientDisconnected as exc:
         gen.mark_aborted()

@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator, Callable
 
 from loraplex.engine.errors import EngineError
 from loraplex.platform.api.generation import Generation
+from loraplex.platform.api.keepalive import PrimedOutputs
 from loraplex.platform.api.sse import DONE, sse_error
 from loraplex.platform.errors import ApiError, status_for
 
@@ -26,10 +27,15 @@ class ChoiceFailed(EngineError):
 
 
 async def finish_stream(
-    gen: Generation, chunks: AsyncIterator[bytes], *, usage_chunk: Callable[[], bytes] | None
+    gen: Generation, chunks: AsyncIterator[bytes], *, usage_chunk: Callable[[], bytes] | None,
+    outputs: PrimedOutputs | None = None,
 ) -> AsyncIterator[bytes]:
+    """`outputs`, the generation's primed outputs, may still await their first: keep-alives go out meanwhile."""
     error: BaseException | None = None
     try:
+        if outputs is not None:
+            async for comment in outputs.keepalives():
+                yield comment
         async with contextlib.aclosing(chunks):  # type: ignore[type-var]
             async for data in chunks:
                 yield data
@@ -44,4 +50,6 @@ async def finish_stream(
         error = exc
         raise
     finally:
+        if outputs is not None:
+            await outputs.aclose()
         await gen.close(error)

@@ -46,14 +46,14 @@ def test_unknown_model_is_404(api_server, openai_client) -> None:  # type: ignor
         openai_client.completions.create(model="gpt-9", prompt="hi", max_tokens=1)
 
 
-def test_prompt_too_long_is_413(api_server) -> None:  # type: ignore[no-untyped-def]
+def test_prompt_too_long_is_400_context_length_exceeded(api_server) -> None:  # type: ignore[no-untyped-def]
     long_prompt = "hello " * 2500  # > max_model_len (2048) tokens
     r = post(api_server, "/v1/completions", {"model": MODEL, "prompt": long_prompt, "max_tokens": 1},
              api_server.keys["inference"])
-    assert_openai_error(r, 413, code="context_length_exceeded", param="prompt")
+    assert_openai_error(r, 400, code="context_length_exceeded", param="prompt")
     r = post(api_server, "/v1/completions", {"model": MODEL, "prompt": "hello", "max_tokens": 5000},
              api_server.keys["inference"])
-    assert_openai_error(r, 413, code="context_length_exceeded", param="max_tokens")
+    assert_openai_error(r, 400, code="context_length_exceeded", param="max_tokens")
 
 
 def _key_with_limits(server, **limits: int) -> str:  # type: ignore[no-untyped-def]

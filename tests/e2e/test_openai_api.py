@@ -180,12 +180,12 @@ def test_seed_reproducibility(openai_client) -> None:  # type: ignore[no-untyped
     assert first != other
 
 
-def test_unknown_fields_are_ignored(api_server) -> None:  # type: ignore[no-untyped-def]
+def test_unknown_fields_are_refused_by_name(api_server) -> None:  # type: ignore[no-untyped-def]
     body = {"model": MODEL, "messages": HELLO, "max_tokens": 2, "temperature": 0, "some_future_field": {"x": 1}}
     r = httpx.post(api_server.base_url + "/v1/chat/completions", json=body, timeout=60,
                    headers={"Authorization": f"Bearer {api_server.keys['inference']}"})
-    assert r.status_code == 200, r.text
-    assert r.json()["usage"]["completion_tokens"] == 2
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == "some_future_field" and r.json()["error"]["code"] == "unknown_parameter"
 
 
 def test_logit_bias_forces_and_bans_tokens_through_the_api(openai_client, api_server) -> None:  # type: ignore[no-untyped-def]

@@ -109,10 +109,10 @@ def test_concurrent_turn_gets_409_and_transcript_stays_consistent(server):
 def test_refused_turn_frees_the_session(server):
     client = server.client("all")
     session = _create(server)
-    with pytest.raises(openai.APIStatusError) as raised:  # 413: can never fit, refused before the engine
+    with pytest.raises(openai.APIStatusError) as raised:  # 400: can never fit, refused before the engine
         client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}],
                                        max_tokens=100_000, extra_body={"session_id": session["id"]})
-    assert raised.value.status_code == 413
+    assert raised.value.status_code == 400
     answer = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hello"}],
                                             max_tokens=3, temperature=0, extra_body={"session_id": session["id"]})
     assert answer.choices[0].message.content is not None
