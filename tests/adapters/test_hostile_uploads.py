@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import io
 import json
 import struct
@@ -12,6 +13,7 @@ import httpx
 import pytest
 from api_helpers import folder_files, upload
 from loraplex.adapters.archive import UploadLimits
+from loraplex.adapters.service import StorageQuota
 from random_adapters import write_random_adapter
 
 LIMITS = UploadLimits(max_upload_bytes=6 * 1024 * 1024, max_expanded_bytes=8 * 1024 * 1024, max_archive_members=8)
@@ -115,7 +117,34 @@ CASES = {
                         ("adapter_model.safetensors", g["adapter_model.safetensors"])],
              422, "DoRA"),
     "missing_weights": (lambda g: [("adapter_config.json", g["adapter_config.json"])], 400, "lacks adapter_model"),
+    "zip_nested": (lambda g: [("a.zip", _zip([("adapter_config.json", g["adapter_config.json"]),
+                                             ("weights/inner.zip", _zip([("x", b"x")]))]))],
+                   400, "nested archives are refused"),
+    "tar_long_name_bomb": (lambda g: [("a.tar.gz", _long_name_bomb())], 400, "extended header"),
+    "catastrophic_regex": (lambda g: [("adapter_config.json", _config(g, target_modules="(a+)+$")),
+                                      ("adapter_model.safetensors", g["adapter_model.safetensors"])],
+                           422, "nests repeats"),
+    "huge_integer": (lambda g: [("adapter_config.json", b'{"r": ' + b"9" * 5000 + b"}"),
+                                ("adapter_model.safetensors", g["adapter_model.safetensors"])],
+                     400, "not valid JSON"),
+    "non_string_base_model": (lambda g: [("adapter_config.json", _config(g, base_model_name_or_path={"a": 1})),
+                                         ("adapter_model.safetensors", g["adapter_model.safetensors"])],
+                              422, "base_model_name_or_path"),
 }
+
+
+def _config(good: dict[str, bytes], **changes: object) -> bytes:
+    return json.dumps({**json.loads(good["adapter_config.json"]), **changes}).encode()
+
+
+def _long_name_bomb() -> bytes:
+    """A GNU long-name header declaring 4 MB of name (the standard library would read it whole)."""
+    buf = io.BytesIO()
+    with gzip.GzipFile(fileobj=buf, mode="wb") as gz:
+        info = tarfile.TarInfo("././@LongLink")
+        info.size, info.type = 4 * 1024 * 1024, tarfile.GNUTYPE_LONGNAME
+        gz.write(info.tobuf(format=tarfile.GNU_FORMAT) + b"a" * info.size + b"\0" * 1024)
+    return buf.getvalue()
 
 
 def _leftovers(server) -> tuple[int, int, list[str]]:  # type: ignore[no-untyped-def]
@@ -133,6 +162,20 @@ def test_hostile_upload_refused_and_nothing_left(server, good, case):  # type: i
     assert response.status_code == status, response.text
     assert message in response.json()["error"]["message"]
     assert _leftovers(server) == before == (before[0], before[1], [])
+
+
+def test_storage_quota_refuses_with_413_naming_it_and_leaves_nothing(server, good):  # type: ignore[no-untyped-def]
+    service = server.services.extensions.domain_state["adapters"].service
+    before = _leftovers(server)
+    saved, service.quota = service.quota, StorageQuota(max_bytes=len(good["adapter_model.safetensors"]) - 1)
+    try:
+        response = upload(server, list(good.items()), "over-quota")
+    finally:
+        service.quota = saved
+    assert response.status_code == 413, response.text
+    error = response.json()["error"]
+    assert error["code"] == "storage_quota_exceeded" and "storage quota is" in error["message"]
+    assert _leftovers(server) == before
 
 
 def test_wrong_content_type_refused(server):  # type: ignore[no-untyped-def]
