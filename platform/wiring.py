@@ -14,7 +14,7 @@ from typing import Any
 
 from loraplex.engine.core.client import EngineClient
 from loraplex.platform.api.logprobs import TokenTexts
-from loraplex.platform.auth.key_cache import KeyCache
+from loraplex.platform.auth.revocation import build_key_cache
 from loraplex.platform.db import migrate
 from loraplex.platform.db.session import make_db_engine, make_session_factory
 from loraplex.platform.extensions import BaseModelResolver, Extensions
@@ -132,7 +132,7 @@ def build_services(settings: Settings, engine: EngineClient | None = None, *, me
         extensions=extensions,
         pipeline=RequestPipeline(extensions.stages),
         metrics=metrics,
-        key_cache=KeyCache(fresh_s=settings.key_cache_fresh_s, stale_s=settings.key_cache_stale_s),
+        key_cache=build_key_cache(settings, extensions.on_shutdown),
         owns_engine=owns_engine,
     )
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import typer
 from loraplex.platform.auth import store
+from loraplex.platform.auth.revocation import announce_if_configured
 from loraplex.platform.auth.scopes import Scope, parse_scopes
 from loraplex.platform.cli.common import console, db_session, err_console, load_settings, print_table
 
@@ -63,9 +64,11 @@ def list_(tenant: str | None = typer.Option(None, "--tenant", "-t", help="Only t
 @app.command()
 def revoke(key_id: str = typer.Argument(..., help="The key's id (key_...), from `loraplex keys list`.")) -> None:
     """Revoke a key; requests with it fail from the next one on."""
-    with db_session(load_settings()) as db:
+    settings = load_settings()
+    with db_session(settings) as db:
         record = store.revoke_api_key(db, key_id=key_id)
     if record is None:
         err_console.print(f"[red]no key {key_id!r}[/red]")
         raise typer.Exit(1)
+    announce_if_configured(settings, record.id)  # running servers drop it at once, not after their cache time
     console.print(f"revoked {record.id}")
