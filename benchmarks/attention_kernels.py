@@ -1,7 +1,7 @@
 """GPU micro-benchmarks of the attention and bitmask kernels, each checked before it is timed.
 
 - paged decode attention at batch 64, context 2k, 32 query / 8 KV heads, head_dim 128, bf16:
-  achieved KV-read bandwidth over the card's measured copy bandwidth (issue 9 target >= 0.70),
+  achieved KV-read bandwidth over the card's measured copy bandwidth (target >= 0.70),
   over a sweep of split counts and tile shapes;
 - paged prefill throughput against torch SDPA on contiguous tensors;
 - token-bitmask apply for batch 1..512 over a 128k vocabulary against the PyTorch reference.

@@ -1,4 +1,4 @@
-"""Billing benchmark (issue 8): metering overhead per request, and ledger write throughput on PostgreSQL.
+"""Billing benchmark: metering overhead per request, and ledger write throughput on PostgreSQL.
 
 1. Ledger throughput: N usage events written to a fresh PostgreSQL database
    by `Ledger.write` in batches (the meter's writer path: price lookup,

@@ -1,4 +1,4 @@
-"""Engine on the CPU (issue 2): our paged engine against transformers on SmolLM2-135M, float32.
+"""Engine on the CPU: our paged engine against transformers on SmolLM2-135M, float32.
 
 Three figures, each measured side by side in one run on the same machine,
 each after checking the outputs it times:

@@ -1,4 +1,4 @@
-"""Multi-LoRA throughput on the CPU: our engine vs PEFT's mixed-adapter `generate` (issue 4).
+"""Multi-LoRA throughput on the CPU: our engine vs PEFT's mixed-adapter `generate`.
 
 The same requests (chat prompts spread round-robin over 8 adapters + the base
 model, greedy, a fixed number of new tokens each) run through:

@@ -1,4 +1,4 @@
-"""Multi-LoRA kernel benchmark (issue 4): our fused Triton op against PyTorch baselines and the memory floor.
+"""Multi-LoRA kernel benchmark: our fused Triton op against PyTorch baselines and the memory floor.
 
 Per projection (h = 4096 -> 4096 and 2048 -> 2048), ranks 8/16/64: decode batches of
 T = 1/16/64/256 tokens over n = 1/8/T distinct adapters (at most 128 resident slots) and

@@ -1,4 +1,4 @@
-"""Sessions benchmark (issue 7): time to first token of turn 10, pinned vs re-prefilled vs restored from host.
+"""Sessions benchmark: time to first token of turn 10, pinned vs re-prefilled vs restored from host.
 
 SmolLM2-135M-Instruct on this CPU. A 10-turn chat grows to about 3,000
 tokens (long user messages, short greedy answers). Turn 10 is then sent:

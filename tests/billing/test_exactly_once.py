@@ -1,4 +1,4 @@
-"""Exactly-once billing (issue #8) through real `loraplex serve` processes on a private PostgreSQL.
+"""Exactly-once billing through real `loraplex serve` processes on a private PostgreSQL.
 
 Every request a client saw answered must end as exactly one ledger row whose
 token counts equal the `usage` of that answer, across

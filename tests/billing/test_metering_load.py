@@ -1,4 +1,4 @@
-"""Metering under load through the real server (ledger on PostgreSQL), with the openai client (issue #8).
+"""Metering under load through the real server (ledger on PostgreSQL), with the openai client.
 
 500 requests run concurrently: plain, streamed, n=2, stop strings, session
 turns, the trained `pirate` adapter, the trained `thinker` with and without a

@@ -1,0 +1,117 @@
+"""The README's newcomer path, run as written against `make serve`: the two commands, the first output,
+curl, the openai client, adapters, structured output, tools, sessions and usage."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import subprocess
+from decimal import Decimal
+
+from make_serve import INSTALL_STAMP, REPO_ROOT, MakeServe
+from readme_examples import BashSession, Example, PythonRun, bash_commands, readme_example
+
+
+@readme_example("two-commands")
+def test_make_serve_and_make_test_are_the_two_commands(example: Example, make_serve: MakeServe) -> None:
+    commands = [c.split("#")[0].split() for c in bash_commands(example)]
+    assert commands == [["make", "serve"], ["make", "test"]]
+    # `make serve` is what the server of every other README test runs (only the port differs: PORT=...)
+    assert make_serve.command[0] == "make" and "serve" in make_serve.command
+    assert make_serve.process is not None and make_serve.process.poll() is None
+    dry_run = subprocess.run(["make", "-n", "-o", INSTALL_STAMP, "test"], cwd=REPO_ROOT, capture_output=True,
+                             text=True, check=True).stdout
+    assert '-m "not gpu and not browser"' in dry_run, dry_run   # the whole suite on the CPU...
+    assert '-m "browser and not gpu"' in dry_run                # ...and the browser tests in their own process
+    assert "redis-server" in dry_run and "pg_ctlcluster" in dry_run  # starts PostgreSQL and Redis if not running
+
+
+@readme_example("first-serve-output")
+def test_first_make_serve_prints_the_demo_key_once(example: Example, make_serve: MakeServe) -> None:
+    expected = [line.strip() for line in example.text.splitlines() if line.strip()]
+    printed = [line.strip() for line in make_serve.log().splitlines() if line.strip()]
+    assert len(expected) == 2 and expected[1] == "lpx_..."
+    start = printed.index(expected[0])
+    assert printed[start + 1] == make_serve.key
+    assert make_serve.key.startswith("lpx_") and len(make_serve.key) > 40
+    models = make_serve.get("/v1/models").json()["data"]
+    assert models[0]["id"] == "SmolLM2-135M-Instruct"
+
+
+@readme_example("calling-curl")
+def test_curl_examples(example: Example, make_serve: MakeServe, placeholders: dict, shell_env: dict) -> None:
+    shell = BashSession(make_serve.workdir, shell_env, placeholders)
+    curls = [result for command, result in shell.run_all(example) if command.startswith("curl")]
+    assert len(curls) == 2
+
+    reply = json.loads(curls[0].stdout)
+    assert reply["object"] == "chat.completion", reply
+    assert reply["model"] == "SmolLM2-135M-Instruct"
+    assert reply["choices"][0]["message"]["content"].strip()
+    assert 0 < reply["usage"]["completion_tokens"] <= 32
+
+    events = [line.removeprefix("data: ") for line in curls[1].stdout.splitlines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]", curls[1].stdout[-500:]
+    chunks = [json.loads(event) for event in events[:-1]]
+    assert all(chunk["object"] == "chat.completion.chunk" for chunk in chunks)
+    streamed = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
+    assert streamed.strip() and len(chunks) > 3
+
+
+@readme_example("calling-python")
+def test_openai_client_examples(example: Example, calling_run: PythonRun) -> None:
+    reply = calling_run.namespace["reply"]
+    assert reply.choices[0].message.content.strip()
+    assert 0 < reply.usage.completion_tokens <= 32 and reply.usage.prompt_tokens > 0
+    assert calling_run.printed[0].startswith(reply.choices[0].message.content)   # print(content, usage)
+
+    last_chunk = calling_run.namespace["chunk"]          # include_usage: a last chunk with usage, no choices
+    assert last_chunk.choices == [] and last_chunk.usage.completion_tokens > 0
+    streamed = "".join(calling_run.printed[1:-1])
+    assert streamed.strip() and len(calling_run.printed) > 4
+
+    echoed = calling_run.printed[-1]                     # echo=True: the prompt, then up to 8 tokens
+    assert echoed.startswith("The sky is") and len(echoed.strip()) > len("The sky is")
+
+
+@readme_example("adapters-python")
+def test_adapter_upload_structured_output_sessions_and_usage(
+    example: Example, adapters_run: PythonRun, calling_run: PythonRun, make_serve: MakeServe
+) -> None:
+    run, client = adapters_run, calling_run.namespace["client"]
+    adapter = run.namespace["adapter"]
+    assert adapter["status"] == "ready", adapter
+    assert adapter["rank"] == 8 and adapter["name"] == "pirate"
+
+    # the trained adapter answers like a pirate; the base model, asked the same, does not
+    pirate = run.value_of('model="pirate"')
+    assert pirate.model == "pirate"
+    assert pirate.choices[0].message.content.startswith("Arr"), pirate.choices[0].message.content
+    base = client.chat.completions.create(model="SmolLM2-135M-Instruct", temperature=0, max_tokens=16,
+                                          messages=[{"role": "user", "content": "Hello"}])
+    assert not base.choices[0].message.content.startswith("Arr")
+
+    record = json.loads(run.value_of('"json_schema"').choices[0].message.content)
+    assert set(record) == {"name", "age"} and isinstance(record["name"], str) and isinstance(record["age"], int)
+
+    tool_reply = run.value_of("tool_choice").choices[0]
+    assert tool_reply.finish_reason == "tool_calls"
+    call = tool_reply.message.tool_calls[0].function
+    assert call.name == "get_weather" and isinstance(json.loads(call.arguments)["city"], str)
+
+    session = run.namespace["session"]
+    assert session["id"].startswith("sess_")
+    assert run.value_of('extra_body={"session_id"').choices[0].message.content
+
+    usage_csv = run.value_of('"format": "csv"')
+    assert usage_csv.status_code == 200 and usage_csv.headers["content-type"].startswith("text/csv")
+    rows = list(csv.DictReader(io.StringIO(usage_csv.text)))
+    assert rows and "input_tokens" in rows[0] and "output_tokens" in rows[0]
+
+    cost, input_tokens, cached_tokens, output_tokens = run.value_of('charged["cost_usd"]')
+    assert Decimal(cost) >= 0 and input_tokens > 0 and cached_tokens >= 0 and output_tokens > 0
+    totals = run.value_of('log["totals"]')
+    assert set(totals) == {"requests", "input_tokens", "cached_input_tokens", "output_tokens",
+                           "thinking_tokens", "total_tokens", "cost_usd"}
+    assert totals["requests"] >= 1 and totals["total_tokens"] > 0
