@@ -15,6 +15,7 @@ from loraplex.platform.portal import build_portal_router
 from loraplex.platform.request_context import RequestIdMiddleware
 from loraplex.platform.routers import all_routers
 from loraplex.platform.settings import Settings
+from loraplex.platform.slow_readers import SlowReaderMiddleware
 from loraplex.platform.wiring import build_services, close_services
 
 
@@ -44,6 +45,7 @@ def create_app(settings: Settings | None = None, engine: Any | None = None) -> F
     app.add_middleware(BodyLimitMiddleware, max_body_bytes=settings.max_request_body_bytes,
                        max_upload_bytes=settings.max_upload_request_bytes)
     app.add_middleware(RequestMetricsMiddleware, metrics=metrics)
+    app.add_middleware(SlowReaderMiddleware, timeout_s=settings.stream_send_timeout_s)
     app.add_middleware(RequestIdMiddleware)
     install_cors(app, settings)  # outermost: preflights carry no API key
     return app

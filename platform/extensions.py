@@ -108,6 +108,7 @@ class PreparedRequest:
     parser_factory: Callable[[], MessageParser] = PlainTextParser
     after_finish: list[Callable[[RequestRecord], Awaitable[None]]] = field(default_factory=list)
     metadata: dict[str, Any] = field(default_factory=dict)
+    admission: Any = None   # api.admission.AdmissionTicket: the in-flight slots this request holds
 
 
 class AdmissionCheck(Protocol):

@@ -32,4 +32,6 @@ class Services:
     metrics: Metrics
     key_cache: KeyCache[Any]         # authenticated keys (deps.Principal) by key hash
     owns_engine: bool = True         # False when a test passed its own engine in
-    num_inflight: int = field(default=0)
+    num_inflight: int = field(default=0)        # requests (prompts) admitted and not yet finished
+    inflight_by_tenant: dict[str, int] = field(default_factory=dict)
+    draining: bool = False                      # SIGTERM received: finishing in-flight requests, taking no new ones

@@ -52,12 +52,10 @@ class Settings(BaseSettings):
     engine_core_address: str | None = None  # set by `serve` for its API servers; None: the engine runs in-process
     engine_core_start_timeout_s: float = Field(default=600.0, gt=0)  # loading (and converting) the model
     drain_timeout_s: float = Field(default=30.0, ge=0)  # SIGTERM: in-flight requests get this long to finish
-
-    # Process layout of `loraplex serve`: one engine-core process, `api_servers` uvicorn processes on one port
-    api_servers: int = Field(default=1, ge=1, le=64)
-    engine_core_address: str | None = None  # set by `serve` for its API servers; None: the engine runs in-process
-    engine_core_start_timeout_s: float = Field(default=600.0, gt=0)  # loading (and converting) the model
-    drain_timeout_s: float = Field(default=30.0, ge=0)  # SIGTERM: in-flight requests get this long to finish
+    # Requests one tenant may have in flight at once (each prompt of a list counts); 0: no cap. 429 beyond.
+    max_inflight_per_tenant: int = Field(default=0, ge=0)
+    # A stream whose client has not taken a chunk for this long is ended (its slot returns); 0: never
+    stream_send_timeout_s: float = Field(default=30.0, ge=0)
 
     # HTTP
     host: str = "127.0.0.1"

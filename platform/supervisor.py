@@ -23,6 +23,7 @@ import time
 from multiprocessing.process import BaseProcess
 from typing import Any
 
+import uvicorn
 from loraplex.engine.errors import EngineDeadError
 from loraplex.platform.engine_process import EngineCoreProcess, die_with_parent, start_engine_core
 from loraplex.platform.settings import Settings
@@ -38,15 +39,29 @@ _POLL_S = 0.2
 def run_api_server(settings: Settings, sock: socket.socket) -> None:
     """One API server process: the app on the shared listening socket, its engine the core's client."""
     die_with_parent()
-    import uvicorn
     from loraplex.platform.app import create_app
     from loraplex.platform.request_context import configure_logging
 
     configure_logging(settings.log_level)
-    config = uvicorn.Config(create_app(settings), log_config=None, access_log=True,
-                            timeout_keep_alive=settings.keep_alive_timeout_s,
+    app = create_app(settings)
+    config = uvicorn.Config(app, log_config=None, access_log=True, timeout_keep_alive=settings.keep_alive_timeout_s,
                             timeout_graceful_shutdown=int(settings.drain_timeout_s) or None)
-    uvicorn.Server(config).run(sockets=[sock])
+    DrainingServer(config, app).run(sockets=[sock])
+
+
+class DrainingServer(uvicorn.Server):
+    """uvicorn drains on SIGTERM (stops accepting, finishes in-flight requests); this also marks the app as
+    draining, so /readyz turns 503 at once and load balancers stop sending to it."""
+
+    def __init__(self, config: uvicorn.Config, app: Any) -> None:
+        super().__init__(config)
+        self._app = app
+
+    def handle_exit(self, sig: int, frame: Any) -> None:
+        services = getattr(self._app.state, "services", None)
+        if services is not None:
+            services.draining = True
+        super().handle_exit(sig, frame)
 
 
 def bind_socket(host: str, port: int) -> socket.socket:

@@ -20,7 +20,6 @@ from fastapi import Request
 from loraplex.engine.errors import EngineDeadError, InvalidRequestError
 from loraplex.engine.protocol import EngineRequest, FinishReason, RequestOutput
 from loraplex.platform.deps import Principal
-from loraplex.platform.errors import OverloadedError
 from loraplex.platform.extensions import PreparedRequest, RequestRecord, RequestStatus
 from loraplex.platform.metrics import TokenTimer
 from loraplex.platform.services import Services
@@ -71,17 +70,16 @@ class Generation:
     # -- admission --------------------------------------------------------------------------
 
     async def admit(self) -> None:
-        services = self.services
-        if services.num_inflight >= services.settings.max_pending_requests:
-            raise OverloadedError(
-                f"the server is at its limit of {services.settings.max_pending_requests} concurrent requests; retry shortly"
-            )
-        for check in services.extensions.admission_checks:  # before the rate limiter counts this request
-            await check(self.prepared)
-        num_prompt_tokens = sum(len(p) for p in self.prepared.prompts)
-        await services.rate_limiter.admit(self.key.key_id, self.key.limits, num_prompt_tokens=num_prompt_tokens)
-        services.num_inflight += 1
-        services.metrics.inflight.inc()
+        """The checks that need the prompt's size (the in-flight slots and requests-per-minute were taken
+        before preparation: api/admission.py). Refused: the slots are given back at once."""
+        ticket = self.prepared.admission
+        try:
+            for check in self.services.extensions.admission_checks:  # before the rate limiter counts tokens
+                await check(self.prepared)
+            await ticket.charge_prompt(sum(len(p) for p in self.prepared.prompts))
+        except BaseException:
+            ticket.release()
+            raise
         self._admitted = True
 
     # -- outputs ----------------------------------------------------------------------------
@@ -219,10 +217,9 @@ class Generation:
         for index, counts in enumerate(self.prompt_counts):
             if index in self._started and not counts.finished:
                 await self._abort_and_count_tail(index)
+        self.prepared.admission.release()
         if not self._admitted:
             return
-        services.num_inflight -= 1
-        services.metrics.inflight.dec()
         usage = self.usage()
         services.metrics.tokens_in.inc(usage["prompt_tokens"])
         services.metrics.tokens_cached.inc(usage["prompt_tokens_details"]["cached_tokens"])

@@ -7,10 +7,13 @@ model is resolved and before the chat template is applied.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 from loraplex.engine.errors import InvalidRequestError, PromptTooLongError
 from loraplex.engine.protocol import SamplingParams
+from loraplex.platform.api.admission import AdmissionTicket, admit_early
 from loraplex.platform.api.schemas import ChatCompletionRequest, ChatMessage, CompletionRequest
 from loraplex.platform.deps import Principal
 from loraplex.platform.extensions import PreparedRequest
@@ -90,6 +93,42 @@ def chat_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
 
 
 async def prepare_chat(services: Services, key: Principal, body: ChatCompletionRequest, request_id: str) -> PreparedRequest:
+    """Admission first (nothing costly is done for a refused request), then the preparation."""
+    ticket = await admit_early(services, key)
+    with _released_on_error(ticket):
+        prepared = await _prepare_chat(services, key, body, request_id)
+    prepared.admission = ticket
+    return prepared
+
+
+async def prepare_completion(
+    services: Services, key: Principal, body: CompletionRequest, request_id: str
+) -> PreparedRequest:
+    ticket = await admit_early(services, key, num_requests=_num_prompts(body.prompt))
+    with _released_on_error(ticket):
+        prepared = await _prepare_completion(services, key, body, request_id)
+    prepared.admission = ticket
+    return prepared
+
+
+def _num_prompts(prompt: str | list[str] | list[int] | list[list[int]]) -> int:
+    """Each prompt of a list is one request (a list of token ids is one prompt)."""
+    if isinstance(prompt, str) or not prompt or all(isinstance(t, int) for t in prompt):
+        return 1
+    return len(prompt)
+
+
+@contextlib.contextmanager
+def _released_on_error(ticket: AdmissionTicket) -> Iterator[None]:
+    try:
+        yield
+    except BaseException:
+        ticket.release()
+        raise
+
+
+async def _prepare_chat(services: Services, key: Principal, body: ChatCompletionRequest, request_id: str
+                        ) -> PreparedRequest:
     model = await services.extensions.model_resolver.resolve(key.tenant_id, body.model)
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
     prepared = PreparedRequest(
@@ -104,7 +143,7 @@ async def prepare_chat(services: Services, key: Principal, body: ChatCompletionR
     return prepared
 
 
-async def prepare_completion(
+async def _prepare_completion(
     services: Services, key: Principal, body: CompletionRequest, request_id: str
 ) -> PreparedRequest:
     model = await services.extensions.model_resolver.resolve(key.tenant_id, body.model)

@@ -1,9 +1,14 @@
 """Requests-per-minute and tokens-per-minute per API key, in fixed one-minute windows.
 
-Two backends with one contract: Redis (an atomic Lua script, so every server
+Two backends with one contract: Redis (atomic Lua scripts, so every server
 process shares one count) and in-process (a dict, for a single process).
 Admission checks and counts in one step; completion tokens are added when
 the request ends, so a burst of long answers exhausts the minute's budget.
+
+The API admits in two steps, so a refused request costs nothing expensive:
+`admit` with the number of requests (each prompt of a `prompt` list is one)
+before templating and tokenizing, then `charge_prompt` once the prompt's
+token count is known (refused: the requests counted are given back).
 """
 
 from __future__ import annotations
@@ -25,8 +30,12 @@ class Limits:
 
 
 class RateLimiter(Protocol):
-    async def admit(self, key_id: str, limits: Limits, *, num_prompt_tokens: int) -> None:
-        """Count one request and its prompt tokens, or raise RateLimitedError (counting nothing)."""
+    async def admit(self, key_id: str, limits: Limits, *, num_prompt_tokens: int, num_requests: int = 1) -> None:
+        """Count `num_requests` requests and their prompt tokens, or raise RateLimitedError (counting nothing)."""
+
+    async def charge_prompt(self, key_id: str, limits: Limits, *, num_prompt_tokens: int, num_requests: int) -> None:
+        """Count prompt tokens of requests `admit` counted with none; over the limit: RateLimitedError, and
+        those requests are uncounted."""
 
     async def add_tokens(self, key_id: str, limits: Limits, num_tokens: int) -> None:
         """Charge tokens produced after admission."""
@@ -56,16 +65,24 @@ class InProcessRateLimiter:
     def __init__(self) -> None:
         self._counts: dict[tuple[str, int], list[int]] = {}  # (key_id, window) -> [requests, tokens]
 
-    async def admit(self, key_id: str, limits: Limits, *, num_prompt_tokens: int) -> None:
+    async def admit(self, key_id: str, limits: Limits, *, num_prompt_tokens: int, num_requests: int = 1) -> None:
         window, retry_after_s = _window(time.time())
         counts = self._counts.setdefault((key_id, window), [0, 0])
-        if limits.rpm and counts[0] >= limits.rpm:
+        if limits.rpm and counts[0] + num_requests > limits.rpm:
             raise _rejection(1, limits, retry_after_s)
         if limits.tpm and counts[1] + num_prompt_tokens > limits.tpm:
             raise _rejection(2, limits, retry_after_s)
-        counts[0] += 1
+        counts[0] += num_requests
         counts[1] += num_prompt_tokens
         self._forget_old_windows(window)
+
+    async def charge_prompt(self, key_id: str, limits: Limits, *, num_prompt_tokens: int, num_requests: int) -> None:
+        window, retry_after_s = _window(time.time())
+        counts = self._counts.setdefault((key_id, window), [0, 0])
+        if limits.tpm and counts[1] + num_prompt_tokens > limits.tpm:
+            counts[0] = max(0, counts[0] - num_requests)
+            raise _rejection(2, limits, retry_after_s)
+        counts[1] += num_prompt_tokens
 
     async def add_tokens(self, key_id: str, limits: Limits, num_tokens: int) -> None:
         window, _ = _window(time.time())
@@ -79,18 +96,31 @@ class InProcessRateLimiter:
         self._counts.clear()
 
 
-# KEYS: requests counter, tokens counter. ARGV: rpm, tpm, prompt tokens, expiry seconds.
+# KEYS: requests counter, tokens counter. ARGV: rpm, tpm, prompt tokens, expiry seconds, requests.
 # Returns 0 when admitted, 1 when over the request limit, 2 when over the token limit.
 _ADMIT_LUA = """
 local requests = tonumber(redis.call('GET', KEYS[1]) or '0')
 local tokens = tonumber(redis.call('GET', KEYS[2]) or '0')
-local rpm, tpm, prompt = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
-if rpm > 0 and requests >= rpm then return 1 end
+local rpm, tpm, prompt, count = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[5])
+if rpm > 0 and requests + count > rpm then return 1 end
 if tpm > 0 and tokens + prompt > tpm then return 2 end
-redis.call('INCR', KEYS[1])
+redis.call('INCRBY', KEYS[1], count)
 redis.call('INCRBY', KEYS[2], prompt)
 redis.call('EXPIRE', KEYS[1], ARGV[4])
 redis.call('EXPIRE', KEYS[2], ARGV[4])
+return 0
+"""
+
+# The same keys. ARGV: tpm, prompt tokens, expiry seconds, requests to give back when refused.
+_CHARGE_PROMPT_LUA = """
+local tokens = tonumber(redis.call('GET', KEYS[2]) or '0')
+local tpm, prompt = tonumber(ARGV[1]), tonumber(ARGV[2])
+if tpm > 0 and tokens + prompt > tpm then
+  if tonumber(redis.call('GET', KEYS[1]) or '0') >= tonumber(ARGV[4]) then redis.call('DECRBY', KEYS[1], ARGV[4]) end
+  return 2
+end
+redis.call('INCRBY', KEYS[2], prompt)
+redis.call('EXPIRE', KEYS[2], ARGV[3])
 return 0
 """
 
@@ -100,15 +130,27 @@ class RedisRateLimiter:
         self._client = aioredis.from_url(redis_url)
         self._prefix = prefix
         self._admit = self._client.register_script(_ADMIT_LUA)
+        self._charge_prompt = self._client.register_script(_CHARGE_PROMPT_LUA)
 
     def _keys(self, key_id: str, window: int) -> list[str]:
         base = f"{self._prefix}ratelimit:{key_id}:{window}"
         return [base + ":requests", base + ":tokens"]
 
-    async def admit(self, key_id: str, limits: Limits, *, num_prompt_tokens: int) -> None:
+    async def admit(self, key_id: str, limits: Limits, *, num_prompt_tokens: int, num_requests: int = 1) -> None:
         window, retry_after_s = _window(time.time())
         reason = int(await self._admit(
-            keys=self._keys(key_id, window), args=[limits.rpm, limits.tpm, num_prompt_tokens, 2 * WINDOW_S]
+            keys=self._keys(key_id, window),
+            args=[limits.rpm, limits.tpm, num_prompt_tokens, 2 * WINDOW_S, num_requests],
+        ))
+        if reason:
+            raise _rejection(reason, limits, retry_after_s)
+
+    async def charge_prompt(self, key_id: str, limits: Limits, *, num_prompt_tokens: int, num_requests: int) -> None:
+        if not limits.tpm:
+            return
+        window, retry_after_s = _window(time.time())
+        reason = int(await self._charge_prompt(
+            keys=self._keys(key_id, window), args=[limits.tpm, num_prompt_tokens, 2 * WINDOW_S, num_requests],
         ))
         if reason:
             raise _rejection(reason, limits, retry_after_s)

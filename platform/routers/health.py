@@ -1,4 +1,4 @@
-"""Liveness and Prometheus metrics (no auth: scraped by infrastructure)."""
+"""Liveness (/healthz), readiness (/readyz) and Prometheus metrics (no auth: probed by infrastructure)."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import os
 from fastapi import APIRouter, Response
 from fastapi.responses import JSONResponse
 from loraplex.platform.deps import AppServices
+from loraplex.platform.readiness import check_readiness
 from prometheus_client import CONTENT_TYPE_LATEST
 
 router = APIRouter(tags=["ops"])
@@ -22,6 +23,16 @@ async def healthz(services: AppServices) -> JSONResponse:
     if health.reason is not None:
         body["reason"] = health.reason
     return JSONResponse(body, status_code=200 if health.alive else 503)
+
+
+@router.get("/readyz")
+async def readyz(services: AppServices) -> JSONResponse:
+    """Readiness: 200 when this server should get traffic; 503 naming what is not ready (platform/readiness.py)."""
+    readiness = await check_readiness(services)
+    body: dict = {"status": "ready" if readiness.ready else "not_ready", "not_ready": readiness.not_ready}
+    if readiness.notes:
+        body["notes"] = readiness.notes
+    return JSONResponse(body, status_code=200 if readiness.ready else 503)
 
 
 @router.get("/metrics")

@@ -1,0 +1,140 @@
+"""Admission before preparation, per-tenant in-flight caps, readiness and slow readers, through a real server."""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+from typing import Any
+
+import httpx
+import pytest
+
+MODEL = "SmolLM2-135M-Instruct"
+LONG = {"model": MODEL, "prompt": "Count:", "max_tokens": 1500, "ignore_eos": True, "stream": True}
+
+
+def _auth(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+def _key(server: Any, **limits: int) -> str:
+    created = httpx.post(f"{server.base_url}/v1/admin/tenants/acme/keys", json={"scopes": ["inference"], **limits},
+                         headers=_auth(server.keys["admin"]))
+    assert created.status_code == 201, created.text
+    return created.json()["key"]
+
+
+def _post(server: Any, path: str, body: dict[str, Any], key: str) -> httpx.Response:
+    return httpx.post(server.base_url + path, json=body, headers=_auth(key), timeout=120)
+
+
+def _wait_fresh_minute(margin_s: float = 10) -> None:
+    into_minute = time.time() % 60
+    if into_minute > 60 - margin_s:
+        time.sleep(60 - into_minute + 0.5)
+
+
+@pytest.fixture(scope="module")
+def server(start_server: Any) -> Any:
+    with start_server(max_inflight_per_tenant=2, stream_send_timeout_s=1) as running:
+        yield running
+
+
+def test_each_prompt_of_a_list_counts_for_requests_per_minute(server: Any) -> None:
+    key = _key(server, rpm_limit=3)
+    _wait_fresh_minute()
+    two = {"model": MODEL, "prompt": ["a", "b"], "max_tokens": 1}
+    assert _post(server, "/v1/completions", two, key).status_code == 200
+    refused = _post(server, "/v1/completions", two, key)  # 2 + 2 > 3
+    assert refused.status_code == 429 and refused.json()["error"]["code"] == "rate_limit_exceeded"
+    assert _post(server, "/v1/completions", {**two, "prompt": "a"}, key).status_code == 200  # 2 + 1 = 3
+
+
+def test_rate_limit_refuses_before_any_preparation(server: Any) -> None:
+    key = _key(server, rpm_limit=1)
+    _wait_fresh_minute()
+    chat = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
+    assert _post(server, "/v1/chat/completions", chat, key).status_code == 200
+    # An unknown model and an unknown session would be 404s, found only by preparing the request:
+    for body in ({**chat, "model": "no-such-model"}, {**chat, "session_id": "sess_missing"}):
+        refused = _post(server, "/v1/chat/completions", body, key)
+        assert refused.status_code == 429 and refused.json()["error"]["code"] == "rate_limit_exceeded", refused.text
+
+
+def test_tenant_inflight_cap_is_429_naming_the_setting_and_spares_other_tenants(server: Any) -> None:
+    key = server.keys["inference"]
+    two_prompts = {**LONG, "prompt": ["Count:", "Count to ten:"]}  # two requests in flight: the cap (2)
+    with httpx.stream("POST", server.base_url + "/v1/completions", json=two_prompts, headers=_auth(key),
+                      timeout=120) as s:
+        assert s.status_code == 200
+        lines = s.iter_lines()  # kept: a dropped iterator closes the stream
+        next(lines)
+        refused = _post(server, "/v1/completions", {"model": MODEL, "prompt": "hi", "max_tokens": 1}, key)
+        assert refused.status_code == 429, refused.text
+        error = refused.json()["error"]
+        assert error["code"] == "tenant_inflight_limit" and "max_inflight_per_tenant" in error["message"]
+        other = _post(server, "/v1/completions", {"model": MODEL, "prompt": "hi", "max_tokens": 1},
+                      server.keys["globex"])
+        assert other.status_code == 200
+    deadline = time.monotonic() + 15
+    while server.services.inflight_by_tenant and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _post(server, "/v1/completions", {"model": MODEL, "prompt": "hi", "max_tokens": 1}, key).status_code == 200
+
+
+def test_a_stream_nobody_reads_is_ended_and_its_slot_returns(server: Any) -> None:
+    host, port = server.base_url.removeprefix("http://").split(":")
+    # echo + logprobs: the first chunk carries 20 alternatives for each of ~400 prompt tokens (hundreds of KB),
+    # more than the socket buffers hold, so the server's send blocks at once.
+    body = json.dumps({**LONG, "prompt": "one two three four " * 100, "echo": True, "logprobs": 20,
+                       "max_tokens": 400}).encode()
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.connect((host, int(port)))
+    try:
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     + f"Authorization: Bearer {server.keys['inference']}\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+                     + body)
+        engine = server.services.engine
+        deadline = time.monotonic() + 10
+        while engine.stats()["num_running"] == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert engine.stats()["num_running"] == 1
+        deadline = time.monotonic() + 60  # buffers fill, then one second without a read ends the stream
+        while server.services.num_inflight and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert server.services.num_inflight == 0, "the unread stream still holds its slot"
+        assert engine.stats()["num_running"] == 0
+    finally:
+        sock.close()
+
+
+def test_readyz(server: Any) -> None:
+    ready = httpx.get(server.base_url + "/readyz", timeout=10)
+    assert ready.status_code == 200 and ready.json() == {"status": "ready", "not_ready": {}}
+    server.services.draining = True
+    try:
+        draining = httpx.get(server.base_url + "/readyz", timeout=10)
+    finally:
+        server.services.draining = False
+    assert draining.status_code == 503 and set(draining.json()["not_ready"]) == {"draining"}
+    assert httpx.get(server.base_url + "/healthz", timeout=10).status_code == 200  # alive while draining
+
+
+def test_readyz_names_an_unreachable_database_and_notes_a_missing_celery_worker(start_server: Any, redis_url: str,
+                                                                               redis_prefix: str) -> None:
+    with start_server(redis_url=redis_url, redis_key_prefix=redis_prefix + "readyz:") as running:
+        first = httpx.get(running.base_url + "/readyz", timeout=10).json()
+        assert first["status"] == "ready"
+        assert "no Celery worker answered" in first["notes"]["uploads"]
+        running.services.db_engine.dispose()
+        original = running.services.db_engine.url
+        from sqlalchemy import create_engine
+
+        running.services.db_engine = create_engine("postgresql+psycopg://nobody@127.0.0.1:1/none")
+        try:
+            broken = httpx.get(running.base_url + "/readyz", timeout=10)
+        finally:
+            running.services.db_engine = create_engine(original)
+        assert broken.status_code == 503 and set(broken.json()["not_ready"]) == {"database"}
