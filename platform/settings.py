@@ -103,6 +103,8 @@ class Settings(BaseSettings):
     session_busy_wait_s: float = 1.0    # a turn waits this long for the previous one to finish before 409
     session_sweep_interval_s: float = 5.0  # how often expired sessions' pinned KV is released
     replica_id: str = "replica-0"       # names this engine replica in session records
+    # Responses API: how long a stored response (and so a chain through it) can be retrieved and continued
+    response_retention_s: int = Field(default=30 * 86400, ge=1)
     metering_enabled: bool = True       # off only to measure metering overhead
     billing_batch_size: int = 256       # usage events per ledger write
     billing_journal_lease_s: float = 10.0  # a killed server's Redis journal is taken over this long after it died

@@ -23,6 +23,7 @@ from loraplex.platform.metrics import Metrics
 from loraplex.platform.pipeline import RequestPipeline
 from loraplex.platform.ratelimit.limiter import make_rate_limiter
 from loraplex.platform.reasoning import install_reasoning
+from loraplex.platform.responses.chain import install_responses
 from loraplex.platform.routers.adapters import install_adapters
 from loraplex.platform.services import Services
 from loraplex.platform.sessions_domain import install_sessions
@@ -90,6 +91,7 @@ def build_extensions(
     """
     extensions = Extensions(model_resolver=BaseModelResolver(base_model_name))
     install_sessions(extensions, settings, engine=engine, metrics=metrics)
+    install_responses(extensions, settings, engine=engine)
     if db_sessions is not None:
         install_adapters(extensions, settings, engine=engine, db_sessions=db_sessions, base_model_name=base_model_name)
     if settings.metering_enabled and db_sessions is not None:

@@ -6,6 +6,16 @@ from fastapi import APIRouter
 
 
 def all_routers() -> list[APIRouter]:
-    from loraplex.platform.routers import adapters, admin, admin_billing, health, openai_api, sessions, usage
+    from loraplex.platform.routers import (
+        adapters,
+        admin,
+        admin_billing,
+        health,
+        openai_api,
+        responses,
+        sessions,
+        usage,
+    )
 
-    return [health.router, openai_api.router, admin.router, admin_billing.router, usage.router, sessions.router, adapters.router]
+    return [health.router, openai_api.router, responses.router, admin.router, admin_billing.router, usage.router,
+            sessions.router, adapters.router]
