@@ -24,7 +24,7 @@ def report(
     tenant: str = typer.Option(..., "--tenant", help="Tenant id or name."),
     start: str = typer.Option(None, "--from", help="First day, YYYY-MM-DD (default: first of this month)."),
     end: str = typer.Option(None, "--to", help="Last day, inclusive (default: today, UTC)."),
-    group_by: str = typer.Option("day", "--group-by", help="day, model, adapter, api_key (comma-separated)."),
+    group_by: str = typer.Option("day", "--group-by", help="day, model, adapter, api_key, user (comma-separated)."),
     csv: bool = typer.Option(False, "--csv", help="Write CSV to stdout instead of a table."),
 ) -> None:
     """Tokens by class, requests and cost for one tenant over a date range."""
@@ -50,6 +50,7 @@ def requests(
     end: str = typer.Option(None, "--to", help="Last day, inclusive (default: today, UTC)."),
     session_id: str = typer.Option(None, "--session", help="Only this session's requests."),
     api_key_id: str = typer.Option(None, "--key", help="Only this API key's requests."),
+    user: str = typer.Option(None, "--user", help="Only requests that sent this `user` (end-user id)."),
     limit: int = typer.Option(100, "--limit", help="Rows to show, 1-1000."),
     cursor: str = typer.Option(None, "--cursor", help="Continue after a previous page (its printed cursor)."),
     csv: bool = typer.Option(False, "--csv", help="Write CSV to stdout instead of a table."),
@@ -59,7 +60,7 @@ def requests(
         found = tenant_or_exit(db, tenant)
         with bad_input_exits():
             query = RequestLogQuery.parse(tenant_id=found.id, start=start, end=end, session_id=session_id,
-                                          api_key_id=api_key_id, limit=limit, cursor=cursor)
+                                          api_key_id=api_key_id, user=user, limit=limit, cursor=cursor)
         page = list_requests(db, query)
     if page.next_cursor:
         err_console.print(f"more: --cursor {page.next_cursor}")
