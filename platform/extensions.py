@@ -150,6 +150,7 @@ class RequestRecord:
     finished_at: float
     time_to_first_token_s: float | None
     error: str | None = None
+    user: str | None = None            # the request's `user` (the caller's end-user id), for usage reports
 
 
 class UsageRecorder(Protocol):

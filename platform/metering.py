@@ -57,6 +57,7 @@ def usage_event(record: RequestRecord, *, base_model: str) -> UsageEvent:
         thinking_tokens=thinking,
         ttft_ms=None if ttft is None else ttft * 1000.0,
         duration_ms=max(record.finished_at - record.started_at, 0.0) * 1000.0,
+        user=record.user,
     )
 
 

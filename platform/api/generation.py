@@ -279,6 +279,7 @@ class Generation:
             finished_at=time.time(),
             time_to_first_token_s=self._timer.time_to_first_token_s,
             error=None if error is None or isinstance(error, ClientDisconnected) else repr(error),
+            user=getattr(prepared.body, "user", None),
         )
 
 

@@ -15,6 +15,7 @@ from loraplex.engine.errors import InvalidRequestError, PromptTooLongError
 from loraplex.engine.protocol import SamplingParams
 from loraplex.platform.api.admission import AdmissionTicket, admit_early
 from loraplex.platform.api.schemas import ChatCompletionRequest, ChatMessage, CompletionRequest
+from loraplex.platform.api.vllm_compat import apply_sampling_extensions, chat_template_options
 from loraplex.platform.deps import Principal
 from loraplex.platform.extensions import PreparedRequest
 from loraplex.platform.services import Services
@@ -49,6 +50,7 @@ def sampling_from(body: ChatCompletionRequest | CompletionRequest, *, max_tokens
         sampling.logprobs = body.logprobs
         if body.echo and body.logprobs is not None:
             sampling.prompt_logprobs = body.logprobs
+    apply_sampling_extensions(body, sampling)
     sampling.validate()
     return sampling
 
@@ -134,7 +136,7 @@ async def _prepare_chat(services: Services, key: Principal, body: ChatCompletion
     prepared = PreparedRequest(
         request_id=request_id, kind="chat", tenant_id=key.tenant_id, key_id=key.key_id, body=body, model=model,
         sampling=sampling_from(body, max_tokens=max_tokens), messages=chat_messages(body.messages),
-        session_id=body.session_id,
+        session_id=body.session_id, template_kwargs=chat_template_options(body),
     )
     await services.pipeline.run(prepared)
     tokens = await _maybe_off_loop(_apply_chat_template, services.tokenizer, prepared, size=_chat_size(prepared))
@@ -174,7 +176,7 @@ def _chat_size(prepared: PreparedRequest) -> int:
 
 def _apply_chat_template(tokenizer: Any, prepared: PreparedRequest) -> list[int]:
     text = tokenizer.apply_chat_template(
-        prepared.messages, add_generation_prompt=True, tokenize=False, **prepared.template_kwargs
+        prepared.messages, tokenize=False, **{"add_generation_prompt": True, **prepared.template_kwargs}
     )
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
@@ -201,7 +203,7 @@ def _tokenize_prompts(tokenizer: Any, prompt: str | list[str] | list[int] | list
 
 
 def _fit_context(services: Services, prepared: PreparedRequest, *, explicit_max_tokens: bool) -> None:
-    """413 for a prompt that can never fit; an unset chat max_tokens takes what the context leaves."""
+    """400 for a prompt that can never fit; an unset chat max_tokens takes what the context leaves."""
     max_model_len = services.engine.max_model_len
     longest = max(len(p) for p in prepared.prompts)
     if longest >= max_model_len:
