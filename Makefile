@@ -35,6 +35,8 @@ $(STAMP): pyproject.toml | $(PY)
 
 $(TEST_STAMP): $(STAMP) pyproject.toml
 	$(PIP) install -e '.[test]'
+	# instructor pins jiter<0.15 while the openai SDK needs >=0.16; its code works with both, so without its pins
+	$(PIP) install --no-deps 'instructor>=1.10'
 	touch $(TEST_STAMP)
 
 install: $(STAMP)
