@@ -44,6 +44,7 @@ def needs_host_sampler(seq: Sequence) -> bool:
         or bool(sampling.presence_penalty or sampling.frequency_penalty)
         or sampling.repetition_penalty != 1.0
         or bool(sampling.logit_bias)
+        or (bool(seq.min_tokens_ban_ids) and seq.num_output_tokens < sampling.min_tokens)
     )
 
 
