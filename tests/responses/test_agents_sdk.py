@@ -7,8 +7,9 @@ import json
 import jsonschema
 import pytest
 from agents import Agent, ModelSettings, OpenAIResponsesModel, Runner, function_tool, set_tracing_disabled
-from conftest import MODEL
 from openai import AsyncOpenAI
+
+MODEL = "SmolLM2-135M-Instruct"
 
 set_tracing_disabled(True)  # no trace export: nothing leaves this machine
 

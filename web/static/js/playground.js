@@ -1,8 +1,11 @@
-// Chat with the base model or a ready adapter; the answer streams token by token.
+// Chat with the base model or a ready adapter through the Responses API; the answer streams token by token.
+// Each turn sends only the new message and names the previous response: the server keeps the conversation
+// (and its KV cache pinned). After a stopped turn or a change of model, the whole conversation is sent once
+// and a new chain starts from there.
 import { apiFetch, apiJson } from "./api.js";
 import { clearError, h, showError } from "./dom.js";
 import { requireApiKey } from "./session.js";
-import { chatChunks } from "./sse.js";
+import { responseEvents } from "./sse.js";
 
 const modelSelect = document.getElementById("model-select");
 const maxTokensInput = document.getElementById("max-tokens");
@@ -19,6 +22,7 @@ const statsEl = document.getElementById("chat-stats");
 
 const messages = [];
 let controller = null;
+let chain = null;  // { id, model } of the last stored response the next turn continues
 
 async function loadModels() {
   try {
@@ -78,45 +82,57 @@ async function send(text) {
   controller = new AbortController();
   setStreaming(true);
   try {
-    const response = await apiFetch("/v1/chat/completions", {
+    const model = modelSelect.value;
+    const continues = chain && chain.model === model;
+    const response = await apiFetch("/v1/responses", {
       method: "POST",
       headers: { "Content-Type": "application/json", Accept: "text/event-stream" },
       body: JSON.stringify({
-        model: modelSelect.value,
-        messages,
+        model,
+        input: continues ? text : messages,
+        previous_response_id: continues ? chain.id : undefined,
         stream: true,
-        stream_options: { include_usage: true },
-        max_tokens: Math.round(numberOr(maxTokensInput, 256)),
+        max_output_tokens: Math.round(numberOr(maxTokensInput, 256)),
         temperature: numberOr(temperatureInput, 0.7),
       }),
       signal: controller.signal,
     });
-    for await (const chunk of chatChunks(response.body, controller.signal)) {
-      if (chunk.usage) usage = chunk.usage;
-      const delta = chunk.choices?.[0]?.delta ?? {};
-      if (delta.reasoning_content) {
+    let finished = null;
+    for await (const event of responseEvents(response.body, controller.signal)) {
+      if (event.type === "response.reasoning_text.delta") {
         if (!reasoningEl) {
           reasoningEl = h("details", { class: "reasoning", open: true },
             h("summary", {}, "Thinking"), h("div", { class: "reasoning-text" }));
           item.insertBefore(reasoningEl, content);
         }
-        reasoningEl.lastChild.append(delta.reasoning_content);
-      }
-      if (delta.content) {
+        reasoningEl.lastChild.append(event.delta);
+      } else if (event.type === "response.output_text.delta") {
         firstTokenAt ??= performance.now();
-        answer += delta.content;
+        answer += event.delta;
         content.textContent = answer;
         numChunks += 1;
+      } else if (event.type === "response.completed" || event.type === "response.incomplete") {
+        finished = event.response;
+      } else if (event.type === "response.failed") {
+        throw new Error(event.response?.error?.message ?? "The response failed");
       }
     }
+    if (!finished) throw new Error("The stream ended before the response was complete");
+    usage = finished.usage;
+    chain = { id: finished.id, model };
     messages.push({ role: "assistant", content: answer });
     const seconds = (performance.now() - started) / 1000;
     const parts = [`${numChunks} chunks in ${seconds.toFixed(1)} s`];
     if (firstTokenAt) parts.push(`first token after ${((firstTokenAt - started) / 1000).toFixed(2)} s`);
-    if (usage) parts.push(`${usage.prompt_tokens} prompt + ${usage.completion_tokens} completion tokens`);
+    if (usage) {
+      const cached = usage.input_tokens_details?.cached_tokens ?? 0;
+      parts.push(`${usage.input_tokens} prompt (${cached} cached) + ${usage.output_tokens} completion tokens`);
+    }
     statsEl.textContent = parts.join(" · ");
   } catch (err) {
     if (err.name === "AbortError") {
+      // a stopped response is not stored: the next turn sends the conversation, partial answer included
+      chain = null;
       messages.push({ role: "assistant", content: answer });
       statsEl.textContent = "Stopped.";
     } else {
@@ -156,6 +172,7 @@ stopButton.addEventListener("click", () => controller?.abort());
 
 clearButton.addEventListener("click", () => {
   messages.length = 0;
+  chain = null;
   transcript.replaceChildren();
   emptyNote.hidden = false;
   statsEl.textContent = "";

@@ -41,3 +41,14 @@ export async function* chatChunks(body, signal = null) {
     yield chunk;
   }
 }
+
+// Yields parsed Responses API stream events (response.created ... response.completed).
+// An `error` event is thrown with its message.
+export async function* responseEvents(body, signal = null) {
+  for await (const data of sseEvents(body, signal)) {
+    if (data.trim() === "[DONE]") return;
+    const event = JSON.parse(data);
+    if (event.type === "error") throw new Error(event.message ?? "The stream failed");
+    yield event;
+  }
+}
