@@ -89,6 +89,31 @@ def test_logit_bias_rows_take_the_host_sampler_and_equal_the_cpu_engine() -> Non
     assert engine.runner.num_graph_steps > 0
 
 
+def test_min_tokens_rows_take_the_host_sampler_and_equal_the_cpu_engine() -> None:
+    """Rows whose stop token would come first, held to min_tokens, beside plain rows on the GPU argmax."""
+    baseline = generate(make_engine("cpu"), plain_requests(8))
+
+    def requests() -> list[EngineRequest]:
+        out = []
+        for i, prompt in enumerate(prompts(8)):
+            held = i % 2 == 0
+            sampling = greedy(8, ignore_eos=True, stop_token_ids=[baseline[f"r{i}"][1]], min_tokens=5 if held else 0)
+            out.append(EngineRequest(f"r{i}", prompt, sampling))
+        return out
+
+    expected = generate(make_engine("cpu"), requests())
+    engine = make_engine(GPU_DEVICE)
+    got = generate(engine, requests())
+    assert got == expected
+    for rid, tokens in got.items():
+        stop = baseline[rid][1]
+        if int(rid[1:]) % 2 == 0:
+            assert stop not in tokens[:5] and len(tokens) >= 5
+        else:
+            assert tokens == baseline[rid][: len(tokens)] and tokens[-1] == stop
+    assert engine.runner.num_graph_steps > 0
+
+
 def test_graphs_on_and_off_give_the_same_tokens_bf16() -> None:
     on = make_engine(GPU_DEVICE, "bfloat16")
     assert on.runner.capture_decode_graphs() == len(on.runner.ladder)  # start-up capture of every size
