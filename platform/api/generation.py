@@ -304,17 +304,3 @@ async def unless_disconnected(request: Request, work: Awaitable[T]) -> T:
         raise ClientDisconnected()
     return work_task.result()
 
-
-async def prime(request: Request, outputs: AsyncGenerator[T, None]) -> AsyncGenerator[T, None]:
-    """Wait for the first output before answering 200, so submission errors keep their HTTP status."""
-    first = await unless_disconnected(request, anext(outputs))
-
-    async def chained() -> AsyncGenerator[T, None]:
-        try:
-            yield first
-            async for item in outputs:
-                yield item
-        finally:
-            await outputs.aclose()
-
-    return chained()
