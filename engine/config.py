@@ -146,6 +146,9 @@ class EngineConfig:
     # anyone) are offloaded; a session larger than a budget is not pinned. None: the pool is the limit.
     max_pinned_blocks: int | None = None
     max_pinned_blocks_per_tenant: int | None = None
+    # Grammar-forced tokens (keys, punctuation, the close near max_tokens) are appended without a
+    # sampling step and prefilled together (jump-forward); the output is the same either way.
+    grammar_jump_forward: bool = True
 
     @property
     def torch_dtype(self) -> torch.dtype:

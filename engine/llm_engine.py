@@ -11,9 +11,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import torch
 from loraplex.engine.config import EngineConfig, ModelConfig
 from loraplex.engine.context import LoRAStepBuilder
 from loraplex.engine.errors import DuplicateRequestError, InvalidRequestError, PromptTooLongError
+from loraplex.engine.interfaces import BudgetedGrammarMatcher
 from loraplex.engine.kv.block_manager import BlockManager
 from loraplex.engine.kv.host_tier import HostTier
 from loraplex.engine.model.llama import LlamaForCausalLM
@@ -63,6 +65,7 @@ class LLMEngine:
         self.requests: dict[str, RequestState] = {}
         self.num_prompt_tokens_total = 0
         self.num_generation_tokens_total = 0
+        self.num_jump_forward_tokens_total = 0  # appended without a sampling step
         self.num_reasoning_tokens_total = 0  # of those, inside a reasoning segment (billed as thinking)
         self.last_step_was_idle = False  # work is waiting but nothing could run (e.g. adapters loading)
 
@@ -119,6 +122,7 @@ class LLMEngine:
         sampling = request.sampling
         salt = (request.tenant_id, request.adapter_id, request.cache_salt)
         seqs = []
+        prompt_ids = request.prompt_token_ids
         for index in range(sampling.n):
             seq = Sequence(request.request_id, index, request.prompt_token_ids, sampling, request.tenant_id,
                            request.adapter_id, salt, request.arrival_time)
@@ -126,6 +130,8 @@ class LLMEngine:
                 seq.generator = new_generator(sampling.seed, index)
             if request.grammar is not None:
                 seq.matcher = request.grammar.new_matcher()
+                if isinstance(seq.matcher, BudgetedGrammarMatcher):
+                    seq.matcher.set_token_budget(min(sampling.max_tokens, self.max_model_len - len(prompt_ids)))
             if request.reasoning is not None:
                 seq.reasoning_inside = request.reasoning.starts_inside
             seqs.append(seq)
@@ -240,9 +246,28 @@ class LLMEngine:
         self.num_generation_tokens_total += 1
         num_reasoning_before = seq.num_reasoning_tokens
         finished = state.add_token(seq, token, result.logprobs.get(seq.seq_id))
+        if not finished:
+            finished = self._jump_forward(state, seq)
         self.num_reasoning_tokens_total += seq.num_reasoning_tokens - num_reasoning_before
         if finished:
             self._finish_seq(state, seq)
+
+    def _jump_forward(self, state: RequestState, seq: Sequence) -> bool:
+        """Append the tokens the grammar forces now, as sampling them one step at a time would; they are
+        prefilled together in the next step. True if the choice finished."""
+        matcher = seq.matcher
+        if (not self.config.grammar_jump_forward or not isinstance(matcher, BudgetedGrammarMatcher)
+                or seq.sampling.logprobs is not None or seq.forced_token_ids):
+            return False
+        draws = seq.generator is not None and seq.sampling.temperature > 0 and seq.sampling.top_k != 1
+        for token in matcher.forced_token_ids():
+            if draws:
+                torch.rand(1, generator=seq.generator)  # the draw the skipped step would have made
+            self.num_generation_tokens_total += 1
+            self.num_jump_forward_tokens_total += 1
+            if state.add_token(seq, token, None):
+                return True
+        return False
 
     def _finish_seq(self, state: RequestState, seq: Sequence) -> None:
         request = state.request

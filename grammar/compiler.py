@@ -1,17 +1,21 @@
-"""Compiles grammar specs with xgrammar, off the engine thread, once per distinct spec.
+"""Compiles grammar specs through the backend registry, off the request path, once per distinct spec.
 
 The cache holds compile *futures* keyed by the spec's canonical JSON, so a
 burst of identical requests compiles once and every request awaits the same
-future. xgrammar releases the GIL while it compiles, so the engine loop keeps
-stepping the rest of the batch. A compilation that runs longer than
-`compile_timeout_s` (time queued behind others does not count), or a spec past
-the size limits, gets a 400 that names the request field.
+future (per API process). Which backend serves a spec is decided by
+`selection.backend_order`; a JSON schema goes to the first backend that
+enforces it exactly. A strict schema that none enforces is a 400 naming the
+keyword and where it is; a non-strict one is served by the backend that
+ignores the least, and the grammar says what was relaxed (`relaxed`).
+
+Time limits: xgrammar compiles in worker processes that are killed past
+`compile_timeout_s`; llguidance bounds its own work with fuel limits. A
+request waits for a compile thread and worker at most `queue_timeout_s` more.
 """
 
 from __future__ import annotations
 
 import asyncio
-import re
 import threading
 import time
 from collections import OrderedDict
@@ -20,99 +24,96 @@ from concurrent.futures import TimeoutError as FutureTimeoutError
 from dataclasses import dataclass
 from typing import Any
 
-import xgrammar as xgr
+import loraplex.grammar.llguidance_backend
+import loraplex.grammar.xgrammar_backend  # noqa: F401  (registers the backend)
 from loraplex.engine.errors import InvalidRequestError
-from loraplex.grammar.matcher import XGrammarCompiledGrammar
-from loraplex.grammar.spec import GrammarKind, GrammarSpec, choice_ebnf
+from loraplex.grammar.backend import (
+    GRAMMAR_BACKENDS,
+    GrammarBackend,
+    TokenizerContext,
+    UnsupportedSchemaError,
+)
+from loraplex.grammar.closing import ClosingTokens
+from loraplex.grammar.matcher import StructuredGrammar
+from loraplex.grammar.selection import backend_order
+from loraplex.grammar.spec import GrammarSpec
+from loraplex.grammar.xgrammar_backend import XGrammarBackend
 
 
 @dataclass(slots=True)
 class GrammarLimits:
-    # xgrammar expands bounded repetitions: a string with maxLength 60 alone takes ~1.5 s here.
     compile_timeout_s: float = 30.0
-    max_spec_bytes: int = 256 * 1024           # canonical JSON of the spec
-    max_compiled_bytes: int = 256 * 1024 * 1024  # xgrammar's own estimate of the compiled grammar
+    queue_timeout_s: float = 60.0               # waiting for a compile thread / worker, on top
+    max_spec_bytes: int = 256 * 1024            # canonical JSON of the spec
+    max_compiled_bytes: int = 256 * 1024 * 1024  # the backend's own estimate of the compiled grammar
     max_cached_grammars: int = 1024
     num_compile_threads: int = 2
-
-
-@dataclass(slots=True, eq=False)
-class _Compilation:
-    future: Future[XGrammarCompiledGrammar]
-    started_at: float | None = None  # monotonic; None while queued behind other compilations
+    max_schema_depth: int = 64                  # nesting of JSON-schema subschemas
+    max_schema_nodes: int = 20000               # subschemas in one JSON schema
+    max_tools: int = 128                        # `tools` entries in one request
+    backend: str = "auto"                       # auto, or a registered backend name for every spec
 
 
 class GrammarCompilerService:
-    """One per served tokenizer; thread-safe; shared by every request."""
+    """One per served tokenizer; thread-safe; shared by every request of the process."""
 
     def __init__(self, tokenizer: Any, vocab_size: int, limits: GrammarLimits | None = None) -> None:
         self.limits = limits or GrammarLimits()
         self.vocab_size = vocab_size
-        self.tokenizer_info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size)
-        # xgrammar's own cache is off: ours is keyed by content and also remembers failures.
-        self._compiler = xgr.GrammarCompiler(self.tokenizer_info, max_threads=1, cache_enabled=False)
-        self._pool = ThreadPoolExecutor(
-            max_workers=self.limits.num_compile_threads, thread_name_prefix="grammar-compile"
-        )
-        self._compilations: OrderedDict[str, _Compilation] = OrderedDict()
+        context = TokenizerContext(tokenizer, vocab_size)
+        if self.limits.backend != "auto" and self.limits.backend not in GRAMMAR_BACKENDS:
+            raise ValueError(f"unknown grammar backend {self.limits.backend!r}; known: {sorted(GRAMMAR_BACKENDS)}")
+        self.backends: dict[str, GrammarBackend] = {name: make(context) for name, make in GRAMMAR_BACKENDS.items()}
+        xgr_backend = self.backends["xgrammar"]
+        assert isinstance(xgr_backend, XGrammarBackend)
+        info = xgr_backend.tokenizer_info
+        self.stop_token_ids = list(info.stop_token_ids)
+        special = set(getattr(tokenizer, "all_special_ids", [])) | set(info.special_token_ids) | set(self.stop_token_ids)
+        self.closing_tokens = ClosingTokens(list(info.decoded_vocab), special, vocab_size)
+        self._pool = ThreadPoolExecutor(max_workers=self.limits.num_compile_threads, thread_name_prefix="grammar-compile")
+        self._compilations: OrderedDict[str, Future[StructuredGrammar]] = OrderedDict()
         self._lock = threading.Lock()
         self.num_compiled = 0  # compilations actually run (cache misses)
 
-    def submit(self, spec: GrammarSpec) -> Future[XGrammarCompiledGrammar]:
+    def submit(self, spec: GrammarSpec) -> Future[StructuredGrammar]:
         """The future of `spec`'s compiled grammar; starts a compilation only on a cache miss."""
-        return self._submit(spec).future
-
-    def _submit(self, spec: GrammarSpec) -> _Compilation:
         self._check_spec_size(spec)
         key = spec.cache_key()
         with self._lock:
-            entry = self._compilations.get(key)
-            if entry is not None and not entry.future.cancelled():
+            future = self._compilations.get(key)
+            if future is not None and not future.cancelled():
                 self._compilations.move_to_end(key)
-                return entry
-            entry = _Compilation(Future())
-            entry.future = self._pool.submit(self._compile, spec, entry)
-            self._compilations[key] = entry
+                return future
+            future = self._pool.submit(self._compile, spec)
+            self._compilations[key] = future
             while len(self._compilations) > self.limits.max_cached_grammars:
                 self._compilations.popitem(last=False)
-            return entry
+            return future
 
-    async def compile(self, spec: GrammarSpec) -> XGrammarCompiledGrammar:
-        """Await `spec`'s grammar; InvalidRequestError (400) if it is bad, too big or too slow.
-
-        The time limit runs from the moment the compilation starts: a burst of
-        distinct schemas queued behind each other is not "too slow".
-        """
-        entry = self._submit(spec)
+    async def compile(self, spec: GrammarSpec) -> StructuredGrammar:
+        """Await `spec`'s grammar; InvalidRequestError (400) if it is bad, unsupported, too big or too slow."""
+        future = self.submit(spec)
         # shield: one caller giving up (disconnect, timeout) must not cancel the shared future.
-        waiter = asyncio.shield(asyncio.wrap_future(entry.future))
-        while True:
-            remaining = self._remaining_s(entry)
-            if remaining <= 0:
-                raise self._timeout_error(spec)
-            done, _ = await asyncio.wait({waiter}, timeout=remaining)
-            if done:
-                return waiter.result()
+        waiter = asyncio.shield(asyncio.wrap_future(future))
+        try:
+            return await asyncio.wait_for(waiter, timeout=self._deadline_s())
+        except TimeoutError:
+            raise self._timeout_error(spec) from None
 
-    def compile_blocking(self, spec: GrammarSpec) -> XGrammarCompiledGrammar:
-        """The same as `compile` for callers without an event loop (CLI, benchmarks, tests)."""
-        entry = self._submit(spec)
-        while True:
-            remaining = self._remaining_s(entry)
-            if remaining <= 0:
-                raise self._timeout_error(spec)
-            try:
-                return entry.future.result(timeout=remaining)
-            except FutureTimeoutError:
-                continue
-
-    def _remaining_s(self, entry: _Compilation) -> float:
-        if entry.future.done() or entry.started_at is None:
-            return self.limits.compile_timeout_s
-        return entry.started_at + self.limits.compile_timeout_s - time.monotonic()
+    def compile_blocking(self, spec: GrammarSpec) -> StructuredGrammar:
+        """The same as `compile` for callers without an event loop (CLI, benchmarks, tests, the engine core)."""
+        try:
+            return self.submit(spec).result(timeout=self._deadline_s())
+        except FutureTimeoutError:
+            raise self._timeout_error(spec) from None
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
+        for backend in self.backends.values():
+            backend.close()
+
+    def _deadline_s(self) -> float:
+        return self.limits.compile_timeout_s + self.limits.queue_timeout_s
 
     def _check_spec_size(self, spec: GrammarSpec) -> None:
         size = spec.size_bytes()
@@ -128,47 +129,34 @@ class GrammarCompilerService:
             param=spec.param,
         )
 
-    def _compile(self, spec: GrammarSpec, entry: _Compilation) -> XGrammarCompiledGrammar:
-        entry.started_at = time.monotonic()
-        started = time.perf_counter()
-        try:
-            compiled = _COMPILERS[spec.kind](self._compiler, spec.payload)
-        except (RuntimeError, ValueError, TypeError, xgr.InvalidJSONError, xgr.InvalidStructuralTagError) as exc:
-            raise InvalidRequestError(f"invalid {spec.kind}: {clean_xgrammar_message(exc)}", param=spec.param) from exc
-        compile_ms = (time.perf_counter() - started) * 1e3
-        self.num_compiled += 1
-        if compiled.memory_size_bytes > self.limits.max_compiled_bytes:
-            raise InvalidRequestError(
-                f"{spec.kind} compiles to {compiled.memory_size_bytes} bytes, over the limit of "
-                f"{self.limits.max_compiled_bytes}; simplify it",
-                param=spec.param,
-            )
-        return XGrammarCompiledGrammar(spec, compiled, compile_ms)
-
-
-_XGRAMMAR_LOG_PREFIX = re.compile(r"^\s*\[[\d:]+\]\s+\S+:\d+:\s*")
-
-
-def clean_xgrammar_message(exc: BaseException) -> str:
-    """xgrammar's C++ errors start with a timestamp and source path; users need only the reason."""
-    return _XGRAMMAR_LOG_PREFIX.sub("", str(exc)).strip()
-
-
-def _compile_json_schema(compiler: xgr.GrammarCompiler, schema: Any) -> xgr.CompiledGrammar:
-    # Compact separators and no free whitespace: a small model otherwise loves to
-    # spend its whole budget on newlines inside the object.
-    return compiler.compile_json_schema(schema, any_whitespace=False, strict_mode=True)
-
-
-def _compile_json_object(compiler: xgr.GrammarCompiler, _: Any) -> xgr.CompiledGrammar:
-    return compiler.compile_json_schema({"type": "object"}, any_whitespace=False, strict_mode=False)
-
-
-_COMPILERS = {
-    GrammarKind.JSON_OBJECT: _compile_json_object,
-    GrammarKind.JSON_SCHEMA: _compile_json_schema,
-    GrammarKind.REGEX: lambda compiler, pattern: compiler.compile_regex(pattern),
-    GrammarKind.EBNF: lambda compiler, text: compiler.compile_grammar(text),
-    GrammarKind.CHOICE: lambda compiler, choices: compiler.compile_grammar(choice_ebnf(choices)),
-    GrammarKind.STRUCTURAL_TAG: lambda compiler, tag: compiler.compile_structural_tag(tag),
-}
+    def _compile(self, spec: GrammarSpec) -> StructuredGrammar:
+        first_refusal: UnsupportedSchemaError | None = None
+        for name, exact in backend_order(spec, self.backends, self.limits.backend):
+            backend = self.backends[name]
+            started = time.perf_counter()
+            try:
+                inner = backend.compile(spec.kind, spec.payload, self.limits.compile_timeout_s, exact=exact)
+            except UnsupportedSchemaError as exc:
+                first_refusal = first_refusal or exc
+                continue
+            except TimeoutError:
+                raise self._timeout_error(spec) from None
+            except (ValueError, RuntimeError, TypeError) as exc:
+                raise InvalidRequestError(f"invalid {spec.kind}: {exc}", param=spec.param) from None
+            compile_ms = (time.perf_counter() - started) * 1e3
+            self.num_compiled += 1
+            if inner.memory_size_bytes > self.limits.max_compiled_bytes:
+                raise InvalidRequestError(
+                    f"{spec.kind} compiles to {inner.memory_size_bytes} bytes, over the limit of "
+                    f"{self.limits.max_compiled_bytes}; simplify it",
+                    param=spec.param,
+                )
+            relaxed = None if exact or first_refusal is None else first_refusal.unsupported.message()
+            return StructuredGrammar(spec, inner, compile_ms, self.closing_tokens, self.stop_token_ids,
+                                     relaxed=relaxed)
+        message = first_refusal.unsupported.message() if first_refusal else f"no grammar backend compiles {spec.kind}"
+        raise InvalidRequestError(
+            f"{spec.param} cannot be enforced exactly: {message}; remove it, or set strict to false "
+            "to have it relaxed",
+            param=spec.param,
+        )

@@ -14,13 +14,13 @@ from collections.abc import Callable
 
 import torch
 from loraplex.engine.protocol import ReasoningMarkers
-from loraplex.grammar.matcher import XGrammarCompiledGrammar, XGrammarMatcher
+from loraplex.grammar.matcher import StructuredGrammar, StructuredMatcher
 
 
 class ReasoningGatedGrammar:
     __slots__ = ("inner", "markers")
 
-    def __init__(self, inner: XGrammarCompiledGrammar, markers: ReasoningMarkers) -> None:
+    def __init__(self, inner: StructuredGrammar, markers: ReasoningMarkers) -> None:
         self.inner = inner
         self.markers = markers
 
@@ -32,8 +32,8 @@ class ReasoningGatedGrammar:
 class ReasoningGatedMatcher:
     _BEFORE, _OPENING, _INSIDE, _AFTER = range(4)
 
-    def __init__(self, inner: XGrammarMatcher, markers: ReasoningMarkers, stop_token_ids: list[int],
-                 fresh_inner: Callable[[], XGrammarMatcher] | None = None) -> None:
+    def __init__(self, inner: StructuredMatcher, markers: ReasoningMarkers, stop_token_ids: list[int],
+                 fresh_inner: Callable[[], StructuredMatcher] | None = None) -> None:
         self._inner = inner
         # The start marker's first tokens may also begin the answer (`<think>` and `<tool_call>` share `<`):
         # while opening, the answer path stays alive in `_inner`, and a completed marker starts a fresh one.
@@ -47,8 +47,15 @@ class ReasoningGatedMatcher:
             self._state = self._AFTER
         self._opened = 0          # tokens of the start marker seen so far
         self._recent: list[int] = []  # the last tokens inside the block, to spot the end marker
+        self._budget: int | None = None
+        self._num_outside = 0     # tokens the answer grammar did not see (the think block)
 
     def accept_token(self, token_id: int) -> bool:
+        if self._state == self._INSIDE:  # think-block tokens count against the answer's budget too
+            self._num_outside += 1
+            self._inner.spend_tokens(1)
+        elif self._state == self._OPENING or (self._state == self._BEFORE and self._start and token_id == self._start[0]):
+            self._num_outside += 1
         if self._state == self._BEFORE:
             if token_id == self._start[0]:
                 self._opened = 1
@@ -69,6 +76,9 @@ class ReasoningGatedMatcher:
                 self._state = self._INSIDE
                 if self._inner_fed and self._fresh_inner is not None:
                     self._inner = self._fresh_inner()  # the answer path had eaten the marker
+                    if self._budget is not None:
+                        self._inner.set_token_budget(self._budget)
+                    self._inner.spend_tokens(self._num_outside)
             return True
         if self._state == self._INSIDE:
             self._recent = [*self._recent, token_id][-len(self._end):] if self._end else []
@@ -96,6 +106,19 @@ class ReasoningGatedMatcher:
 
     def is_terminated(self) -> bool:
         return self._state == self._AFTER and self._inner.is_terminated()
+
+    def is_completed(self) -> bool:
+        return self._state == self._AFTER and self._inner.is_completed()
+
+    def forced_token_ids(self) -> list[int]:
+        return self._inner.forced_token_ids() if self._state == self._AFTER else []
+
+    def set_token_budget(self, max_tokens: int) -> None:
+        self._budget = max_tokens
+        self._inner.set_token_budget(max_tokens)
+
+    def closed_by_budget(self) -> bool:
+        return self._state == self._AFTER and self._inner.closed_by_budget()
 
 
 def _set_bit(bitmask: torch.Tensor, row: int, token_id: int) -> None:

@@ -27,10 +27,13 @@ class GrammarSpec:
     kind: str
     payload: Any = None
     param: str = "response_format"  # the request field a compile error is reported against
+    # JSON schemas only: strict refuses a schema no backend enforces exactly; otherwise the
+    # closest backend serves it and the relaxed keyword is reported (GrammarCompilerService).
+    strict: bool = False
 
     def canonical_json(self) -> str:
         return json.dumps(
-            {"kind": self.kind, "payload": self.payload},
+            {"kind": self.kind, "payload": self.payload, "strict": self.strict},
             sort_keys=True,
             separators=(",", ":"),
             ensure_ascii=False,

@@ -2,43 +2,33 @@
 
 Syntax of regexes and EBNF is checked by compiling them (xgrammar's parser is
 the only one that matters); everything decidable without the tokenizer is
-checked here, before any work is queued.
+checked here, before any work is queued: the shape of every JSON schema
+(depth, number of subschemas) comes first and without recursion, so a
+hostile schema is a 400 and never a RecursionError. Whether a strict schema
+can be enforced exactly is the compiler's call (it depends on the backends).
 """
 
 from __future__ import annotations
 
 import re
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
 import jsonschema
 from loraplex.engine.errors import InvalidRequestError
+from loraplex.grammar.schema_walk import SchemaShapeLimits, first_keyword_outside, shape_problem
 from loraplex.grammar.spec import GrammarKind, GrammarSpec
+from loraplex.grammar.xgrammar_backend import XGRAMMAR_EXACT_FORMATS, XGRAMMAR_EXACT_KEYWORDS
 
 RESPONSE_FORMAT_TYPES = ("text", "json_object", "json_schema", "regex", "grammar", "choice")
 _NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
 
-# Keywords xgrammar enforces exactly. In `strict` mode anything else is refused,
-# because the output could then break the schema while we promised it would not.
-_STRICT_KEYWORDS = frozenset({
-    "type", "properties", "required", "additionalProperties", "items", "prefixItems",
-    "minItems", "maxItems", "enum", "const", "anyOf", "$ref", "$defs", "definitions",
-    "pattern", "format", "minLength", "maxLength", "minimum", "maximum",
-    "exclusiveMinimum", "exclusiveMaximum", "minProperties", "maxProperties",
-    # annotations: no effect on validity
-    "title", "description", "default", "examples", "$schema", "$id", "$comment", "deprecated",
-    "readOnly", "writeOnly",
-})
-_STRICT_FORMATS = frozenset({
-    "date", "time", "date-time", "duration", "email", "hostname", "ipv4", "ipv6", "uuid",
-    "uri", "uri-reference", "uri-template", "json-pointer", "relative-json-pointer",
-})
-_SUBSCHEMA_MAPS = ("properties", "$defs", "definitions")
-_SUBSCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
-_SUBSCHEMA_VALUES = ("items", "additionalProperties", "not", "if", "then", "else", "contains")
+DEFAULT_SHAPE_LIMITS = SchemaShapeLimits()
+DEFAULT_MAX_TOOLS = 128  # as OpenAI
 
 
-def response_format_spec(response_format: Any) -> GrammarSpec | None:
+def response_format_spec(response_format: Any, *, limits: SchemaShapeLimits = DEFAULT_SHAPE_LIMITS) -> GrammarSpec | None:
     """The grammar a `response_format` asks for; None for plain text."""
     param = "response_format"
     if response_format is None:
@@ -56,7 +46,7 @@ def response_format_spec(response_format: Any) -> GrammarSpec | None:
     if kind == "json_object":
         return GrammarSpec(GrammarKind.JSON_OBJECT, None, param=param)
     if kind == "json_schema":
-        return _json_schema_spec(response_format.get("json_schema"))
+        return _json_schema_spec(response_format.get("json_schema"), limits)
     if kind == "regex":
         pattern = response_format.get("regex")
         if not isinstance(pattern, str) or not pattern:
@@ -83,7 +73,7 @@ def response_format_spec(response_format: Any) -> GrammarSpec | None:
     return GrammarSpec(GrammarKind.CHOICE, choices, param="response_format.choices")
 
 
-def _json_schema_spec(json_schema: Any) -> GrammarSpec:
+def _json_schema_spec(json_schema: Any, limits: SchemaShapeLimits) -> GrammarSpec:
     param = "response_format.json_schema"
     if not isinstance(json_schema, dict):
         raise InvalidRequestError("response_format.json_schema must be an object with `name` and `schema`", param=param)
@@ -97,14 +87,19 @@ def _json_schema_spec(json_schema: Any) -> GrammarSpec:
     strict = json_schema.get("strict") or False
     if not isinstance(strict, bool):
         raise InvalidRequestError("response_format.json_schema.strict must be a boolean", param=f"{param}.strict")
-    check_json_schema(schema, param=f"{param}.schema", strict=strict)
-    return GrammarSpec(GrammarKind.JSON_SCHEMA, schema, param=f"{param}.schema")
+    check_json_schema(schema, param=f"{param}.schema", strict=False, limits=limits)
+    return GrammarSpec(GrammarKind.JSON_SCHEMA, schema, param=f"{param}.schema", strict=strict)
 
 
-def check_json_schema(schema: Any, *, param: str, strict: bool) -> None:
-    """Raise a 400 if `schema` is not a valid JSON schema, or (strict) uses what we cannot enforce."""
+def check_json_schema(schema: Any, *, param: str, strict: bool,
+                      limits: SchemaShapeLimits = DEFAULT_SHAPE_LIMITS) -> None:
+    """Raise a 400 if `schema` is too deep or large, not a valid JSON schema, or (strict) uses a keyword
+    xgrammar does not enforce (tool parameters: tool calls compile with xgrammar)."""
     if not isinstance(schema, dict):
         raise InvalidRequestError(f"{param} must be a JSON schema object", param=param)
+    problem = shape_problem(schema, limits)
+    if problem:
+        raise InvalidRequestError(f"{param} is too complex: {problem}", param=param)
     validator = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
     try:
         validator.check_schema(schema)
@@ -112,35 +107,11 @@ def check_json_schema(schema: Any, *, param: str, strict: bool) -> None:
         where = "/".join(str(p) for p in exc.absolute_path) or "(root)"
         raise InvalidRequestError(f"{param} is not a valid JSON schema at {where}: {exc.message}", param=param) from None
     if strict:
-        problem = _first_strict_problem(schema, "#")
-        if problem:
-            raise InvalidRequestError(f"{param} is not supported in strict mode: {problem}", param=param)
-
-
-def _first_strict_problem(schema: Any, path: str) -> str | None:
-    if isinstance(schema, bool):
-        return None
-    if not isinstance(schema, dict):
-        return f"{path} is not a schema"
-    for key in schema:
-        if key not in _STRICT_KEYWORDS:
-            return f"keyword {key!r} at {path}"
-    fmt = schema.get("format")
-    if fmt is not None and fmt not in _STRICT_FORMATS:
-        return f"format {fmt!r} at {path} (supported: {', '.join(sorted(_STRICT_FORMATS))})"
-    children: list[tuple[str, Any]] = []
-    for key in _SUBSCHEMA_MAPS:
-        children += [(f"{path}/{key}/{name}", sub) for name, sub in (schema.get(key) or {}).items()]
-    for key in _SUBSCHEMA_LISTS:
-        children += [(f"{path}/{key}/{i}", sub) for i, sub in enumerate(schema.get(key) or [])]
-    for key in _SUBSCHEMA_VALUES:
-        if key in schema:
-            children.append((f"{path}/{key}", schema[key]))
-    for child_path, child in children:
-        problem = _first_strict_problem(child, child_path)
-        if problem:
-            return problem
-    return None
+        found = first_keyword_outside(schema, XGRAMMAR_EXACT_KEYWORDS, XGRAMMAR_EXACT_FORMATS)
+        if found:
+            keyword, path = found
+            raise InvalidRequestError(
+                f"{param} is not supported in strict mode: keyword {keyword!r} at {path}", param=param)
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,19 +147,24 @@ class ToolRequest:
         return self.tools
 
 
-def parse_tools(tools: Any, tool_choice: Any, parallel_tool_calls: Any) -> ToolRequest | None:
-    """Validate `tools`, `tool_choice` and `parallel_tool_calls`; None when no tools were given."""
+def parse_tools(tools: Any, tool_choice: Any, parallel_tool_calls: Any, *, max_tools: int = DEFAULT_MAX_TOOLS,
+                limits: SchemaShapeLimits = DEFAULT_SHAPE_LIMITS) -> ToolRequest | None:
+    """Validate `tools`, `tool_choice` and `parallel_tool_calls`; None when no tools were given.
+
+    Linear in the number of tools, which is itself capped before any tool is looked at."""
     if tools is None or tools == []:
         if tool_choice not in (None, "none"):
             raise InvalidRequestError("tool_choice is only allowed when tools are given", param="tool_choice")
         return None
     if not isinstance(tools, list):
         raise InvalidRequestError("tools must be a list of function tools", param="tools")
+    if len(tools) > max_tools:
+        raise InvalidRequestError(f"tools holds {len(tools)} tools; the limit is {max_tools}", param="tools")
     parsed: list[FunctionTool] = []
     for i, tool in enumerate(tools):
-        parsed.append(_parse_tool(tool, f"tools[{i}]"))
+        parsed.append(_parse_tool(tool, f"tools[{i}]", limits))
     names = [t.name for t in parsed]
-    duplicates = sorted({n for n in names if names.count(n) > 1})
+    duplicates = sorted(name for name, count in Counter(names).items() if count > 1)
     if duplicates:
         raise InvalidRequestError(f"duplicate tool names: {', '.join(duplicates)}", param="tools")
     if parallel_tool_calls is None:
@@ -208,7 +184,7 @@ def parse_tools(tools: Any, tool_choice: Any, parallel_tool_calls: Any) -> ToolR
     return ToolRequest(tuple(parsed), "named", named=named, parallel=False)
 
 
-def _parse_tool(tool: Any, param: str) -> FunctionTool:
+def _parse_tool(tool: Any, param: str, limits: SchemaShapeLimits) -> FunctionTool:
     if not isinstance(tool, dict) or tool.get("type") != "function":
         raise InvalidRequestError(f"{param} must be {{\"type\": \"function\", \"function\": {{...}}}}", param=param)
     function = tool.get("function")
@@ -232,7 +208,7 @@ def _parse_tool(tool: Any, param: str) -> FunctionTool:
     strict = function.get("strict") or False
     if not isinstance(strict, bool):
         raise InvalidRequestError(f"{param}.function.strict must be a boolean", param=f"{param}.function.strict")
-    check_json_schema(parameters, param=f"{param}.function.parameters", strict=strict)
+    check_json_schema(parameters, param=f"{param}.function.parameters", strict=strict, limits=limits)
     return FunctionTool(name, description, parameters, strict)
 
 

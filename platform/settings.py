@@ -97,6 +97,12 @@ class Settings(BaseSettings):
     reasoning_budget_high: int = Field(default=1024, ge=0)
     grammar_compile_timeout_s: float = 30.0  # a compilation running longer than this: 400
     grammar_max_spec_bytes: int = 256 * 1024  # response_format / tools larger than this: 400
+    # Structured output: backend choice (auto = the one enforcing each schema exactly), JSON-schema
+    # shape limits checked before any work (deeper or larger: 400), and the most `tools` per request.
+    grammar_backend: str = "auto"       # auto | llguidance | xgrammar
+    grammar_max_schema_depth: int = Field(default=64, ge=1)
+    grammar_max_schema_nodes: int = Field(default=20000, ge=1)
+    grammar_max_tools: int = Field(default=128, ge=1)
     session_ttl_s: int = 3600
     session_max_ttl_s: int = 7 * 86400
     session_lease_s: float = 600.0      # a turn's hold on its session; a crashed turn frees it after this

@@ -15,6 +15,7 @@ from loraplex.engine.core.client import EngineClient
 from loraplex.grammar.compiler import GrammarCompilerService, GrammarLimits
 from loraplex.grammar.reasoning import ReasoningFormat, ReasoningParser
 from loraplex.grammar.reasoning_gate import ReasoningGatedGrammar
+from loraplex.grammar.schema_walk import SchemaShapeLimits
 from loraplex.grammar.spec import GrammarSpec
 from loraplex.grammar.tool_parser import ToolCallStreamParser
 from loraplex.grammar.tools import (
@@ -89,9 +90,12 @@ class StructuredOutputPreparer:
     async def __call__(self, prepared: PreparedRequest) -> StageAdditions | None:
         body = prepared.body
         additions = StageAdditions()
-        spec = response_format_spec(getattr(body, "response_format", None))
+        limits = self.compiler.limits
+        shape = SchemaShapeLimits(limits.max_schema_depth, limits.max_schema_nodes)
+        spec = response_format_spec(getattr(body, "response_format", None), limits=shape)
         if prepared.kind == "chat":
-            tools = parse_tools(body.tools, body.tool_choice, body.parallel_tool_calls)
+            tools = parse_tools(body.tools, body.tool_choice, body.parallel_tool_calls,
+                                max_tools=limits.max_tools, limits=shape)
             if tools is not None:
                 spec = self._prepare_tools(prepared, tools, spec, additions)
         if spec is not None:
@@ -100,6 +104,8 @@ class StructuredOutputPreparer:
             # (prepared.reasoning comes from the reasoning stage, which runs before this one.)
             additions.grammar = grammar if prepared.reasoning is None else ReasoningGatedGrammar(grammar, prepared.reasoning)
             additions.metadata["grammar"] = spec.kind
+            if grammar.relaxed:  # a non-strict schema no backend enforces whole: say what was dropped
+                additions.metadata["grammar_relaxed"] = grammar.relaxed
         return additions
 
     def _prepare_tools(self, prepared: PreparedRequest, tools: ToolRequest, spec: GrammarSpec | None,
@@ -118,7 +124,9 @@ class StructuredOutputPreparer:
 def install_structured_output(extensions: Extensions, settings: Settings, *, engine: EngineClient) -> None:
     """Register the stage (last in pipeline.STAGE_ORDER, so quota refusals never pay for a compilation)."""
     limits = GrammarLimits(
-        compile_timeout_s=settings.grammar_compile_timeout_s, max_spec_bytes=settings.grammar_max_spec_bytes
+        compile_timeout_s=settings.grammar_compile_timeout_s, max_spec_bytes=settings.grammar_max_spec_bytes,
+        backend=settings.grammar_backend, max_schema_depth=settings.grammar_max_schema_depth,
+        max_schema_nodes=settings.grammar_max_schema_nodes, max_tools=settings.grammar_max_tools,
     )
     preparer = build_structured_output(engine.tokenizer, engine.model_config.vocab_size, limits)
     extensions.stages["structured_output"] = preparer

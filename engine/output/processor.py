@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from loraplex.engine.interfaces import BudgetedGrammarMatcher
 from loraplex.engine.output.detokenizer import IncrementalDetokenizer
 from loraplex.engine.output.stop_strings import StopStringMatcher
 from loraplex.engine.protocol import ChoiceDelta, EngineRequest, FinishReason, RequestOutput, TokenLogprob
@@ -80,7 +81,7 @@ class RequestState:
             self.error = f"choice {seq.index}: token {token} rejected by the grammar"
             return True
         if token in self.eos_token_ids and not sampling.ignore_eos:
-            self._finish(choice, FinishReason.STOP, None)
+            self._finish(choice, _grammar_finish(seq), None)
         elif token in self.stop_token_ids:
             if sampling.include_stop_str_in_output:
                 choice.pending_text += choice.stop_strings.flush() + choice.detokenizer.add(token)
@@ -90,7 +91,7 @@ class RequestState:
             if choice.stop_strings.matched is not None:
                 self._finish(choice, FinishReason.STOP, choice.stop_strings.matched)
             elif seq.matcher is not None and seq.matcher.is_terminated():
-                self._finish(choice, FinishReason.STOP, None)
+                self._finish(choice, _grammar_finish(seq), None)
             elif seq.num_output_tokens >= sampling.max_tokens or len(seq.token_ids) >= self.max_model_len:
                 self._finish(choice, FinishReason.LENGTH, None)
         if choice.finish_reason is not None:
@@ -171,3 +172,11 @@ class RequestState:
             prompt_logprobs=prompt_logprobs,
             error=self.error,
         )
+
+
+def _grammar_finish(seq: Sequence) -> str:
+    """`length` when the token budget made the grammar close the output early, else `stop`."""
+    matcher = seq.matcher
+    if isinstance(matcher, BudgetedGrammarMatcher) and matcher.closed_by_budget():
+        return FinishReason.LENGTH
+    return FinishReason.STOP

@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
-import xgrammar as xgr
 from grammar_helpers import SMOLLM2_VOCAB, feed
 from loraplex.grammar.spec import GrammarKind, GrammarSpec
 
@@ -49,18 +49,31 @@ def test_choice_prefix_of_another_choice(compiler, tokenizer):
     assert not ok
 
 
-def test_fill_bitmask_matches_xgrammar_row_for_row(compiler, tokenizer):
-    spec = GrammarSpec(GrammarKind.JSON_SCHEMA, {"type": "object", "properties": {"tag": {"enum": ["red", "green"]}}})
+@pytest.mark.parametrize("strict", [True, False])
+def test_fill_bitmask_is_the_backend_row_or_the_one_forced_token(compiler, tokenizer, strict):
+    """Free positions get the backend's own mask; forced text (keys, enum rest) exactly one token."""
+    spec = GrammarSpec(GrammarKind.JSON_SCHEMA, {"type": "object", "properties": {"tag": {"enum": ["red", "green"]}}},
+                       strict=strict)
     grammar = compiler.compile_blocking(spec)
     ours = grammar.new_matcher()
-    reference = xgr.GrammarMatcher(grammar.xgr_grammar)
+    reference = grammar.inner.new_matcher()
     bitmask = torch.zeros((3, WORDS), dtype=torch.int32)
-    expected = xgr.allocate_token_bitmask(1, SMOLLM2_VOCAB)
+    expected = torch.zeros((1, WORDS), dtype=torch.int32)
+    num_forced = 0
     for token in tokenizer.encode('{"tag": "green"}', add_special_tokens=False):
         ours.fill_bitmask(bitmask, 2)
-        reference.fill_next_token_bitmask(expected)
-        assert torch.equal(bitmask[2], expected[0])
+        forced = ours.forced_token_ids()
+        if forced:
+            num_forced += 1
+            assert allowed(bitmask, 2) == {forced[0]}
+            token = forced[0]  # the text is forced; follow the grammar's own spelling of it
+        else:
+            reference.fill_bitmask(expected, 0)
+            assert torch.equal(bitmask[2], expected[0])
         assert ours.accept_token(token) and reference.accept_token(token)
+        if ours.is_terminated():
+            break
+    assert num_forced > 0
     assert ours.is_terminated()
 
 

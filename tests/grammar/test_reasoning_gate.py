@@ -33,7 +33,8 @@ def gated(compiler, tokenizer, starts_inside: bool = False):
 def test_think_freely_then_answer_in_json(compiler, tokenizer):
     grammar, markers = gated(compiler, tokenizer)
     matcher = grammar.new_matcher()
-    brace = ids(tokenizer, "{")[0]
+    brace = grammar.inner.new_matcher().forced_token_ids()[0]  # the answer's forced opening, as one token
+    assert tokenizer.decode([brace]).startswith("{")
     assert allowed(matcher, markers.start_token_ids[0]) and allowed(matcher, brace)
     assert not allowed(matcher, ids(tokenizer, "Hello")[0])
     for token in markers.start_token_ids + ids(tokenizer, "Let me think: the user is fine. "):

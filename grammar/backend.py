@@ -1,0 +1,103 @@
+"""The grammar backend plug-in: a Protocol each constraint library implements, and the registry of them.
+
+A backend compiles a `GrammarSpec` for one tokenizer into a grammar whose
+matchers accept tokens, roll back, fill a token bitmask, say when the text is
+complete, and name the tokens the grammar forces next (jump-forward).
+Before compiling a JSON schema the selector asks the backend which keyword,
+if any, it would not enforce exactly: only a backend that enforces the whole
+schema may serve a strict request.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+
+
+@dataclass(frozen=True, slots=True)
+class Unsupported:
+    """A schema feature a backend cannot enforce exactly, and where it is."""
+
+    keyword: str
+    path: str
+    backend: str
+    detail: str = ""
+
+    def message(self) -> str:
+        extra = f" ({self.detail})" if self.detail else ""
+        return f"keyword {self.keyword!r} at {self.path} is not supported{extra}"
+
+
+class UnsupportedSchemaError(Exception):
+    """Raised by a backend's compile when the spec uses something it cannot enforce exactly."""
+
+    def __init__(self, unsupported: Unsupported) -> None:
+        super().__init__(unsupported.message())
+        self.unsupported = unsupported
+
+
+class BackendMatcher(Protocol):
+    """One choice's position in a backend grammar."""
+
+    def accept_token(self, token_id: int) -> bool: ...
+
+    def rollback(self, num_tokens: int) -> None: ...
+
+    def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
+        """The allowed tokens (stop tokens included where the text may end) into `bitmask[row]`."""
+
+    def is_completed(self) -> bool:
+        """The text so far is a full match (a stop token would be accepted)."""
+
+    def is_terminated(self) -> bool:
+        """Completed, and nothing but a stop token can follow (or a stop token was accepted)."""
+
+    def forced_token_ids(self) -> list[int]:
+        """Tokens spelling the text the grammar forces from here (possibly none)."""
+
+
+class BackendGrammar(Protocol):
+    backend: str
+    memory_size_bytes: int
+
+    def new_matcher(self) -> BackendMatcher: ...
+
+
+class GrammarBackend(Protocol):
+    name: str
+    kinds: frozenset[str]  # the GrammarKinds it compiles
+
+    def unsupported(self, schema: Any) -> Unsupported | None:
+        """The first JSON-schema feature this backend would not enforce exactly; None if it enforces all."""
+
+    def compile(self, kind: str, payload: Any, timeout_s: float, *, exact: bool = True) -> BackendGrammar:
+        """Compile; ValueError (bad input), UnsupportedSchemaError, or TimeoutError (stopped after `timeout_s`).
+
+        `exact=False` lets a backend ignore JSON-schema keywords it does not implement.
+        """
+
+    def close(self) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class TokenizerContext:
+    """What every backend needs about the served tokenizer."""
+
+    tokenizer: Any  # a Hugging Face fast tokenizer
+    vocab_size: int  # the model's logits width (bitmask width), >= the tokenizer's vocabulary
+
+
+BackendFactory = Callable[[TokenizerContext], GrammarBackend]
+
+GRAMMAR_BACKENDS: dict[str, BackendFactory] = {}
+
+
+def register_backend(name: str) -> Callable[[BackendFactory], BackendFactory]:
+    def register(factory: BackendFactory) -> BackendFactory:
+        GRAMMAR_BACKENDS[name] = factory
+        return factory
+
+    return register

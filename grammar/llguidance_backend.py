@@ -1,0 +1,158 @@
+"""The llguidance backend: JSON schemas, enforced exactly or refused.
+
+llguidance refuses every keyword it does not implement (instead of ignoring
+it), so a schema it compiles is enforced as written. Its grammars build their
+lexer lazily while masks are computed, and all of that work is bounded by the
+fuel limits in `LLParserLimits`, checked inside llguidance itself: a hostile
+schema runs out of fuel and errors rather than running on.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+import llguidance
+import llguidance.hf
+import llguidance.torch
+import torch
+from loraplex.grammar.backend import TokenizerContext, Unsupported, UnsupportedSchemaError, register_backend
+from loraplex.grammar.schema_walk import keyword_path, subschemas
+from loraplex.grammar.spec import GrammarKind
+
+# Same output shape as the xgrammar backend: `{"a": 1, "b": 2}`, no other whitespace.
+_JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+_UNIMPLEMENTED = re.compile(r'Unimplemented keys: \[([^\]]*)\]')
+_UNKNOWN_FORMAT = re.compile(r"Unknown format: (.+)")
+
+
+def _limits() -> llguidance.LLParserLimits:
+    return llguidance.LLParserLimits(
+        max_items_in_row=2000, initial_lexer_fuel=1_000_000, step_lexer_fuel=200_000,
+        step_max_items=50_000, max_lexer_states=250_000, max_grammar_size=500_000,
+    )
+
+
+def _unsupported_from_error(schema: Any, error: str) -> Unsupported | None:
+    """llguidance's error names the keyword but not the place: find the place in the schema."""
+    match = _UNIMPLEMENTED.search(error)
+    if match:
+        keyword = json.loads(f"[{match.group(1)}]")[0]
+        return Unsupported(keyword, keyword_path(schema, keyword) or "#", "llguidance")
+    match = _UNKNOWN_FORMAT.search(error)
+    if match:
+        fmt = match.group(1).strip().splitlines()[0]
+        return Unsupported(f"format: {fmt}", _format_path(schema, fmt), "llguidance")
+    first_line = error.splitlines()[0] if error else "refused"
+    for keyword in ("oneOf", "patternProperties", "minProperties", "maxProperties", "propertyNames"):
+        if keyword in error and ("not supported" in error or "only supported" in error or "disjoint" in error):
+            return Unsupported(keyword, keyword_path(schema, keyword) or "#", "llguidance", first_line)
+    if "regex" in error or "lookaround" in error:
+        return Unsupported("pattern", keyword_path(schema, "pattern") or "#", "llguidance", first_line)
+    return None
+
+
+def _format_path(schema: Any, fmt: str) -> str:
+    for path, node, _ in subschemas(schema):
+        if isinstance(node, dict) and node.get("format") == fmt:
+            return path
+    return "#"
+
+
+class LLGuidanceBackend:
+    name = "llguidance"
+    kinds = frozenset({GrammarKind.JSON_SCHEMA})
+
+    def __init__(self, context: TokenizerContext) -> None:
+        self.context = context
+        self.tokenizer = llguidance.hf.from_tokenizer(context.tokenizer, n_vocab=context.vocab_size)
+        self.words = (context.vocab_size + 31) // 32
+        stop_bits = torch.zeros(self.words, dtype=torch.int32)
+        for token_id in self.tokenizer.eos_tokens:
+            word, bit = divmod(token_id, 32)
+            value = (int(stop_bits[word]) & 0xFFFFFFFF) | (1 << bit)
+            stop_bits[word] = value - (1 << 32) if value >= 1 << 31 else value
+        self.not_stop_bits = ~stop_bits
+
+    def unsupported(self, schema: Any) -> Unsupported | None:
+        return None  # llguidance refuses what it cannot enforce when it compiles
+
+    def compile(self, kind: str, payload: Any, timeout_s: float, *, exact: bool = True) -> LLGuidanceGrammar:
+        if kind != GrammarKind.JSON_SCHEMA:
+            raise ValueError(f"llguidance does not compile {kind}")
+        grammar = llguidance.LLMatcher.grammar_from_json_schema(payload, defaults=_JSON_OPTIONS)
+        matcher = llguidance.LLMatcher(self.tokenizer, grammar, log_level=0, limits=_limits())
+        if matcher.is_error():
+            error = matcher.get_error()
+            # Whatever llguidance refuses, another backend may still enforce exactly: never a hard error here.
+            problem = _unsupported_from_error(payload, error) or Unsupported(
+                "schema", "#", self.name, error.splitlines()[0] if error else "refused")
+            raise UnsupportedSchemaError(problem)
+        return LLGuidanceGrammar(matcher, len(grammar), self)
+
+    def close(self) -> None:
+        return None
+
+
+class LLGuidanceGrammar:
+    __slots__ = ("_backend", "_pristine", "memory_size_bytes")
+    backend = "llguidance"
+
+    def __init__(self, pristine: llguidance.LLMatcher, size: int, backend: LLGuidanceBackend) -> None:
+        self._pristine = pristine
+        self.memory_size_bytes = size
+        self._backend = backend
+
+    def new_matcher(self) -> LLGuidanceMatcher:
+        return LLGuidanceMatcher(self._pristine.deep_copy(), self._backend)
+
+
+class LLGuidanceMatcher:
+    __slots__ = ("_backend", "_matcher", "_terminated")
+
+    def __init__(self, matcher: llguidance.LLMatcher, backend: LLGuidanceBackend) -> None:
+        self._matcher = matcher
+        self._backend = backend
+        self._terminated: bool | None = None
+
+    def accept_token(self, token_id: int) -> bool:
+        # A refused token would leave llguidance's matcher in its error state for good; the
+        # engine protocol wants a refusal that changes nothing (the reasoning gate relies on it).
+        if self._matcher.validate_tokens([token_id]) != 1:
+            return False
+        self._terminated = None
+        return self._matcher.consume_token(token_id)
+
+    def rollback(self, num_tokens: int) -> None:
+        if num_tokens:
+            self._terminated = None
+            self._matcher.rollback(num_tokens)
+
+    def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
+        llguidance.torch.fill_next_token_bitmask(self._matcher, bitmask, row)
+
+    def is_completed(self) -> bool:
+        return self._matcher.is_accepting()
+
+    def is_terminated(self) -> bool:
+        if self._terminated is None:
+            if self._matcher.is_error():
+                self._terminated = False
+            elif self._matcher.is_stopped():
+                self._terminated = True
+            elif not self._matcher.is_accepting():
+                self._terminated = False
+            else:
+                row = torch.empty((1, self._backend.words), dtype=torch.int32)
+                llguidance.torch.fill_next_token_bitmask(self._matcher, row, 0)
+                self._terminated = not bool(torch.any(row[0] & self._backend.not_stop_bits))
+        return self._terminated
+
+    def forced_token_ids(self) -> list[int]:
+        return list(self._matcher.compute_ff_tokens())
+
+
+@register_backend("llguidance")
+def _make_llguidance(context: TokenizerContext) -> LLGuidanceBackend:
+    return LLGuidanceBackend(context)

@@ -1,0 +1,99 @@
+"""Walks over a JSON schema's subschemas without recursion, so no tenant schema can exhaust the stack.
+
+Every check that looks inside a schema (its depth and size, the first keyword
+a backend cannot enforce, where a keyword sits) goes through `subschemas`,
+an explicit stack of (JSON-pointer path, subschema, depth).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+_SUBSCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+_SUBSCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
+_SUBSCHEMA_VALUES = (
+    "items", "additionalItems", "additionalProperties", "not", "if", "then", "else", "contains",
+    "propertyNames", "unevaluatedProperties", "unevaluatedItems",
+)
+
+# Keywords that never change which instances are valid.
+ANNOTATIONS = frozenset({
+    "title", "description", "default", "examples", "$schema", "$id", "id", "$comment", "deprecated",
+    "readOnly", "writeOnly", "$anchor", "contentMediaType", "contentEncoding", "markdownDescription",
+})
+
+
+@dataclass(frozen=True, slots=True)
+class SchemaShapeLimits:
+    max_depth: int = 64     # nesting of subschemas
+    max_nodes: int = 20000  # subschemas in all
+
+
+def subschemas(schema: Any) -> Iterator[tuple[str, Any, int]]:
+    """(path, subschema, depth) for the schema and every subschema in it, depth first."""
+    stack: list[tuple[str, Any, int]] = [("#", schema, 0)]
+    while stack:
+        path, node, depth = stack.pop()
+        yield path, node, depth
+        if not isinstance(node, dict):
+            continue
+        children: list[tuple[str, Any, int]] = []
+        for key in _SUBSCHEMA_MAPS:
+            value = node.get(key)
+            if isinstance(value, dict):
+                children += [(f"{path}/{key}/{name}", sub, depth + 1) for name, sub in value.items()]
+        dependencies = node.get("dependencies")
+        if isinstance(dependencies, dict):
+            children += [(f"{path}/dependencies/{name}", sub, depth + 1)
+                         for name, sub in dependencies.items() if isinstance(sub, dict | bool)]
+        for key in _SUBSCHEMA_LISTS:
+            value = node.get(key)
+            if isinstance(value, list):
+                children += [(f"{path}/{key}/{i}", sub, depth + 1) for i, sub in enumerate(value)]
+        for key in _SUBSCHEMA_VALUES:
+            if key not in node:
+                continue
+            value = node[key]
+            if isinstance(value, list):  # draft-4 tuple `items`
+                children += [(f"{path}/{key}/{i}", sub, depth + 1) for i, sub in enumerate(value)]
+            else:
+                children.append((f"{path}/{key}", value, depth + 1))
+        stack.extend(reversed(children))
+
+
+def shape_problem(schema: Any, limits: SchemaShapeLimits) -> str | None:
+    """Why `schema` is too deep or too large to accept; None when it is within the limits."""
+    for num_nodes, (path, _, depth) in enumerate(subschemas(schema), start=1):
+        if depth > limits.max_depth:
+            return f"it nests deeper than {limits.max_depth} levels (at {_short(path)})"
+        if num_nodes > limits.max_nodes:
+            return f"it has more than {limits.max_nodes} subschemas"
+    return None
+
+
+def keyword_path(schema: Any, keyword: str) -> str | None:
+    """The path of the first subschema that uses `keyword`."""
+    for path, node, _ in subschemas(schema):
+        if isinstance(node, dict) and keyword in node:
+            return path
+    return None
+
+
+def first_keyword_outside(schema: Any, allowed: frozenset[str], formats: frozenset[str]) -> tuple[str, str] | None:
+    """(keyword, path) of the first keyword not in `allowed` (or a format not in `formats`)."""
+    for path, node, _ in subschemas(schema):
+        if not isinstance(node, dict):
+            continue
+        for key in node:
+            if key not in allowed and key not in ANNOTATIONS:
+                return key, path
+        fmt = node.get("format")
+        if fmt is not None and fmt not in formats:
+            return f"format: {fmt}", path
+    return None
+
+
+def _short(path: str) -> str:
+    return path if len(path) <= 120 else path[:60] + "..." + path[-50:]
