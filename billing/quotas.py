@@ -172,6 +172,12 @@ class QuotaGuard:
 
     on_recorded = settle
 
+    def release(self, *, request_id: str, tenant_id: str, api_key_id: str | None) -> None:
+        """Drop a reservation whose request was refused after it was made (by a later admission check)."""
+        self._counter.settle([Settlement(month=month_of(datetime.now(UTC)), tenant_id=tenant_id,
+                                         scopes=tuple({WHOLE_TENANT, api_key_id or WHOLE_TENANT}),
+                                         request_id=request_id, actual=Spend())])
+
     def reconcile(self, *, month: str | None = None, tenant_id: str | None = None) -> int:
         """Reset the month's counters from the ledger; returns how many counters were set."""
         month = month or month_of(datetime.now(UTC))

@@ -134,3 +134,12 @@ def test_without_redis_the_months_spend_survives_a_restart(db_url, make_event):
         restarted.reserve(request_id="again", tenant_id="ten_a", api_key_id=None, amount=Spend(300),
                           floor=Spend(101))
     second.dispose()
+
+
+def test_a_request_refused_after_its_reservation_gives_it_back(guard):
+    guard.reserve(request_id="r1", tenant_id="ten_a", api_key_id="key_a1", amount=Spend(LIMIT), floor=FLOOR)
+    with pytest.raises(QuotaExceededError):
+        guard.reserve(request_id="r2", tenant_id="ten_a", api_key_id="key_a1", amount=RESERVATION, floor=FLOOR)
+    guard.release(request_id="r1", tenant_id="ten_a", api_key_id="key_a1")  # e.g. the rate limiter said no
+    assert guard.reserve(request_id="r2", tenant_id="ten_a", api_key_id="key_a1", amount=RESERVATION, floor=FLOOR)
+    assert guard.spend(tenant_id="ten_a") == Spend()
