@@ -7,7 +7,7 @@
 - `start_server`: a real uvicorn server on a free port (a thread of this process, sharing an engine).
 - `api_server`: one such server with two tenants and keys of every scope; `openai_client` calls it.
 
-Tests marked `gpu` are skipped when CUDA is absent (they run through the device tool).
+Tests marked `gpu` are skipped when CUDA is absent (run them on a machine with a GPU).
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
     if torch.cuda.is_available():
         return
-    skip = pytest.mark.skip(reason="needs a CUDA GPU (run through the device tool)")
+    skip = pytest.mark.skip(reason="needs a CUDA GPU (run them on a machine with one)")
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)

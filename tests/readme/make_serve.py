@@ -44,6 +44,7 @@ def prepare_checkout(workdir: Path) -> Path:
     from loraplex.engine.model.default_model import ensure_default_model
 
     ensure_default_model(CONVERTED_MODEL.parent)
+    workdir.mkdir(parents=True, exist_ok=True)
     (workdir / ".venv").symlink_to(REPO_ROOT / ".venv")
     (workdir / "Makefile").symlink_to(REPO_ROOT / "Makefile")
     (workdir / "pyproject.toml").symlink_to(REPO_ROOT / "pyproject.toml")

@@ -80,8 +80,8 @@ def test_readme_speaks_to_users_and_operators_only() -> None:
     assert not re.search(r"(?<![\w.])\.\./", text), "the README names a path outside the repository"
 
 
-def test_code_and_tests_cite_no_issue_numbers() -> None:
-    pattern = re.compile(r"issue ?#?[0-9]", re.IGNORECASE)
+def test_code_and_tests_cite_no_issue_numbers_or_internal_tools() -> None:
+    pattern = re.compile(r"issue ?#?[0-9]|device tool", re.IGNORECASE)
     offenders = []
     for folder in ("platform", "engine", "adapters", "grammar", "sessions", "billing", "benchmarks", "tests",
                    "migrations"):
@@ -89,7 +89,10 @@ def test_code_and_tests_cite_no_issue_numbers() -> None:
             for number, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
                 if pattern.search(line) and path != Path(__file__):
                     offenders.append(f"{path.relative_to(REPO_ROOT)}:{number}")
-    assert not offenders, f"issue numbers cited in code: {offenders}"
+    for path in (REPO_ROOT / "pyproject.toml", REPO_ROOT / "Makefile"):
+        if pattern.search(path.read_text()):
+            offenders.append(path.name)
+    assert not offenders, f"issue numbers or internal tool names cited in code: {offenders}"
 
 
 @readme_example("architecture")

@@ -57,8 +57,9 @@ def test_adapters_and_usage_from_the_command_line(
     shell = BashSession(make_serve.workdir, {**shell_env, "LORAPLEX_BASE_URL": make_serve.url}, placeholders)
     run = ShellRun(dict(shell.run_all(example)))
 
-    uploaded = run.of("adapters upload").stdout
-    assert re.search(r"ready pirate \(adp_\w+\): rank 8", uploaded), uploaded
+    uploaded = re.search(r"ready pirate \((adp_\w+)\): rank 8", run.of("adapters upload").stdout)
+    assert uploaded, run.of("adapters upload").stdout
+    placeholders["adp_..."] = uploaded.group(1)   # the later examples price this adapter
     listed = run.of("adapters list").stdout.splitlines()
     assert listed[0].split("\t")[:3] == ["id", "name", "status"]
     assert [row.split("\t")[1:3] for row in listed[1:]] == [["pirate", "ready"]]
@@ -151,5 +152,5 @@ def test_placeholders_are_only_the_documented_ones() -> None:
 
 
 def test_pirate_folder_is_what_peft_saved(make_serve: MakeServe) -> None:
-    names = sorted(p.name for p in Path(make_serve.workdir, "pirate").iterdir())
-    assert names[:2] == ["adapter_config.json", "adapter_model.safetensors"]
+    names = {p.name for p in Path(make_serve.workdir, "pirate").iterdir()}
+    assert {"adapter_config.json", "adapter_model.safetensors"} <= names

@@ -16,7 +16,7 @@ if not torch.cuda.is_available():
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if torch.cuda.is_available():
         return
-    skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU (run through the device tool)")
+    skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU (run them on a machine with one)")
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip_gpu)
