@@ -149,6 +149,9 @@ class EngineConfig:
     # Grammar-forced tokens (keys, punctuation, the close near max_tokens) are appended without a
     # sampling step and prefilled together (jump-forward); the output is the same either way.
     grammar_jump_forward: bool = True
+    # Tensor parallelism: the model is split over this many GPUs, one worker process each
+    # (engine/parallel); the KV pool and every budget above are per rank.
+    tensor_parallel_size: int = 1
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -169,5 +172,6 @@ class EngineConfig:
 
     def bytes_per_block(self, model: ModelConfig) -> int:
         element = torch.tensor([], dtype=self.torch_dtype).element_size()
-        per_block = 2 * model.num_hidden_layers * self.block_size * model.num_key_value_heads
+        kv_heads_per_rank = max(1, model.num_key_value_heads // self.tensor_parallel_size)
+        per_block = 2 * model.num_hidden_layers * self.block_size * kv_heads_per_rank
         return per_block * model.head_dim * element

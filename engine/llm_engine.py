@@ -21,6 +21,9 @@ from loraplex.engine.kv.host_tier import HostTier
 from loraplex.engine.model.llama import LlamaForCausalLM
 from loraplex.engine.model.loader import load_model, random_model
 from loraplex.engine.output.processor import RequestState
+from loraplex.engine.parallel.group import SINGLE_RANK
+from loraplex.engine.parallel.sources import ModelSource, PathModelSource, RandomModelSource
+from loraplex.engine.parallel.workers import WorkerGroup, plan_num_blocks
 from loraplex.engine.protocol import EngineRequest, FinishReason, RequestOutput
 from loraplex.engine.runner import StepResult, runner_class_for
 from loraplex.engine.sampler import new_generator
@@ -39,13 +42,19 @@ class LLMEngine:
         tokenizer: Any,
         lora: LoRAStepBuilder | None = None,
         adapter_ready: Callable[[str], bool] | None = None,
+        workers: WorkerGroup | None = None,
     ) -> None:
+        """`model` is rank 0's shard under tensor parallelism, with `workers` running the other
+        ranks (`from_source` starts them)."""
+        if engine_config.tensor_parallel_size > 1 and workers is None:
+            raise ValueError("tensor_parallel_size > 1 needs its worker processes: build the engine with "
+                             "LLMEngine.from_source / from_random / from_model_path")
         self.model_config = model_config
         self.config = engine_config
         self.tokenizer = tokenizer
         self.max_model_len = engine_config.resolve_max_model_len(model_config)
         runner_class = runner_class_for(engine_config.device)
-        self.num_blocks = runner_class.plan_num_blocks(model, model_config, engine_config)
+        self.num_blocks = plan_num_blocks(runner_class, model, model_config, engine_config, workers)
         self.block_manager = BlockManager(
             self.num_blocks, engine_config.block_size, engine_config.enable_prefix_caching,
             max_pinned_blocks=engine_config.max_pinned_blocks,
@@ -59,6 +68,9 @@ class LLMEngine:
         self.block_manager.host_tier = self.host_tier
         self.runner = runner_class(model, model_config, engine_config, self.num_blocks, len(tokenizer), lora,
                                   num_host_blocks=num_host_blocks)
+        if workers is not None:
+            workers.start_runners(self.runner, self.num_blocks, len(tokenizer), num_host_blocks)
+            self.runner.workers = workers
         self.eos_token_ids = set(model_config.eos_token_ids)
         if getattr(tokenizer, "eos_token_id", None) is not None:
             self.eos_token_ids.add(tokenizer.eos_token_id)
@@ -71,9 +83,34 @@ class LLMEngine:
 
     # ---- constructors ---------------------------------------------------------------------
     @classmethod
+    def from_source(cls, source: ModelSource, engine_config: EngineConfig, tokenizer: Any, **kwargs: Any
+                    ) -> LLMEngine:
+        """Build the model from `source`; with tensor_parallel_size > 1 start one worker process per
+        further GPU, each building its own shard (`engine/parallel`)."""
+        model_config = source.model_config()
+        if engine_config.tensor_parallel_size > 1:
+            workers, model = WorkerGroup.launch(source, engine_config)
+            try:
+                return cls(model, model_config, engine_config, tokenizer, workers=workers, **kwargs)
+            except BaseException:
+                workers.close()
+                raise
+        max_len = engine_config.resolve_max_model_len(model_config)
+        model = source.build(max_len, engine_config.torch_dtype, engine_config.device, SINGLE_RANK)
+        return cls(model, model_config, engine_config, tokenizer, **kwargs)
+
+    def close(self) -> None:
+        """Stop the tensor-parallel workers (nothing to do on one device)."""
+        if self.runner.workers is not None:
+            self.runner.workers.close()
+
+    @classmethod
     def from_model_path(cls, path: str | Path, engine_config: EngineConfig, **kwargs: Any) -> LLMEngine:
         from transformers import AutoTokenizer
 
+        if engine_config.tensor_parallel_size > 1:
+            return cls.from_source(PathModelSource(str(path)), engine_config, AutoTokenizer.from_pretrained(path),
+                                   **kwargs)
         model_config = ModelConfig.from_pretrained(path)
         max_len = engine_config.resolve_max_model_len(model_config)
         model = load_model(path, max_len, engine_config.torch_dtype, engine_config.device)
@@ -83,6 +120,8 @@ class LLMEngine:
     def from_random(
         cls, model_config: ModelConfig, engine_config: EngineConfig, tokenizer: Any, seed: int = 0, **kwargs: Any
     ) -> LLMEngine:
+        if engine_config.tensor_parallel_size > 1:
+            return cls.from_source(RandomModelSource(model_config, seed), engine_config, tokenizer, **kwargs)
         max_len = engine_config.resolve_max_model_len(model_config)
         model = random_model(model_config, max_len, seed, engine_config.torch_dtype, engine_config.device)
         return cls(model, model_config, engine_config, tokenizer, **kwargs)

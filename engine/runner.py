@@ -1,26 +1,36 @@
 """ModelRunner: turns a scheduled step into tensors, runs the model, samples.
 
-Row order inside a step: every one-token query (decodes) first, so they
-share one batched attention call, then each prefill chunk. Step tensors
-are built once per step with vectorised index arithmetic.
+Every runner consumes the same `InputBatch` (engine/input_batch.py); this one
+turns it into the CPU attention metadata. `forward_batch` is the device work
+every tensor-parallel rank repeats; `execute` adds what rank 0 alone does
+(building the batch, sampling, prompt logprobs).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
+import numpy as np
 import torch
 from loraplex.engine.attention import ATTENTION_BACKENDS, CpuAttentionMetadata, DecodeTable
 from loraplex.engine.config import EngineConfig, ModelConfig
-from loraplex.engine.context import DecodeBucket, LoRAStepBuilder, PrefillSpan, StepContext
+from loraplex.engine.context import DecodeBucket, LoRAStepBuilder, LoRAStepContext, PrefillSpan, StepContext
+from loraplex.engine.input_batch import InputBatch, StepRows, build_input_batch, prompt_logprob_seqs
 from loraplex.engine.kernels import cpu_paged_decode
 from loraplex.engine.kv.host_tier import TO_HOST
 from loraplex.engine.model.llama import LlamaForCausalLM
 from loraplex.engine.protocol import TokenLogprob
 from loraplex.engine.sampler import Sampler
 from loraplex.engine.scheduler import SchedulerOutput
-from loraplex.engine.sequence import Sequence
+
+
+@dataclass(slots=True)
+class ForwardOutput:
+    hidden: torch.Tensor | None           # [T, hidden]; None after a graph replay
+    logits: torch.Tensor | None           # [len(logit_rows), vocab]; None when nothing is sampled
+    graph: Any = None                     # the decode graph replayed (CUDA), whose sampler may follow
 
 
 @dataclass(slots=True)
@@ -55,6 +65,7 @@ class ModelRunner:
         self.block_size = engine_config.block_size
         self.device = torch.device(engine_config.device)
         self.lora = lora
+        self.workers: Any = None  # the tensor-parallel workers this rank drives (engine/parallel)
         self.attention_backend = ATTENTION_BACKENDS[self.attention_backend_name]()
         self.sampler = Sampler(model_config.vocab_size, tokenizer_vocab_size)
         # Decodes through the C++ kernel when it builds (once per machine, then cached) and fits:
@@ -65,7 +76,7 @@ class ModelRunner:
             and cpu_paged_decode.paged_decode_kernel() is not None
         )
         slots = num_blocks * self.block_size
-        shape = (slots, model_config.num_key_value_heads, model_config.head_dim)
+        shape = (slots, model.plan.num_kv_heads, model_config.head_dim)  # this rank's KV heads
         dtype = engine_config.torch_dtype
         self.kv_caches = [
             (torch.zeros(shape, dtype=dtype, device=self.device), torch.zeros(shape, dtype=dtype, device=self.device))
@@ -82,43 +93,65 @@ class ModelRunner:
     @torch.inference_mode()
     def execute(self, step: SchedulerOutput) -> StepResult:
         self._copy_blocks(step.blocks_to_copy)
-        decodes = [(s, n) for s, n in zip(step.seqs, step.num_new_tokens, strict=True) if n == 1]
-        decodes.sort(key=lambda d: d[0].num_computed_tokens)  # length order: contiguous attention buckets
-        prefills = [(s, n) for s, n in zip(step.seqs, step.num_new_tokens, strict=True) if n > 1]
-        forks = [s for s, n in zip(step.seqs, step.num_new_tokens, strict=True) if n == 0]
-        ordered = decodes + prefills
-        input_ids, ctx, last_row = self._prepare(decodes, prefills)
-        if self.lora is not None:
-            ctx.lora = self.lora.build([s for s, _ in ordered], [n for _, n in ordered])
-        hidden = self.model(input_ids, ctx, self.kv_caches)
-
+        rows = StepRows.of(step)
+        batch = build_input_batch(rows, self.block_size)
+        ordered = rows.ordered
+        lora = self._lora_for([s for s, _ in ordered], [n for _, n in ordered], batch)
+        self.broadcast("step", batch)
+        out = self.forward_batch(batch, lora)
         result = StepResult()
-        sample_seqs = [s for s, n in ordered if s.num_computed_tokens + n == len(s.token_ids)]
-        sample_seqs += forks
-        rows = [last_row[s.seq_id] for s in sample_seqs[: len(sample_seqs) - len(forks)]]
-        rows += [last_row[s.parent.seq_id] for s in forks]
-        if sample_seqs:
-            logits = self.model.compute_logits(hidden[torch.tensor(rows, dtype=torch.long)])
-            self.sampler.sample(logits, sample_seqs, result)
-        self._prompt_logprobs(hidden, ordered, last_row, result)
+        if out.logits is not None:
+            self.sampler.sample(out.logits, rows.sampled + rows.forks, result)
+        self._prompt_logprobs(out.hidden, rows, batch, result)
         return result
 
-    def _prepare(
-        self, decodes: list[tuple[Sequence, int]], prefills: list[tuple[Sequence, int]]
-    ) -> tuple[torch.Tensor, StepContext, dict[int, int]]:
+    def forward_batch(self, batch: InputBatch, lora: LoRAStepContext | None) -> ForwardOutput:
+        """The device work of a step, the same on every tensor-parallel rank: the forward, then
+        the logits of the sampled rows (prompt-logprob rows follow in `prompt_logits`)."""
+        ctx = self._context(batch)
+        ctx.lora = lora
+        hidden = self.model(torch.from_numpy(batch.input_ids).long(), ctx, self.kv_caches)
+        logits = None
+        if batch.logit_rows.size:
+            logits = self.model.compute_logits(hidden[torch.from_numpy(batch.logit_rows).long()])
+        return ForwardOutput(hidden, logits)
+
+    def prompt_logits(self, hidden: torch.Tensor, batch: InputBatch) -> list[torch.Tensor]:
+        return [self.model.compute_logits(hidden[start:end]) for start, end in batch.prompt_logprob_spans]
+
+    def _lora_for(self, seqs: list, token_counts: list[int], batch: InputBatch) -> LoRAStepContext | None:
+        """The step's LoRA context; under tensor parallelism also each token's slot, which the
+        batch carries to the workers (their slot pools mirror this rank's slot numbers)."""
+        if self.lora is None:
+            return None
+        if self.workers is None:
+            return self.lora.build(seqs, token_counts)
+        slots = self.lora.token_slots(seqs, token_counts)
+        if slots is None:
+            return None
+        batch.lora_slots = np.asarray(slots, dtype=np.int32)
+        return self.lora.batch_of(slots)
+
+    def release_graphs(self) -> None:
+        """Drop captured device graphs before the process group goes (none on the CPU)."""
+
+    def broadcast(self, op: str, *args: object) -> None:
+        """Send an operation to the tensor-parallel workers (none with one rank)."""
+        if self.workers is not None:
+            self.workers.send(op, *args)
+
+    def _context(self, batch: InputBatch) -> StepContext:
+        """The CPU attention metadata of a batch: length buckets (or the C++ kernel's table) for
+        the decodes, one span per prefill chunk, masks built once per step, not per layer."""
         bs = self.block_size
-        ids: list[int] = []
-        pos_chunks: list[torch.Tensor] = []
-        slot_chunks: list[torch.Tensor] = []
-        last_row: dict[int, int] = {}
-        meta = CpuAttentionMetadata(slot_mapping=torch.empty(0, dtype=torch.long), block_size=bs)
-        if decodes:
-            seqs = [s for s, _ in decodes]  # sorted by context length in `execute`
-            lengths = torch.tensor([s.num_computed_tokens + 1 for s in seqs], dtype=torch.long)
-            num_blocks = [(s.num_computed_tokens + bs) // bs for s in seqs]
-            table = torch.tensor([_padded(s.block_table, num_blocks[-1]) for s in seqs], dtype=torch.long)
-            meta.num_decode_tokens = len(seqs)
-            dtype = self.kv_caches[0][0].dtype
+        meta = CpuAttentionMetadata(slot_mapping=torch.from_numpy(batch.slot_mapping).long(), block_size=bs)
+        dtype = self.kv_caches[0][0].dtype
+        num_decodes = batch.num_decodes
+        if num_decodes:  # rows sorted by context length (`StepRows.of`)
+            lengths = torch.from_numpy(batch.seq_lens[:num_decodes]).long()
+            num_blocks = ((lengths + bs - 1) // bs).tolist()
+            table = torch.from_numpy(batch.block_tables[:num_decodes, : num_blocks[-1]]).long()
+            meta.num_decode_tokens = num_decodes
             if self.use_decode_kernel:  # the kernel takes the table as is: no buckets, no masks
                 meta.decode_table = DecodeTable(table.to(torch.int32), lengths.to(torch.int32))
             buckets = [] if self.use_decode_kernel else decode_buckets(num_blocks)
@@ -130,35 +163,19 @@ class ModelRunner:
                     allowed = torch.arange(span) < lengths[start:end].unsqueeze(1)
                     bucket.mask = _additive(allowed.view(end - start, 1, 1, span), dtype)
                 meta.decode_buckets.append(bucket)
-            ids.extend(s.token_ids[s.num_computed_tokens] for s in seqs)
-            positions = lengths - 1
-            pos_chunks.append(positions)
-            slot_chunks.append(table.gather(1, (positions // bs).unsqueeze(1)).squeeze(1) * bs + positions % bs)
-            for i, s in enumerate(seqs):
-                last_row[s.seq_id] = i
-        row = len(ids)
-        for seq, n in prefills:
-            start = seq.num_computed_tokens
-            end = start + n
-            ids.extend(seq.token_ids[start:end])
-            num_blocks = (end + bs - 1) // bs
-            blocks = torch.tensor(seq.block_table[:num_blocks], dtype=torch.long)
-            positions = torch.arange(start, end)
-            pos_chunks.append(positions)
-            slot_chunks.append(blocks[positions // bs] * bs + positions % bs)
+        cu = batch.cu_seqlens_q
+        for i in range(num_decodes, batch.num_seqs):
+            row, n, end = int(cu[i]), int(batch.query_lens[i]), int(batch.seq_lens[i])
+            start = end - n
             span = PrefillSpan(row, row + n)
             if start > 0:
-                span.context_blocks = blocks
-                span.mask = _additive(torch.arange(num_blocks * bs).unsqueeze(0) <= positions.unsqueeze(1),
-                                      self.kv_caches[0][0].dtype)
+                num_blocks = -(-end // bs)
+                span.context_blocks = torch.from_numpy(batch.block_tables[i, :num_blocks]).long()
+                positions = torch.arange(start, end)
+                span.mask = _additive(torch.arange(num_blocks * bs).unsqueeze(0) <= positions.unsqueeze(1), dtype)
             meta.prefills.append(span)
-            row += n
-            last_row[seq.seq_id] = row - 1
-        positions = torch.cat(pos_chunks)
-        meta.slot_mapping = torch.cat(slot_chunks)
-        cos, sin = self.model.rotary.cos_sin(positions)
-        input_ids = torch.tensor(ids, dtype=torch.long)
-        return input_ids, StepContext(attention=meta, cos=cos, sin=sin, backend=self.attention_backend), last_row
+        cos, sin = self.model.rotary.cos_sin(torch.from_numpy(batch.positions).long())
+        return StepContext(attention=meta, cos=cos, sin=sin, backend=self.attention_backend)
 
     @torch.inference_mode()
     def swap_kv(self, swaps: list[tuple[str, int, int]]) -> None:
@@ -167,6 +184,8 @@ class ModelRunner:
         Consecutive copies in one direction run as one gather per layer, unless a
         destination repeats (a slot reused within the step), which starts a new group.
         """
+        if swaps:
+            self.broadcast("swap_kv", swaps)
         group: list[tuple[int, int]] = []
         direction = None
         for kind, src, dst in swaps:
@@ -195,6 +214,7 @@ class ModelRunner:
     def _copy_blocks(self, copies: list[tuple[int, int]]) -> None:
         if not copies:
             return
+        self.broadcast("copy_blocks", copies)
         bs = self.block_size
         src = torch.cat([torch.arange(s * bs, (s + 1) * bs) for s, _ in copies])
         dst = torch.cat([torch.arange(d * bs, (d + 1) * bs) for _, d in copies])
@@ -202,23 +222,16 @@ class ModelRunner:
             k_cache[dst] = k_cache[src]
             v_cache[dst] = v_cache[src]
 
-    def _prompt_logprobs(
-        self, hidden: torch.Tensor, ordered: list[tuple[Sequence, int]], last_row: dict[int, int],
-        result: StepResult,
-    ) -> None:
+    def _prompt_logprobs(self, hidden: torch.Tensor | None, rows: StepRows, batch: InputBatch,
+                         result: StepResult) -> None:
         """Logprob of each prompt token given the tokens before it, chunk by chunk."""
-        for seq, n in ordered:
-            if not seq.wants_prompt_logprobs:
-                continue
-            start = seq.num_computed_tokens
-            end = min(start + n, seq.num_prompt_tokens - 1)  # the last prompt row predicts output
-            if end <= start:
-                continue
-            first_row = last_row[seq.seq_id] - n + 1
-            logits = self.model.compute_logits(hidden[first_row : first_row + end - start])
+        if not batch.prompt_logprob_spans or hidden is None:
+            return
+        logits = self.prompt_logits(hidden, batch)
+        for (seq, start, end), chunk in zip(prompt_logprob_seqs(rows), logits, strict=True):
             targets = seq.token_ids[start + 1 : end + 1]
             result.prompt_logprobs[seq.seq_id] = self.sampler.logprob_entries(
-                logits, targets, seq.sampling.prompt_logprobs or 0
+                chunk, targets, seq.sampling.prompt_logprobs or 0
             )
 
 
@@ -274,12 +287,6 @@ def decode_buckets(num_blocks: list[int], max_buckets: int = 4, overhead: int = 
         buckets.append((ends[i - 1] if i else 0, ends[j - 1]))
         j, k = i, k - 1
     return buckets[::-1]
-
-
-def _padded(block_table: list[int], length: int) -> list[int]:
-    """The first `length` block ids, padded with block 0 (masked out) for shorter sequences."""
-    head = block_table[:length]
-    return head + [0] * (length - len(head))
 
 
 def _additive(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

@@ -30,7 +30,7 @@ def profile_num_blocks(model: LlamaForCausalLM, model_config: ModelConfig, engin
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats(device)
     before = torch.cuda.memory_allocated(device)
-    shape = (num_blocks * block_size, model_config.num_key_value_heads, model_config.head_dim)
+    shape = (num_blocks * block_size, model.plan.num_kv_heads, model_config.head_dim)
     # One scratch cache serves every layer: only the peak of the activations matters here.
     scratch = (torch.empty(shape, dtype=engine_config.torch_dtype, device=device),
                torch.empty(shape, dtype=engine_config.torch_dtype, device=device))

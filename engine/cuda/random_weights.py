@@ -15,6 +15,7 @@ from loraplex.engine.config import ModelConfig, rope_inv_freq
 from loraplex.engine.interfaces import AdapterWeights, LoRAModuleWeights
 from loraplex.engine.model.layers import RotaryEmbedding
 from loraplex.engine.model.llama import LlamaForCausalLM
+from loraplex.engine.parallel.group import SINGLE_RANK, TensorParallelGroup
 
 _LLAMA3_ROPE = {"rope_type": "llama3", "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                 "original_max_position_embeddings": 8192}
@@ -26,6 +27,19 @@ NAMED_CONFIGS: dict[str, dict] = {
         "rms_norm_eps": 1e-5, "rope_theta": 500000.0, "max_position_embeddings": 131072,
         "rope_scaling": {**_LLAMA3_ROPE, "factor": 32.0}, "tie_word_embeddings": True,
         "bos_token_id": 128000, "eos_token_id": 128001,
+    },
+    "Llama-3.1-70B": {
+        "model_type": "llama", "vocab_size": 128256, "hidden_size": 8192, "intermediate_size": 28672,
+        "num_hidden_layers": 80, "num_attention_heads": 64, "num_key_value_heads": 8, "head_dim": 128,
+        "rms_norm_eps": 1e-5, "rope_theta": 500000.0, "max_position_embeddings": 131072,
+        "rope_scaling": {**_LLAMA3_ROPE, "factor": 8.0}, "tie_word_embeddings": False,
+        "bos_token_id": 128000, "eos_token_id": 128001,
+    },
+    "Qwen2.5-7B": {
+        "model_type": "qwen2", "vocab_size": 152064, "hidden_size": 3584, "intermediate_size": 18944,
+        "num_hidden_layers": 28, "num_attention_heads": 28, "num_key_value_heads": 4, "head_dim": 128,
+        "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "max_position_embeddings": 32768,
+        "tie_word_embeddings": False, "bos_token_id": 151643, "eos_token_id": 151645,
     },
     "Llama-3.1-8B": {
         "model_type": "llama", "vocab_size": 128256, "hidden_size": 4096, "intermediate_size": 14336,
@@ -44,11 +58,12 @@ def named_config(name: str) -> ModelConfig:
 @torch.no_grad()
 def random_device_model(
     config: ModelConfig, max_model_len: int, *, device: str = "cuda", dtype: torch.dtype = torch.bfloat16,
-    seed: int = 0, std: float = 0.02,
+    seed: int = 0, std: float = 0.02, tp: TensorParallelGroup = SINGLE_RANK,
 ) -> LlamaForCausalLM:
+    """With `tp` over several ranks: this rank's shard shapes, drawn from `seed` alone."""
     with torch.device("meta"):
-        model = LlamaForCausalLM(config, max_model_len)
-    model = model.to_empty(device=device).to(dtype)
+        model = LlamaForCausalLM(config, max_model_len, tp)
+    model = model.to(dtype).to_empty(device=device)  # never allocate float32 first
     if config.tie_word_embeddings:  # to_empty gives each module its own tensor
         model.lm_head.weight = model.embed_tokens.weight
     inv_freq, scaling = rope_inv_freq(config, max_model_len)

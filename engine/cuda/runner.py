@@ -13,11 +13,10 @@ swaps are inherited unchanged); the attention backend views it as blocks.
 
 from __future__ import annotations
 
-import itertools
+import gc
 from types import SimpleNamespace
 from typing import Any
 
-import numpy as np
 import torch
 from loraplex.engine.config import EngineConfig, ModelConfig
 from loraplex.engine.context import StepContext
@@ -26,10 +25,11 @@ from loraplex.engine.cuda.fused_ops import fuse_norms
 from loraplex.engine.cuda.graphs import DecodeGraph, batch_ladder, capture_decode_graph
 from loraplex.engine.cuda.memory import profile_num_blocks
 from loraplex.engine.cuda.staging import GrammarMaskBuffers, PinnedStaging
+from loraplex.engine.input_batch import InputBatch, StepRows, build_input_batch
 from loraplex.engine.kernels.paged_attention_decode import choose_num_splits
 from loraplex.engine.kernels.token_bitmask import apply_token_bitmask
 from loraplex.engine.model.llama import LlamaForCausalLM
-from loraplex.engine.runner import ModelRunner, StepResult
+from loraplex.engine.runner import ForwardOutput, ModelRunner, StepResult
 from loraplex.engine.scheduler import SchedulerOutput
 from loraplex.engine.sequence import Sequence
 
@@ -60,7 +60,7 @@ class CudaModelRunner(ModelRunner):
                  *args: Any, **kwargs: Any) -> None:
         fuse_norms(model)
         super().__init__(model, model_config, engine_config, *args, **kwargs)
-        self.num_kv_heads = model_config.num_key_value_heads
+        self.num_kv_heads = model.plan.num_kv_heads
         max_model_len = engine_config.resolve_max_model_len(model_config)
         self.max_blocks_per_seq = -(-max_model_len // self.block_size)
         self.ladder = batch_ladder(engine_config.max_num_seqs)
@@ -81,24 +81,32 @@ class CudaModelRunner(ModelRunner):
     @torch.inference_mode()
     def execute(self, step: SchedulerOutput) -> StepResult:
         self._copy_blocks(step.blocks_to_copy)
-        pairs = list(zip(step.seqs, step.num_new_tokens, strict=True))
-        decodes = [(s, n) for s, n in pairs if n == 1]
-        prefills = [(s, n) for s, n in pairs if n > 1]
-        forks = [s for s, n in pairs if n == 0]
-        ordered = decodes + prefills
-        sampled = [s for s, n in ordered if s.num_computed_tokens + n == len(s.token_ids)]
+        rows = StepRows.of(step)
+        ordered = rows.ordered
+        if self.use_graphs and rows.is_plain_decode:
+            size = self.padded_size(len(rows.decodes))
+            batch = build_input_batch(rows, self.block_size, table_width=self.max_blocks_per_seq, pad_to=size)
+            batch.use_graph = True
+            lora = self._lora_for(rows.decodes + [_PADDING_SEQ] * (size - len(rows.decodes)), [1] * size, batch)
+        else:
+            # Decode-only steps use the graphs' table width and split count, so graphs on or off
+            # run the same attention arithmetic.
+            width = self.max_blocks_per_seq if not rows.prefills else None
+            batch = build_input_batch(rows, self.block_size, table_width=width)
+            lora = self._lora_for([s for s, _ in ordered], [n for _, n in ordered], batch)
+        self.broadcast("step", batch)
+        out = self.forward_batch(batch, lora)
         result = StepResult()
-        graphable = (self.use_graphs and not prefills and not forks and decodes
-                     and not any(s.wants_prompt_logprobs for s, _ in decodes))
-        if graphable and sampled == [s for s, _ in decodes]:
-            graph = self._replay_decode(decodes)
-            self._sample(graph.logits[: len(sampled)], sampled, result, graph)
-            return result
-        hidden, logits = self._forward_eager(decodes, prefills, forks, sampled)
-        if logits is not None:
-            self._sample(logits, sampled + forks, result, None)
-        self._prompt_logprobs(hidden, ordered, self._last_row, result)
+        if out.logits is not None:
+            self._sample(out.logits, rows.sampled + rows.forks, result, out.graph)
+        self._prompt_logprobs(out.hidden, rows, batch, result)
         return result
+
+    def forward_batch(self, batch: InputBatch, lora: Any | None) -> ForwardOutput:
+        if batch.use_graph:
+            graph = self._replay_decode(batch, lora)
+            return ForwardOutput(None, graph.logits[: batch.num_seqs], graph)
+        return self._forward_eager(batch, lora)
 
     def _sample(self, logits: torch.Tensor, seqs: list[Sequence], result: StepResult,
                 graph: DecodeGraph | None) -> None:
@@ -125,25 +133,31 @@ class CudaModelRunner(ModelRunner):
         Graphs with LoRA are still captured on first use (they need the step's adapter stacks)."""
         if not self.use_graphs:
             return 0
+        self.broadcast("capture_decode_graphs")
         missing = [size for size in self.ladder if (size, None) not in self.graphs]
         for size in reversed(missing):  # largest first, so smaller ones reuse its pool memory
             self.graphs[(size, None)] = self._capture(size, None)
         return len(missing)
 
+    def release_graphs(self) -> None:
+        """Drop every captured graph: NCCL finalizes a communicator only once no graph holds it."""
+        self.graphs.clear()
+        self.last_graph = None
+        self._graph_pool = None
+        torch.cuda.synchronize(self.device)
+        gc.collect()
+
     def padded_size(self, num_seqs: int) -> int:
         return next(size for size in self.ladder if size >= num_seqs)
 
-    def _replay_decode(self, decodes: list[tuple[Sequence, int]]) -> DecodeGraph:
-        seqs = [s for s, _ in decodes]
-        size = self.padded_size(len(seqs))
-        lora = None
-        if self.lora is not None:
-            lora = self.lora.build(seqs + [_PADDING_SEQ] * (size - len(seqs)), [1] * size)
-        key = (size, None if lora is None else id(lora.stacks))
+    def _replay_decode(self, batch: InputBatch, lora: Any | None) -> DecodeGraph:
+        size = batch.block_tables.shape[0]
+        key = (size, None if lora is None else "lora")  # one LoRA graph per size: the stacks are fixed
         graph = self.graphs.get(key)
         if graph is None:
             graph = self.graphs[key] = self._capture(size, lora)
-        self.staging.upload(self._decode_arrays(seqs, size), target=graph.inputs)
+        self.staging.upload([batch.input_ids, batch.positions, batch.slot_mapping, batch.seq_lens,
+                             batch.block_tables], target=graph.inputs)
         graph.replay_forward(lora)
         self.num_graph_steps += 1
         self.last_graph = graph
@@ -174,72 +188,23 @@ class CudaModelRunner(ModelRunner):
         return choose_num_splits(padded_size, self.num_kv_heads, self.max_blocks_per_seq * self.block_size,
                                  self.device)
 
-    def _decode_arrays(self, seqs: list[Sequence], size: int) -> list[np.ndarray]:
-        """Graph inputs, vectorised: at batch 512 a per-row loop costs milliseconds a step."""
-        bs, width, count = self.block_size, self.max_blocks_per_seq, len(seqs)
-        ids = np.zeros(size, dtype=np.int32)
-        positions = np.zeros(size, dtype=np.int32)
-        positions[:count] = [s.num_computed_tokens for s in seqs]
-        ids[:count] = [s.token_ids[s.num_computed_tokens] for s in seqs]
-        table_lists = [s.block_table[:width] for s in seqs]
-        lengths = np.fromiter((len(t) for t in table_lists), dtype=np.int64, count=count)
-        flat = np.fromiter(itertools.chain.from_iterable(table_lists), dtype=np.int32, count=int(lengths.sum()))
-        rows = np.repeat(np.arange(count), lengths)
-        columns = np.arange(flat.size) - np.repeat(np.cumsum(lengths) - lengths, lengths)
-        tables = np.zeros((size, width), dtype=np.int32)
-        tables[rows, columns] = flat
-        slots = np.full(size, -1, dtype=np.int32)
-        live = positions[:count]
-        slots[:count] = tables[np.arange(count), live // bs] * bs + live % bs
-        seq_lens = np.zeros(size, dtype=np.int32)
-        seq_lens[:count] = live + 1
-        return [ids, positions, slots, seq_lens, tables]
-
     # ---- eager forward (prefill chunks, mixed steps, graphs off) --------------------------
-    def _forward_eager(
-        self, decodes: list[tuple[Sequence, int]], prefills: list[tuple[Sequence, int]], forks: list[Sequence],
-        sampled: list[Sequence],
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        bs = self.block_size
-        ordered = decodes + prefills
-        ids: list[int] = []
-        positions: list[np.ndarray] = []
-        q_lens, seq_lens = [], []
-        self._last_row: dict[int, int] = {}
-        for seq, n in ordered:
-            start = seq.num_computed_tokens
-            ids.extend(seq.token_ids[start : start + n])
-            positions.append(np.arange(start, start + n, dtype=np.int32))
-            q_lens.append(n)
-            seq_lens.append(start + n)
-            self._last_row[seq.seq_id] = len(ids) - 1
-        decode_only = not prefills
-        # Decode-only steps use the graphs' table width and split count, so graphs on or off
-        # run the same attention arithmetic.
-        width = self.max_blocks_per_seq if decode_only else max(-(-n // bs) for n in seq_lens)
-        tables = np.zeros((len(ordered), width), dtype=np.int32)
-        slot_chunks = []
-        for i, ((seq, _), pos) in enumerate(zip(ordered, positions, strict=True)):
-            table = np.asarray(seq.block_table[: -(-seq_lens[i] // bs)], dtype=np.int32)
-            tables[i, : len(table)] = table
-            slot_chunks.append(table[pos // bs] * bs + pos % bs)
-        rows = [self._last_row[s.seq_id] for s in sampled] + [self._last_row[s.parent.seq_id] for s in forks]
-        cu = np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32)
+    def _forward_eager(self, batch: InputBatch, lora: Any | None) -> ForwardOutput:
+        num_seqs, width = batch.num_seqs, batch.block_tables.shape[1]
         ids_d, pos_d, slots_d, lens_d, cu_d, tables_d, rows_d = self.staging.upload([
-            np.asarray(ids, dtype=np.int32), np.concatenate(positions), np.concatenate(slot_chunks),
-            np.asarray(seq_lens, dtype=np.int32), cu, tables, np.asarray(rows, dtype=np.int32),
+            batch.input_ids, batch.positions, batch.slot_mapping, batch.seq_lens, batch.cu_seqlens_q,
+            batch.block_tables, batch.logit_rows,
         ])
+        decode_only = batch.is_decode_only
         meta = TritonAttentionMetadata(
-            block_size=bs, slot_mapping=slots_d, block_tables=tables_d.view(len(ordered), width), seq_lens=lens_d,
-            cu_seqlens_q=None if decode_only else cu_d,
-            num_splits=self._decode_splits(self.padded_size(len(ordered))) if decode_only else 1,
+            block_size=self.block_size, slot_mapping=slots_d, block_tables=tables_d.view(num_seqs, width),
+            seq_lens=lens_d, cu_seqlens_q=None if decode_only else cu_d,
+            num_splits=self._decode_splits(self.padded_size(num_seqs)) if decode_only else 1,
         )
         cos, sin = self.model.rotary.cos_sin(pos_d)
-        ctx = StepContext(attention=meta, cos=cos, sin=sin, backend=self.attention_backend)
-        if self.lora is not None:
-            ctx.lora = self.lora.build([s for s, _ in ordered], q_lens)
+        ctx = StepContext(attention=meta, cos=cos, sin=sin, backend=self.attention_backend, lora=lora)
         hidden = self.model(ids_d, ctx, self.kv_caches)
         self.num_eager_steps += 1
-        if not rows:
-            return hidden, None
-        return hidden, self.model.compute_logits(hidden[rows_d.long()]).float()
+        if not batch.logit_rows.size:
+            return ForwardOutput(hidden, None)
+        return ForwardOutput(hidden, self.model.compute_logits(hidden[rows_d.long()]).float())

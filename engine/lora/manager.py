@@ -45,8 +45,11 @@ class LoRAManager:
         device: torch.device | str,
         load_retry_base_s: float = 1.0,
         load_retry_max_s: float = 60.0,
+        mirror: Callable[[LoRASlotPool, dict[str, Any]], LoRASlotPool] | None = None,
     ) -> None:
         self.pool = LoRASlotPool(model, max_loras=max_loras, max_lora_rank=max_lora_rank, dtype=dtype, device=device)
+        if mirror is not None:  # tensor parallelism: every slot write and clear also reaches the workers
+            self.pool = mirror(self.pool, dict(max_loras=max_loras, max_lora_rank=max_lora_rank, dtype=dtype))
         self.host = HostAdapterCache(source, max_cpu_loras=max_cpu_loras, retry_base_s=load_retry_base_s,
                                      retry_max_s=load_retry_max_s)
         self._build_batch = LORA_BATCHES[torch.device(device).type]
@@ -67,8 +70,10 @@ class LoRAManager:
     @classmethod
     def for_engine(cls, engine: Any, source: AdapterSource, **limits: Any) -> LoRAManager:
         """Build a manager for an `LLMEngine` and hook it into its scheduler and runner."""
+        workers = getattr(engine.runner, "workers", None)
+        mirror = None if workers is None else workers.mirror_slot_pool
         manager = cls(engine.runner.model, source, dtype=engine.config.torch_dtype, device=engine.config.device,
-                      **limits)
+                      mirror=mirror, **limits)
         scheduler = engine.scheduler
         manager.attach(lambda: [s.adapter_id for s in list(scheduler.running)], lambda: _queued_adapters(scheduler))
         engine.scheduler.adapter_ready = manager.adapter_ready
@@ -138,6 +143,11 @@ class LoRAManager:
 
     # ---- per-step context (engine thread) --------------------------------------------------
     def build(self, seqs_in_batch_order: list, token_counts: list[int]) -> LoRABatch | None:
+        token_slots = self.token_slots(seqs_in_batch_order, token_counts)
+        return None if token_slots is None else self.batch_of(token_slots)
+
+    def token_slots(self, seqs_in_batch_order: list, token_counts: list[int]) -> list[int] | None:
+        """Each token's adapter slot (-1: base); None when no token has an adapter."""
         self._apply_evictions()
         if all(s.adapter_id is None for s in seqs_in_batch_order):
             return None
@@ -145,8 +155,9 @@ class LoRAManager:
         for seq, count in zip(seqs_in_batch_order, token_counts, strict=True):
             slot = -1 if seq.adapter_id is None else self._slot_of(seq.adapter_id)
             token_slots.extend([slot] * count)
-        if not token_slots:
-            return None
+        return token_slots or None
+
+    def batch_of(self, token_slots: list[int]) -> LoRABatch:
         return self._build_batch(token_slots, self.pool)
 
     def _slot_of(self, adapter_id: str) -> int:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import torch
-from loraplex.engine.interfaces import AdapterWeights
+from loraplex.engine.interfaces import AdapterWeights, LoRAModuleWeights
 from loraplex.engine.kernels.lora_weights import LoRAStack
 from loraplex.engine.model.layers import LoRALinear
 from torch import nn
@@ -51,6 +51,8 @@ class LoRASlotPool:
         self.shrink_a: dict[StackKey, dict[int, torch.Tensor]] = {}
         # (layer, module name) -> (stack key, slice index), to place an adapter's modules
         self._placement: dict[tuple[int, str], tuple[StackKey, int]] = {}
+        # This rank's part of an adapter module (tensor parallelism; whole with one rank)
+        self.plan = getattr(model, "plan", None)
         for module in model.modules():
             if not isinstance(module, LoRALinear):
                 continue
@@ -65,18 +67,30 @@ class LoRASlotPool:
             for index, (name, _, _) in enumerate(module.slices):
                 self._placement[(module.layer_index, name)] = (key, index)
 
+    def shard(self, name: str, w: LoRAModuleWeights) -> LoRAModuleWeights:
+        """An adapter module as this rank holds it (S-LoRA: B by output rows for column-parallel
+        layers, A by input columns for row-parallel ones)."""
+        if self.plan is None or self.plan.world_size == 1:
+            return w
+        lora_a, lora_b = self.plan.shard_lora(name, w.lora_a, w.lora_b)
+        return LoRAModuleWeights(lora_a, lora_b, w.scaling)
+
     def check(self, weights: AdapterWeights) -> None:
-        for (layer, name), w in weights.modules.items():
+        for (layer, name), whole in weights.modules.items():
             placed = self._placement.get((layer, name))
             if placed is None:
                 raise AdapterShapeError(f"adapter {weights.adapter_id}: the model has no layer {layer} {name}")
             stack, index = self.stacks[placed[0]], placed[1]
-            rank = w.lora_a.shape[0]
+            rank = whole.lora_a.shape[0]
             if rank > self.max_lora_rank:
                 raise AdapterShapeError(
                     f"adapter {weights.adapter_id}: layer {layer} {name} has rank {rank} > max_lora_rank "
                     f"{self.max_lora_rank}"
                 )
+            try:
+                w = self.shard(name, whole)
+            except Exception as exc:
+                raise AdapterShapeError(f"adapter {weights.adapter_id}: layer {layer} {name}: {exc}") from exc
             want_a = (rank, stack.in_features)
             want_b = (stack.out_sizes[index], rank)
             if tuple(w.lora_a.shape) != want_a or tuple(w.lora_b.shape) != want_b:
@@ -89,9 +103,10 @@ class LoRASlotPool:
         """Fill `slot` with the adapter; every slice it does not adapt becomes rank 0."""
         self.check(weights)
         self.clear(slot)
-        for (layer, name), w in weights.modules.items():
+        for (layer, name), whole in weights.modules.items():
             key, index = self._placement[(layer, name)]
             stack = self.stacks[key]
+            w = self.shard(name, whole)
             stack.set_slot(
                 slot, index, w.lora_a.to(self.device, non_blocking=True), w.lora_b.to(self.device, non_blocking=True),
                 w.scaling,

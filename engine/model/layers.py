@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
+from loraplex.engine.parallel.group import SINGLE_RANK, TensorParallelGroup
 from torch import nn
 
 if TYPE_CHECKING:
@@ -59,6 +60,11 @@ class LoRALinear(nn.Module):
     `(module_name, out_start, out_end)` in output columns, and
     `layer_index` is the decoder layer this projection belongs to.
 
+    Under tensor parallelism the sizes given are this rank's: `parallel="column"` layers
+    output their rank's rows and need no collective; `parallel="row"` layers produce a
+    partial sum that is all-reduced after the LoRA delta is added (the delta is partial in
+    the same way, see `engine/parallel/plan.py`), so adapters cost no extra collective.
+
     LoRA hook contract: after computing the base output `y = x @ W.T (+ b)`,
     if `ctx.lora is not None` the layer calls
     `ctx.lora.apply(x, y, layer_index, slices)`, which must add each slice's
@@ -74,8 +80,14 @@ class LoRALinear(nn.Module):
         out_slices: list[tuple[str, int]],
         layer_index: int,
         bias: bool = False,
+        parallel: str | None = None,
+        tp: TensorParallelGroup = SINGLE_RANK,
     ) -> None:
         super().__init__()
+        if parallel == "row" and bias:
+            raise ValueError("a row-parallel linear would add its bias once per rank")
+        self.parallel = parallel
+        self.tp = tp
         slices = []
         start = 0
         for name, size in out_slices:
@@ -92,6 +104,8 @@ class LoRALinear(nn.Module):
         y = F.linear(x, self.weight, self.bias)
         if ctx.lora is not None:
             ctx.lora.apply(x, y, self.layer_index, self.slices)
+        if self.parallel == "row":
+            self.tp.all_reduce_(y)
         return y
 
     def slice_of(self, module_name: str) -> tuple[int, int]:
@@ -99,3 +113,40 @@ class LoRALinear(nn.Module):
             if name == module_name:
                 return start, end
         raise KeyError(module_name)
+
+
+class VocabParallelEmbedding(nn.Module):
+    """Token embedding with this rank's `ceil(vocab / ranks)` rows; other ranks' tokens embed
+    to zero here and the all-reduce brings them in. One rank: a plain embedding."""
+
+    def __init__(self, vocab_size: int, hidden_size: int, tp: TensorParallelGroup = SINGLE_RANK) -> None:
+        super().__init__()
+        self.tp = tp
+        self.rows = -(-vocab_size // tp.world_size)
+        self.start = tp.rank * self.rows
+        self.weight = nn.Parameter(torch.empty(self.rows, hidden_size))
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        if not self.tp.is_parallel:
+            return F.embedding(ids, self.weight)
+        local = ids - self.start
+        outside = (local < 0) | (local >= self.rows)
+        out = F.embedding(local.masked_fill(outside, 0), self.weight)
+        out.masked_fill_(outside.unsqueeze(-1), 0)
+        return self.tp.all_reduce_(out)
+
+
+class VocabParallelHead(nn.Module):
+    """LM head with this rank's vocabulary rows; logits are all-gathered, padding columns cut."""
+
+    def __init__(self, hidden_size: int, vocab_size: int, tp: TensorParallelGroup = SINGLE_RANK) -> None:
+        super().__init__()
+        self.tp = tp
+        self.vocab_size = vocab_size
+        self.weight = nn.Parameter(torch.empty(-(-vocab_size // tp.world_size), hidden_size))
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        logits = F.linear(hidden, self.weight)
+        if not self.tp.is_parallel:
+            return logits
+        return self.tp.all_gather_last(logits)[..., : self.vocab_size]

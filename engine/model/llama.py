@@ -2,6 +2,8 @@
 
 Tokens of every sequence in a step are flattened into one `[T]` batch;
 attention reads and writes the paged KV cache through the step context.
+Built for one tensor-parallel rank (`tp`), every layer holds that rank's shard
+(`engine/parallel/plan.py`); with one rank it is the whole model.
 """
 
 from __future__ import annotations
@@ -10,15 +12,23 @@ import torch
 import torch.nn.functional as F
 from loraplex.engine.config import ModelConfig, rope_inv_freq
 from loraplex.engine.context import StepContext
-from loraplex.engine.model.layers import LoRALinear, RMSNorm, RotaryEmbedding
+from loraplex.engine.model.layers import (
+    LoRALinear,
+    RMSNorm,
+    RotaryEmbedding,
+    VocabParallelEmbedding,
+    VocabParallelHead,
+)
+from loraplex.engine.parallel.group import SINGLE_RANK, TensorParallelGroup
+from loraplex.engine.parallel.plan import ShardPlan
 from torch import nn
 
 
 class Attention(nn.Module):
-    def __init__(self, config: ModelConfig, layer_index: int) -> None:
+    def __init__(self, config: ModelConfig, layer_index: int, plan: ShardPlan, tp: TensorParallelGroup) -> None:
         super().__init__()
-        self.num_heads = config.num_attention_heads
-        self.num_kv_heads = config.num_key_value_heads
+        self.num_heads = plan.num_heads
+        self.num_kv_heads = plan.num_kv_heads
         self.head_dim = config.head_dim
         self.q_size = self.num_heads * self.head_dim
         self.kv_size = self.num_kv_heads * self.head_dim
@@ -28,8 +38,10 @@ class Attention(nn.Module):
             [("q_proj", self.q_size), ("k_proj", self.kv_size), ("v_proj", self.kv_size)],
             layer_index,
             bias=config.qkv_bias,
+            parallel="column",
+            tp=tp,
         )
-        self.o_proj = LoRALinear(self.q_size, [("o_proj", config.hidden_size)], layer_index)
+        self.o_proj = LoRALinear(self.q_size, [("o_proj", config.hidden_size)], layer_index, parallel="row", tp=tp)
         self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if config.qk_norm else None
         self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if config.qk_norm else None
 
@@ -49,17 +61,20 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, config: ModelConfig, layer_index: int) -> None:
+    def __init__(self, config: ModelConfig, layer_index: int, plan: ShardPlan, tp: TensorParallelGroup) -> None:
         super().__init__()
         if config.hidden_act != "silu":
             raise ValueError(f"unsupported hidden_act {config.hidden_act!r}")
-        self.intermediate = config.intermediate_size
+        self.intermediate = plan.intermediate_size
         self.gate_up_proj = LoRALinear(
             config.hidden_size,
-            [("gate_proj", config.intermediate_size), ("up_proj", config.intermediate_size)],
+            [("gate_proj", self.intermediate), ("up_proj", self.intermediate)],
             layer_index,
+            parallel="column",
+            tp=tp,
         )
-        self.down_proj = LoRALinear(config.intermediate_size, [("down_proj", config.hidden_size)], layer_index)
+        self.down_proj = LoRALinear(self.intermediate, [("down_proj", config.hidden_size)], layer_index,
+                                    parallel="row", tp=tp)
 
     def forward(self, x: torch.Tensor, ctx: StepContext) -> torch.Tensor:
         gate, up = self.gate_up_proj(x, ctx).split([self.intermediate, self.intermediate], dim=-1)
@@ -67,10 +82,10 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, config: ModelConfig, layer_index: int) -> None:
+    def __init__(self, config: ModelConfig, layer_index: int, plan: ShardPlan, tp: TensorParallelGroup) -> None:
         super().__init__()
-        self.self_attn = Attention(config, layer_index)
-        self.mlp = MLP(config, layer_index)
+        self.self_attn = Attention(config, layer_index, plan, tp)
+        self.mlp = MLP(config, layer_index, plan, tp)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
@@ -82,13 +97,15 @@ class DecoderLayer(nn.Module):
 
 
 class LlamaForCausalLM(nn.Module):
-    def __init__(self, config: ModelConfig, max_model_len: int) -> None:
+    def __init__(self, config: ModelConfig, max_model_len: int, tp: TensorParallelGroup = SINGLE_RANK) -> None:
         super().__init__()
         self.config = config
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_hidden_layers))
+        self.tp = tp
+        self.plan = ShardPlan.for_rank(config, tp.rank, tp.world_size)
+        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, tp)
+        self.layers = nn.ModuleList(DecoderLayer(config, i, self.plan, tp) for i in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.lm_head = VocabParallelHead(config.hidden_size, config.vocab_size, tp)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
         inv_freq, attention_scaling = rope_inv_freq(config, max_model_len)

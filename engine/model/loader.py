@@ -9,6 +9,8 @@ import torch
 from loraplex.engine.config import ModelConfig, rope_inv_freq
 from loraplex.engine.model.layers import RotaryEmbedding
 from loraplex.engine.model.llama import LlamaForCausalLM
+from loraplex.engine.parallel.group import SINGLE_RANK, TensorParallelGroup
+from loraplex.engine.parallel.plan import ShardPlan, shard_state_dict
 from safetensors import safe_open
 
 # HF projection name -> (our merged module, slice name inside it)
@@ -25,13 +27,16 @@ _LAYER_KEY = re.compile(r"^model\.layers\.(\d+)\.(.+)\.(weight|bias)$")
 
 
 def load_model(
-    model_dir: str | Path, max_model_len: int, dtype: torch.dtype = torch.float32, device: str = "cpu"
+    model_dir: str | Path, max_model_len: int, dtype: torch.dtype = torch.float32, device: str = "cpu",
+    tp: TensorParallelGroup = SINGLE_RANK,
 ) -> LlamaForCausalLM:
+    """The model (or, with `tp` over several ranks, this rank's shard of it: each tensor is
+    sliced as it is read, so no rank ever holds the whole model)."""
     model_dir = Path(model_dir)
     config = ModelConfig.from_pretrained(model_dir)
     with torch.device("meta"):
-        model = LlamaForCausalLM(config, max_model_len)
-    model = model.to_empty(device=device).to(dtype)
+        model = LlamaForCausalLM(config, max_model_len, tp)
+    model = model.to(dtype).to_empty(device=device)  # never allocate float32 first
     # Buffers (rotary tables) were created on meta; rebuild them for real.
     model.rotary = _fresh_rotary(config, max_model_len, device)
     params = dict(model.named_parameters())
@@ -47,7 +52,7 @@ def load_model(
                     if target is None:
                         continue
                     param = params[target]
-                    tensor = handle.get_tensor(name).to(dtype)
+                    tensor = _shard_of(name, handle.get_tensor(name), model.plan).to(dtype)
                     if rows is None:
                         param.copy_(tensor)
                     else:
@@ -60,6 +65,18 @@ def load_model(
     if missing:
         raise ValueError(f"{model_dir}: weights missing from the checkpoint: {missing[:5]}")
     return model.eval()
+
+
+def _shard_of(hf_name: str, tensor: torch.Tensor, plan: ShardPlan) -> torch.Tensor:
+    if plan.world_size == 1:
+        return tensor
+    if hf_name in ("model.embed_tokens.weight", "lm_head.weight"):
+        return plan.shard_vocab(tensor)
+    match = _LAYER_KEY.match(hf_name)
+    module = match.group(2) if match else ""
+    if module in _MERGED:
+        return plan.shard_weight(module.rpartition(".")[2], tensor)
+    return tensor  # norms: every rank holds them whole
 
 
 def _fresh_rotary(config: ModelConfig, max_model_len: int, device: str) -> RotaryEmbedding:
@@ -86,9 +103,13 @@ def _target_of(hf_name: str, model: LlamaForCausalLM) -> tuple[str | None, tuple
 
 
 def random_model(
-    config: ModelConfig, max_model_len: int, seed: int = 0, dtype: torch.dtype = torch.float32, device: str = "cpu"
+    config: ModelConfig, max_model_len: int, seed: int = 0, dtype: torch.dtype = torch.float32, device: str = "cpu",
+    tp: TensorParallelGroup = SINGLE_RANK,
 ) -> LlamaForCausalLM:
-    """Random weights (normal, std 0.02; norms at one) for tests and benchmarks."""
+    """Random weights (normal, std 0.02; norms at one) for tests and benchmarks.
+
+    With `tp` over several ranks: the whole model is drawn (the same weights for every
+    tensor-parallel size) and this rank keeps its shard."""
     generator = torch.Generator().manual_seed(seed)
     model = LlamaForCausalLM(config, max_model_len)
     with torch.no_grad():
@@ -97,4 +118,22 @@ def random_model(
                 param.fill_(1.0)
             else:
                 param.normal_(0.0, 0.02, generator=generator)
+    if tp.is_parallel:
+        model = shard_model(model, tp)
     return model.to(device=device, dtype=dtype).eval()
+
+
+def shard_model(full: LlamaForCausalLM, tp: TensorParallelGroup) -> LlamaForCausalLM:
+    """This rank's shard of a whole model (same device and dtype)."""
+    weight = full.layers[0].self_attn.qkv_proj.weight
+    with torch.device("meta"):
+        model = LlamaForCausalLM(full.config, full.rotary.cos.shape[0], tp)
+    model = model.to(weight.dtype).to_empty(device=weight.device)
+    if full.config.tie_word_embeddings:
+        model.lm_head.weight = model.embed_tokens.weight
+    model.rotary = full.rotary
+    params = dict(model.named_parameters(remove_duplicate=False))
+    with torch.no_grad():
+        for name, tensor in shard_state_dict(full, model.plan).items():
+            params[name].copy_(tensor)
+    return model.eval()

@@ -63,3 +63,9 @@ def output_text(outputs: list[RequestOutput], index: int = 0) -> str:
 
 def greedy(max_tokens: int, **kw: Any) -> SamplingParams:
     return SamplingParams(max_tokens=max_tokens, temperature=0.0, **kw)
+
+
+def padded_blocks(block_table: list[int], length: int) -> list[int]:
+    """The first `length` block ids, padded with block 0 (masked out), as the input batch pads them."""
+    head = block_table[:length]
+    return head + [0] * (length - len(head))

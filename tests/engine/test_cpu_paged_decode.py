@@ -6,12 +6,12 @@ import logging
 
 import pytest
 import torch
-from enginecore_helpers import greedy, output_tokens, run_to_completion
+from enginecore_helpers import greedy, output_tokens, padded_blocks, run_to_completion
 from loraplex.engine.attention import CpuAttentionMetadata, DecodeTable, paged_attention
 from loraplex.engine.context import AttentionMetadata, DecodeBucket
 from loraplex.engine.kernels import cpu_paged_decode
 from loraplex.engine.protocol import EngineRequest
-from loraplex.engine.runner import _additive, _padded, decode_buckets
+from loraplex.engine.runner import _additive, decode_buckets
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +44,7 @@ def reference(q, k_cache, v_cache, tables, lengths, bs, scale):
     order = sorted(range(len(lengths)), key=lambda i: lengths[i])
     lens = torch.tensor([lengths[i] for i in order])
     num_blocks = [len(tables[i]) for i in order]
-    table = torch.tensor([_padded(tables[i], num_blocks[-1]) for i in order])
+    table = torch.tensor([padded_blocks(tables[i], num_blocks[-1]) for i in order])
     meta = AttentionMetadata(slot_mapping=torch.empty(0, dtype=torch.long), num_decode_tokens=len(lengths),
                              block_size=bs)
     for start, end in decode_buckets(num_blocks):
@@ -63,7 +63,7 @@ def reference(q, k_cache, v_cache, tables, lengths, bs, scale):
 
 def kernel_inputs(tables, lengths, index_dtype):
     width = max(len(t) for t in tables)
-    table = torch.tensor([_padded(t, width) for t in tables], dtype=index_dtype)
+    table = torch.tensor([padded_blocks(t, width) for t in tables], dtype=index_dtype)
     return table, torch.tensor(lengths, dtype=index_dtype)
 
 

@@ -7,9 +7,10 @@ import random
 
 import torch
 import torch.nn.functional as F
+from enginecore_helpers import padded_blocks
 from loraplex.engine.attention import paged_attention
 from loraplex.engine.context import AttentionMetadata, DecodeBucket
-from loraplex.engine.runner import _additive, _padded, decode_buckets
+from loraplex.engine.runner import _additive, decode_buckets
 
 
 def _cost(num_blocks: list[int], buckets: list[tuple[int, int]], overhead: int) -> int:
@@ -52,7 +53,7 @@ def test_bucketed_decode_attention_equals_each_row_alone():
         tables.append(perm[used : used + need].tolist())
         used += need
     num_blocks = [len(t) for t in tables]
-    table = torch.tensor([_padded(t, num_blocks[-1]) for t in tables])
+    table = torch.tensor([padded_blocks(t, num_blocks[-1]) for t in tables])
     lens = torch.tensor(lengths)
     meta = AttentionMetadata(slot_mapping=torch.empty(0, dtype=torch.long), num_decode_tokens=len(lengths),
                              block_size=bs)

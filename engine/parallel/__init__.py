@@ -1,0 +1,1 @@
+"""Tensor parallelism: sharding plans, the process group the model calls, worker processes."""

@@ -1,0 +1,121 @@
+"""Tensor parallelism over gloo on the CPU: the real model code split over 2 worker processes
+gives the single-process engine's greedy tokens, with mixed LoRA adapters (sharded S-LoRA
+style), prompt logprobs, prefix caching and preemption; and, loading a checkpoint shard by
+shard, transformers' tokens."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import torch
+from enginecore_helpers import greedy, output_tokens, run_to_completion, tiny_random_config
+from loraplex.engine.config import EngineConfig
+from loraplex.engine.cuda.random_weights import RandomAdapterSource, SyntheticTokenizer
+from loraplex.engine.llm_engine import LLMEngine
+from loraplex.engine.lora.manager import LoRAManager
+from loraplex.engine.parallel.sources import PathModelSource, RandomModelSource
+from loraplex.engine.protocol import EngineRequest, SamplingParams
+from test_greedy_matches_transformers import hf_greedy
+
+VOCAB = 1000
+LLAMA = tiny_random_config(vocab_size=VOCAB)
+QWEN3 = tiny_random_config(vocab_size=VOCAB, model_type="qwen3", head_dim=32, tie_word_embeddings=True)
+
+
+def make_engine(config: Any, tp: int, *, lora: bool = False, **overrides: Any) -> LLMEngine:
+    settings = {"num_blocks": 96, "block_size": 16, "max_model_len": 256, "max_num_batched_tokens": 64,
+                "max_num_seqs": 8, "tensor_parallel_size": tp} | overrides
+    source = RandomModelSource(config, seed=0, lm_head_scale=10.0)  # peaked logits: no greedy ties
+    engine = LLMEngine.from_source(source, EngineConfig(**settings), SyntheticTokenizer(VOCAB))
+    if lora:
+        LoRAManager.for_engine(engine, RandomAdapterSource(config, rank=8, std=0.1), max_loras=4, max_cpu_loras=8,
+                               max_lora_rank=8)
+    return engine
+
+
+@pytest.fixture
+def engines() -> Iterator[list[LLMEngine]]:
+    made: list[LLMEngine] = []
+    yield made
+    for engine in made:
+        engine.close()
+
+
+def prompts(lengths: list[int], seed: int = 1) -> list[list[int]]:
+    generator = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, VOCAB, (n,), generator=generator).tolist() for n in lengths]
+
+
+def mixed_requests(tag: str) -> list[EngineRequest]:
+    out = []
+    for i, prompt in enumerate(prompts([3, 17, 40, 64, 90, 5, 33, 128])):
+        sampling = SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True,
+                                  prompt_logprobs=0 if i in (2, 4) else None)
+        out.append(EngineRequest(f"{tag}{i}", prompt, sampling, adapter_id=[None, "a", "b", "c"][i % 4]))
+    return out
+
+
+def run(engine: LLMEngine, requests: list[EngineRequest]) -> tuple[dict, dict]:
+    outputs = run_to_completion(engine, requests)
+    tokens = {rid[-1]: output_tokens(outs) for rid, outs in outputs.items()}
+    logprobs = {rid[-1]: [lp.logprob for o in outs if o.prompt_logprobs for lp in o.prompt_logprobs if lp is not None]
+                for rid, outs in outputs.items()}
+    return tokens, logprobs
+
+
+def test_tp2_equals_tp1_with_mixed_adapters_prompt_logprobs_and_prefix_hits(engines: list[LLMEngine]) -> None:
+    single = make_engine(LLAMA, 1, lora=True)
+    engines.append(parallel := make_engine(LLAMA, 2, lora=True))
+    assert parallel.runner.workers is not None
+    assert parallel.runner.model.layers[0].self_attn.num_heads == LLAMA.num_attention_heads // 2
+    expected, expected_lp = run(single, mixed_requests("first"))
+    got, got_lp = run(parallel, mixed_requests("first"))
+    assert got == expected
+    assert all(len(t) == 10 for t in got.values())
+    for key in ("2", "4"):
+        assert len(got_lp[key]) == len(expected_lp[key]) > 0
+        assert max(abs(a - b) for a, b in zip(got_lp[key], expected_lp[key], strict=True)) < 1e-4
+    # The same prompts again come from the prefix cache on every rank and still agree.
+    hits = parallel.stats()["prefix_cache_hits"]
+    again, _ = run(parallel, mixed_requests("again"))
+    assert again == expected
+    assert parallel.stats()["prefix_cache_hits"] > hits
+    # The adapters matter: request 1 without its adapter decodes differently.
+    base, _ = run(single, [EngineRequest("x1", prompts([3, 17])[1], greedy(10, ignore_eos=True))])
+    assert base["1"] != got["1"]
+
+
+def test_tp2_qwen3_under_preemption_equals_tp1(engines: list[LLMEngine]) -> None:
+    """q/k norm, tied vocab-parallel embedding and head; a pool so small that sequences are preempted."""
+    small = {"num_blocks": 14, "max_num_batched_tokens": 48}
+    requests = lambda: [EngineRequest(f"q{i}", p, greedy(24, ignore_eos=True))  # noqa: E731
+                        for i, p in enumerate(prompts([20, 30, 40, 25, 35], seed=5))]
+    expected, _ = run(make_engine(QWEN3, 1, **small), requests())
+    engines.append(parallel := make_engine(QWEN3, 2, **small))
+    got, _ = run(parallel, requests())
+    assert got == expected
+    assert parallel.stats()["num_preemptions"] > 0
+
+
+def test_tp2_loads_a_checkpoint_shard_by_shard_and_matches_transformers(tiny_family, engines: list[LLMEngine]
+                                                                         ) -> None:
+    hf, ours = tiny_family("qwen2")  # qkv bias (column-parallel), tied embeddings, linear rope scaling
+    config = EngineConfig(kv_cache_bytes=4 << 20, max_model_len=512, max_num_batched_tokens=64,
+                          tensor_parallel_size=2)
+    engines.append(engine := LLMEngine.from_source(PathModelSource(str(ours.path)), config, ours.tokenizer))
+    prompt_list = prompts([5, 37, 90], seed=1)
+    requests = [EngineRequest(f"h{i}", [3 + t % 509 for t in p], greedy(16, ignore_eos=True))
+                for i, p in enumerate(prompt_list)]
+    outputs = run_to_completion(engine, requests)
+    for request in requests:
+        assert output_tokens(outputs[request.request_id]) == hf_greedy(hf, request.prompt_token_ids, 16, None)
+
+
+def test_tensor_parallel_engine_needs_its_workers() -> None:
+    from loraplex.engine.model.loader import random_model
+
+    model = random_model(LLAMA, 256)
+    with pytest.raises(ValueError, match="worker processes"):
+        LLMEngine(model, LLAMA, EngineConfig(num_blocks=8, tensor_parallel_size=2), SyntheticTokenizer(VOCAB))
