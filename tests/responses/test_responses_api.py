@@ -264,3 +264,32 @@ def test_each_response_is_one_usage_event(server):
     assert event["input_tokens"] == second.usage.input_tokens
     assert event["cached_input_tokens"] == second.usage.input_tokens_details.cached_tokens > 0
     assert event["output_tokens"] == second.usage.output_tokens
+
+
+def test_reasoning_effort_is_the_thinking_budget(server):
+    client = server.client("all")
+    response = client.responses.create(model=MODEL, input="Is 17 prime?", reasoning={"effort": "low"},
+                                       max_output_tokens=48, temperature=0)
+    assert response.reasoning.effort == "low"
+    budget = server.settings.reasoning_budget_low
+    assert 0 <= response.usage.output_tokens_details.reasoning_tokens <= budget
+    thinking = [item for item in response.output if item.type == "reasoning"]
+    if response.usage.output_tokens_details.reasoning_tokens:  # the model thought: it comes back as an item
+        assert thinking and thinking[0].content[0].text
+    else:
+        assert not thinking
+
+
+def test_truncation_auto_leaves_out_the_oldest_turns(server):
+    client = server.client("all")
+    notes = " ".join(f"note {i} about rivers and bridges;" for i in range(120))  # ~1,150 tokens
+    first = client.responses.create(model=MODEL, input=notes, max_output_tokens=4, temperature=0)
+    follow_up = " ".join(f"detail {i} about harbours;" for i in range(150))    # ~1,050 tokens: past the context
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.responses.create(model=MODEL, input=follow_up, previous_response_id=first.id, max_output_tokens=4)
+    assert refused.value.code == "context_length_exceeded"
+    kept = client.responses.create(model=MODEL, input=follow_up, previous_response_id=first.id,
+                                   truncation="auto", max_output_tokens=4, temperature=0)
+    context = server.services.engine.max_model_len
+    # The first turn was left out: what was sent fits, with it the conversation would not.
+    assert kept.truncation == "auto" and kept.usage.input_tokens < context < kept.usage.input_tokens + first.usage.input_tokens
