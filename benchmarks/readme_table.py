@@ -31,6 +31,8 @@ HEADLINE_KEYS: dict[str, list[str]] = {
     "gpu_engine": ["decode_b1_fraction_of_roofline", "decode_b64_fraction_of_roofline",
                    "throughput_ratio_vs_transformers", "lora_8_adapters_step_ratio", "attention_bw_fraction"],
     "attention_kernels": ["attention_bw_fraction"],
+    "gpu_tp": ["tp4_70b_decode_b1_fraction_of_roofline", "tp4_70b_decode_b64_fraction_of_roofline",
+               "tp2_over_tp1_8b_b1_step", "tp4_lora_8_adapters_step_ratio"],
 }
 OPS = {">=": lambda a, b: a >= b, "<=": lambda a, b: a <= b, "==": lambda a, b: a == b,
        ">": lambda a, b: a > b, "<": lambda a, b: a < b}

@@ -69,7 +69,7 @@ class CudaModelRunner(ModelRunner):
         self.staging = PinnedStaging(3 * tokens + 4 * seqs + seqs * self.max_blocks_per_seq + 2, self.device)
         self.masks = GrammarMaskBuffers(max(self.ladder[-1], seqs), model_config.vocab_size,
                                         self.sampler.tokenizer_vocab_size, self.device)
-        self.graphs: dict[tuple[int, int | None], DecodeGraph] = {}
+        self.graphs: dict[tuple[int, str | None], DecodeGraph] = {}  # (padded size, "lora" or None)
         self._graph_pool: Any = None
         self.last_graph: DecodeGraph | None = None
         self._shared_logits: torch.Tensor | None = None

@@ -36,6 +36,10 @@ from loraplex.engine.parallel.sources import ModelSource
 logger = logging.getLogger(__name__)
 
 
+class WorkerDiedError(RuntimeError):
+    """A tensor-parallel worker process is gone; the engine cannot step any more."""
+
+
 class WorkerGroup:
     """Rank 0's handle on the worker processes: `send` an operation to all, `close` them."""
 
@@ -81,7 +85,11 @@ class WorkerGroup:
 
     # ---- rank 0 -> workers ------------------------------------------------------------------
     def send(self, op: str, *args: Any) -> None:
-        for conn in self._conns:
+        """Raises `WorkerDiedError` instead of sending into a rank that is gone: rank 0 would then
+        wait forever in the step's first collective."""
+        for rank, (conn, process) in enumerate(zip(self._conns, self._processes, strict=True), start=1):
+            if not process.is_alive():
+                raise WorkerDiedError(f"tensor-parallel worker {rank} exited (code {process.exitcode})")
             conn.send((op, args))
 
     def plan_num_blocks(self, plan_own: Callable[[], int]) -> int:
@@ -105,9 +113,10 @@ class WorkerGroup:
         if self._closed:
             return
         self._closed = True
-        for conn in self._conns:
-            with contextlib.suppress(OSError, BrokenPipeError):
-                conn.send(("shutdown", ()))
+        for conn, process in zip(self._conns, self._processes, strict=True):
+            if process.is_alive():
+                with contextlib.suppress(OSError, BrokenPipeError):
+                    conn.send(("shutdown", ()))
         # NCCL finalizes a communicator only once no CUDA graph holds its captured kernels, and
         # its teardown waits for the peers: every rank drops its graphs, then all tear down at
         # once (joining the workers first would have each side wait for the other).

@@ -119,3 +119,14 @@ def test_tensor_parallel_engine_needs_its_workers() -> None:
     model = random_model(LLAMA, 256)
     with pytest.raises(ValueError, match="worker processes"):
         LLMEngine(model, LLAMA, EngineConfig(num_blocks=8, tensor_parallel_size=2), SyntheticTokenizer(VOCAB))
+
+
+def test_a_dead_worker_fails_the_step_instead_of_hanging(engines: list[LLMEngine]) -> None:
+    engines.append(engine := make_engine(LLAMA, 2))
+    process = engine.runner.workers._processes[0]
+    process.kill()
+    process.join(timeout=30)
+    engine.add_request(EngineRequest("dead", prompts([8])[0], greedy(4, ignore_eos=True)))
+    outputs = engine.step()
+    assert [o.request_id for o in outputs] == ["dead"] and outputs[0].finished
+    assert "worker 1 exited" in (outputs[0].error or "")
