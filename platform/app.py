@@ -26,7 +26,7 @@ def create_app(settings: Settings | None = None, engine: Any | None = None) -> F
     so `create_app()` is cheap and `loraplex serve` can report progress.
     """
     settings = settings or Settings()
-    metrics = Metrics()
+    metrics = Metrics(settings.metrics_multiprocess_dir)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

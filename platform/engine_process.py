@@ -18,6 +18,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from multiprocessing.process import BaseProcess
+from typing import Any
 
 from loraplex.engine.core.mp_client import MultiProcessEngineClient, handshake
 from loraplex.engine.errors import EngineDeadError
@@ -47,7 +48,6 @@ def run_engine_core(settings: Settings, address: str) -> None:
     """The engine-core process's main: everything that touches the model lives here."""
     die_with_parent()
     from loraplex.engine.core.engine_core import EngineCore
-    from loraplex.engine.llm_engine import LLMEngine
     from loraplex.engine.lora.manager import LoRAManager
     from loraplex.grammar.compiler import GrammarCompilerService, GrammarLimits
     from loraplex.platform.db.session import make_db_engine, make_session_factory
@@ -58,7 +58,7 @@ def run_engine_core(settings: Settings, address: str) -> None:
 
     configure_logging(settings.log_level)
     signal.signal(signal.SIGTERM, _exit)
-    engine = LLMEngine.from_model_path(settings.resolve_model_path(), engine_config(settings))
+    engine = _build_engine(settings, engine_config(settings))
     db_engine = make_db_engine(settings.resolved_database_url)
     source = stored_adapter_source(settings, db_sessions=make_session_factory(db_engine),
                                    model_config=engine.model_config, base_model_name=served_model_name(settings))
@@ -73,6 +73,19 @@ def run_engine_core(settings: Settings, address: str) -> None:
         lora.detach()
         compiler.close()
         db_engine.dispose()
+
+
+def _build_engine(settings: Settings, config: Any) -> Any:
+    from loraplex.engine.llm_engine import LLMEngine
+
+    model_path = settings.resolve_model_path()
+    if not settings.random_weights:
+        return LLMEngine.from_model_path(model_path, config)
+    from loraplex.engine.config import ModelConfig
+    from transformers import AutoTokenizer
+
+    return LLMEngine.from_random(ModelConfig.from_pretrained(model_path), config,
+                                 AutoTokenizer.from_pretrained(model_path))
 
 
 def _exit(_signum: int, _frame: object) -> None:

@@ -1,4 +1,14 @@
-"""Prometheus metrics for one app (its own registry, so several apps can live in one test process)."""
+"""Prometheus metrics for one app (its own registry, so several apps can live in one test process).
+
+With several API server processes (`loraplex serve --api-servers N`) the
+request metrics of all of them are aggregated through prometheus_client's
+multiprocess mode: the supervisor gives every API server one shared
+directory (PROMETHEUS_MULTIPROC_DIR for the library, `multiprocess_dir`
+here), each process writes its counters there, and a scrape of any of them
+reads all. The engine's and sessions' gauges come from the engine core's
+own counters, which every API server sees alike, so they are rendered from
+the scraped process only.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +16,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, multiprocess
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -26,7 +36,9 @@ ENGINE_GAUGES = {
 
 
 class Metrics:
-    def __init__(self) -> None:
+    def __init__(self, multiprocess_dir: str | None = None) -> None:
+        self.multiprocess_dir = multiprocess_dir
+        self._collectors: list[Collector] = []  # read at scrape time from this process (engine, sessions)
         self.registry = CollectorRegistry()
         self.requests = Counter(
             "loraplex_http_requests", "HTTP requests by route and status", ["route", "status"], registry=self.registry
@@ -45,13 +57,24 @@ class Metrics:
         self.tokens_reasoning = Counter(
             "loraplex_reasoning_tokens", "Generated tokens inside a reasoning segment", registry=self.registry
         )
-        self.inflight = Gauge("loraplex_api_inflight_requests", "Generation requests in the API", registry=self.registry)
+        self.inflight = Gauge("loraplex_api_inflight_requests", "Generation requests in the API",
+                              registry=self.registry, multiprocess_mode="livesum")
+
+    def register_collector(self, collector: Collector) -> None:
+        self._collectors.append(collector)
+        self.registry.register(collector)
 
     def watch_engine(self, stats: Callable[[], dict[str, Any]]) -> None:
-        self.registry.register(_EngineCollector(stats))
+        self.register_collector(_EngineCollector(stats))
 
     def render(self) -> bytes:
-        return generate_latest(self.registry)
+        if self.multiprocess_dir is None:
+            return generate_latest(self.registry)
+        registry = CollectorRegistry()
+        multiprocess.MultiProcessCollector(registry, path=self.multiprocess_dir)
+        for collector in self._collectors:
+            registry.register(collector)
+        return generate_latest(registry)
 
 
 class _EngineCollector(Collector):

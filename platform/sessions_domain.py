@@ -158,7 +158,7 @@ def install_sessions(extensions: Extensions, settings: Settings, *, engine: Engi
     extensions.domain_state["sessions"] = turns
     extensions.stages["session"] = SessionStage(turns)
     if metrics is not None:
-        metrics.registry.register(_SessionCollector(turns, engine))
+        metrics.register_collector(_SessionCollector(turns, engine))
     try:
         loop = asyncio.get_running_loop()
     except RuntimeError:

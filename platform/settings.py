@@ -56,6 +56,9 @@ class Settings(BaseSettings):
     max_inflight_per_tenant: int = Field(default=0, ge=0)
     # A stream whose client has not taken a chunk for this long is ended (its slot returns); 0: never
     stream_send_timeout_s: float = Field(default=30.0, ge=0)
+    # Benchmarks: random weights of the model folder's architecture (config.json + tokenizer suffice)
+    random_weights: bool = False
+    metrics_multiprocess_dir: str | None = None  # set by `serve` for N API servers: their metrics, aggregated
 
     # HTTP
     host: str = "127.0.0.1"

@@ -17,8 +17,11 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
+import os
+import shutil
 import signal
 import socket
+import tempfile
 import time
 from multiprocessing.process import BaseProcess
 from typing import Any
@@ -92,9 +95,12 @@ class Supervisor:
             self.core.stop()
             return 1
         sock = bind_socket(self.settings.host, self.settings.port)
-        # The supervisor migrated already: N servers must not race to.
+        # The supervisor migrated already: N servers must not race to. Their metrics meet in one directory.
+        metrics_dir = tempfile.mkdtemp(prefix="loraplex-metrics-")
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir  # read by prometheus_client in each API server
         api_settings = self.settings.model_copy(update={"engine_core_address": self.core.address,
-                                                        "migrate_on_start": False})
+                                                        "migrate_on_start": False,
+                                                        "metrics_multiprocess_dir": metrics_dir})
         context = multiprocessing.get_context("spawn")
         for index in range(self.settings.api_servers):
             process = context.Process(target=run_api_server, args=(api_settings, sock),
@@ -107,6 +113,7 @@ class Supervisor:
             return self._watch()
         finally:
             sock.close()
+            shutil.rmtree(metrics_dir, ignore_errors=True)
 
     def _watch(self) -> int:
         assert self.core is not None

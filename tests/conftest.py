@@ -4,7 +4,9 @@
 - `redis_url` + `redis_prefix`: the shared Redis with a key prefix unique to this run (keys deleted after).
 - `smollm_path` / `smollm_engine`: the bundled SmolLM2-135M-Instruct (converted once into data/models)
   and one session-wide AsyncEngine over it.
-- `start_server`: a real uvicorn server on a free port (a thread of this process, sharing an engine).
+- `start_server`: a real uvicorn server on a free port (a thread of this process, sharing an engine; with
+  `engine_core_address=` it talks to an engine-core process instead, as `loraplex serve` does).
+- `engine_core`: one engine-core process for the session (the e2e suite's server runs on it).
 - `api_server`: one such server with two tenants and keys of every scope; `openai_client` calls it.
 
 Tests marked `gpu` are skipped when CUDA is absent (run them on a machine with a GPU).
@@ -243,11 +245,31 @@ def start_server(
         settings = Settings(**values)
         migrate.upgrade(settings.resolved_database_url)
         keys, key_ids, tenants = seed_tenants(settings.resolved_database_url)
-        app = create_app(settings, engine=smollm_engine)
+        # An app given an engine-core address connects to that process; otherwise it shares the in-process engine.
+        app = create_app(settings, engine=None if settings.engine_core_address else smollm_engine)
         with serve_in_thread(app, free_port()) as base_url:
             yield RunningServer(base_url=base_url, app=app, settings=settings, keys=keys, key_ids=key_ids, tenants=tenants)
 
     yield start
+
+
+@pytest.fixture(scope="session")
+def engine_core(smollm_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """The engine in its own process (EngineCoreProcess), on the settings of `smollm_engine`."""
+    from loraplex.platform.db import migrate
+    from loraplex.platform.engine_process import start_engine_core
+    from loraplex.platform.settings import Settings
+
+    config = {k: v for k, v in TEST_ENGINE_CONFIG.items() if k != "kv_cache_bytes"}
+    settings = Settings(data_dir=tmp_path_factory.mktemp("engine-core"), model_path=smollm_path,
+                        kv_cache_memory_mb=TEST_ENGINE_CONFIG["kv_cache_bytes"] // 2**20, **config)
+    migrate.upgrade(settings.resolved_database_url)  # the core reads adapters from this database
+    core = start_engine_core(settings)
+    try:
+        core.wait_ready(600)
+        yield core
+    finally:
+        core.stop()
 
 
 @pytest.fixture(scope="session")

@@ -25,6 +25,7 @@ from types import TracebackType
 from typing import Any
 
 import httpx
+from loraplex.platform.engine_process import die_with_parent
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SERVE_COMMAND = [sys.executable, "-m", "loraplex.platform.cli.main", "serve"]
@@ -103,6 +104,7 @@ class ServerProcess:
             self.process = subprocess.Popen(
                 [*SERVE_COMMAND, "--port", str(self.port)],
                 cwd=REPO_ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                preexec_fn=die_with_parent,  # a test run killed mid-way leaves no server behind
             )
         if wait:
             self.wait_healthy(timeout_s)

@@ -25,6 +25,7 @@ from loraplex.engine.core.messages import (
     Failure,
     Hello,
     Outputs,
+    Ping,
     Ready,
     ReleaseSession,
     Reply,
@@ -42,15 +43,16 @@ logger = logging.getLogger(__name__)
 
 class EngineCore:
     def __init__(self, engine: LLMEngine, address: str, *, grammar_codec: GrammarCodec | None = None,
-                 lora: Any = None, heartbeat_s: float = 0.25) -> None:
+                 lora: Any = None, heartbeat_s: float = 0.25, client_timeout_s: float = 10.0) -> None:
         self.engine = engine
         self.address = address
         self.grammar_codec = grammar_codec
         self.lora = lora                       # a LoRAManager hooked into `engine`, or None
         self.heartbeat_s = heartbeat_s
+        self.client_timeout_s = client_timeout_s
         self._codec = Codec()
         self._owner: dict[str, bytes] = {}     # request id -> the identity of the client that added it
-        self._clients: set[bytes] = set()
+        self._clients: dict[bytes, float] = {}  # identity -> when it was last heard from
         self._pending: dict[bytes, tuple[list[RequestOutput], list[Failure]]] = defaultdict(lambda: ([], []))
         self._last_stats = 0.0
         self._running = True
@@ -87,7 +89,7 @@ class EngineCore:
                 identity, payload = self._socket.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
                 return
-            self._clients.add(identity)
+            self._clients[identity] = time.monotonic()
             try:
                 message = self._codec.to_core.decode(payload)
             except Exception:
@@ -107,6 +109,8 @@ class EngineCore:
             self.engine.release_session(message.key)
         elif isinstance(message, Call):
             self._send(identity, self._call(message))
+        elif isinstance(message, Ping):
+            pass  # being heard from is the point
         elif isinstance(message, Hello):
             self._send(identity, Ready(os.getpid(), self.engine.max_model_len, self.engine.num_blocks))
             self._send(identity, Stats(self.engine.stats()))
@@ -156,9 +160,12 @@ class EngineCore:
                 self._pending[identity][0].append(output)
 
     def _flush(self) -> None:
+        if not self._pending:
+            return
+        stats = self.engine.stats()
         for identity, (outputs, failures) in self._pending.items():
             if outputs or failures:
-                self._send(identity, Outputs(outputs, failures))
+                self._send(identity, Outputs(outputs, failures, stats))
         self._pending.clear()
 
     def _heartbeat(self) -> None:
@@ -167,8 +174,21 @@ class EngineCore:
             return
         self._last_stats = now
         message = Stats(self.engine.stats())
-        for identity in self._clients:
-            self._send(identity, message)
+        for identity, last_seen in list(self._clients.items()):
+            if now - last_seen > self.client_timeout_s:
+                self._forget(identity)
+            else:
+                self._send(identity, message)
+
+    def _forget(self, identity: bytes) -> None:
+        """A client gone silent: abort what it asked for (nobody will read it) and stop sending to it."""
+        del self._clients[identity]
+        orphans = [request_id for request_id, owner in self._owner.items() if owner == identity]
+        if orphans:
+            logger.warning("a client went silent; aborting its %d requests", len(orphans))
+        for request_id in orphans:
+            self._owner.pop(request_id, None)
+            self.engine.abort(request_id)
 
     def _send(self, identity: bytes, message: Any) -> None:
         try:

@@ -55,11 +55,15 @@ class Call(msgspec.Struct, tag=True):
     arg: str
 
 
+class Ping(msgspec.Struct, tag=True):
+    """A client's heartbeat: a client silent for long (its process died) has its requests aborted."""
+
+
 class Shutdown(msgspec.Struct, tag=True):
     """Abort everything and exit (sent by the process that started the core)."""
 
 
-ToCore = Hello | Add | Abort | ReleaseSession | Call | Shutdown
+ToCore = Hello | Add | Abort | ReleaseSession | Call | Ping | Shutdown
 
 
 # ---- engine core -> API server ----------------------------------------------------------------------
@@ -80,10 +84,14 @@ class Ready(msgspec.Struct, tag=True):
 
 
 class Outputs(msgspec.Struct, tag=True):
-    """Everything one engine step produced for one client: one message per step, however many streams."""
+    """Everything one engine step produced for one client: one message per step, however many streams.
+
+    `stats` are the counters after that step, so a client that sees a request finish also sees it counted.
+    """
 
     outputs: list[RequestOutput]
     failures: list[Failure]
+    stats: dict[str, Any] | None = None
 
 
 class Stats(msgspec.Struct, tag=True):

@@ -30,6 +30,7 @@ from loraplex.engine.core.messages import (
     Codec,
     Hello,
     Outputs,
+    Ping,
     Ready,
     ReleaseSession,
     Reply,
@@ -46,6 +47,7 @@ logger = logging.getLogger(__name__)
 
 _MAX_ABANDONED = 4096
 _WATCH_INTERVAL_S = 0.2
+_PING_INTERVAL_S = 1.0  # well inside the core's client timeout
 
 
 def process_exists(pid: int) -> bool:
@@ -269,6 +271,8 @@ class MultiProcessEngineClient:
                         future.set_exception(RuntimeError(message.error))
 
     def _dispatch(self, message: Outputs) -> None:
+        if message.stats is not None:
+            self._stats = message.stats
         for output in message.outputs:
             queue = self._streams.get(output.request_id)
             if output.finished:
@@ -281,7 +285,11 @@ class MultiProcessEngineClient:
                 queue.put_nowait(error_of(item))
 
     async def _watch(self) -> None:
+        last_ping = 0.0
         while process_exists(self.core_pid):
+            if self._loop.time() - last_ping > _PING_INTERVAL_S:
+                self._send(Ping())
+                last_ping = self._loop.time()
             await asyncio.sleep(_WATCH_INTERVAL_S)
         self._dead = f"the engine core process (pid {self.core_pid}) has died"
         logger.error("%s; failing %d open requests", self._dead, len(self._streams))
