@@ -18,7 +18,7 @@ import llguidance.hf
 import llguidance.torch
 import torch
 from loraplex.grammar.backend import TokenizerContext, Unsupported, UnsupportedSchemaError, register_backend
-from loraplex.grammar.schema_walk import keyword_path, subschemas
+from loraplex.grammar.schema_walk import keyword_path, subschemas, without_annotation_formats
 from loraplex.grammar.spec import GrammarKind
 
 # Same output shape as the xgrammar backend: `{"a": 1, "b": 2}`, no other whitespace.
@@ -81,6 +81,7 @@ class LLGuidanceBackend:
     def compile(self, kind: str, payload: Any, timeout_s: float, *, exact: bool = True) -> LLGuidanceGrammar:
         if kind != GrammarKind.JSON_SCHEMA:
             raise ValueError(f"llguidance does not compile {kind}")
+        payload = without_annotation_formats(payload)
         grammar = llguidance.LLMatcher.grammar_from_json_schema(payload, defaults=_JSON_OPTIONS)
         matcher = llguidance.LLMatcher(self.tokenizer, grammar, log_level=0, limits=_limits())
         if matcher.is_error():

@@ -7,9 +7,12 @@ an explicit stack of (JSON-pointer path, subschema, depth).
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
+
+import jsonschema
 
 _SUBSCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
 _SUBSCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
@@ -18,11 +21,35 @@ _SUBSCHEMA_VALUES = (
     "propertyNames", "unevaluatedProperties", "unevaluatedItems",
 )
 
-# Keywords that never change which instances are valid.
-ANNOTATIONS = frozenset({
-    "title", "description", "default", "examples", "$schema", "$id", "id", "$comment", "deprecated",
-    "readOnly", "writeOnly", "$anchor", "contentMediaType", "contentEncoding", "markdownDescription",
+# Every keyword of JSON Schema (drafts 4 to 2020-12) that can make an instance invalid. Any other key
+# is an annotation or a vendor extension, ignored by validators, so no backend needs to enforce it.
+VALIDATION_KEYWORDS = frozenset({
+    "type", "enum", "const", "multipleOf", "maximum", "exclusiveMaximum", "minimum", "exclusiveMinimum",
+    "maxLength", "minLength", "pattern", "format", "maxItems", "minItems", "uniqueItems", "maxContains",
+    "minContains", "contains", "items", "prefixItems", "additionalItems", "unevaluatedItems", "maxProperties",
+    "minProperties", "required", "dependentRequired", "dependentSchemas", "dependencies", "properties",
+    "patternProperties", "additionalProperties", "propertyNames", "unevaluatedProperties", "allOf", "anyOf",
+    "oneOf", "not", "if", "then", "else", "$ref", "$dynamicRef", "$recursiveRef", "contentSchema",
 })
+
+
+# The formats a validator checks (jsonschema's FormatChecker, as installed) and those the backends
+# enforce anyway; any other format is an annotation that never makes an instance invalid.
+ASSERTED_FORMATS = frozenset(jsonschema.FormatChecker().checkers) | frozenset({
+    "date-time", "time", "date", "duration", "email", "hostname", "ipv4", "ipv6", "uuid", "uri",
+})
+
+
+def without_annotation_formats(schema: Any) -> Any:
+    """`schema` without the `format`s no validator asserts (a copy; the input is left alone)."""
+    if not any(isinstance(node, dict) and isinstance(node.get("format"), str) and node["format"] not in ASSERTED_FORMATS
+               for _, node, _ in subschemas(schema)):
+        return schema
+    schema = copy.deepcopy(schema)
+    for _, node, _ in subschemas(schema):
+        if isinstance(node, dict) and isinstance(node.get("format"), str) and node["format"] not in ASSERTED_FORMATS:
+            del node["format"]
+    return schema
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,15 +109,15 @@ def keyword_path(schema: Any, keyword: str) -> str | None:
 
 
 def first_keyword_outside(schema: Any, allowed: frozenset[str], formats: frozenset[str]) -> tuple[str, str] | None:
-    """(keyword, path) of the first keyword not in `allowed` (or a format not in `formats`)."""
+    """(keyword, path) of the first validation keyword not in `allowed` (or a format not in `formats`)."""
     for path, node, _ in subschemas(schema):
         if not isinstance(node, dict):
             continue
         for key in node:
-            if key not in allowed and key not in ANNOTATIONS:
+            if key in VALIDATION_KEYWORDS and key not in allowed:
                 return key, path
         fmt = node.get("format")
-        if fmt is not None and fmt not in formats:
+        if fmt is not None and fmt not in formats and fmt in ASSERTED_FORMATS:
             return f"format: {fmt}", path
     return None
 

@@ -24,8 +24,8 @@ _DEFAULT_FOR_OTHER_KINDS = "xgrammar"
 def backend_order(spec: GrammarSpec, backends: Mapping[str, GrammarBackend], choice: str = AUTO) -> list[tuple[str, bool]]:
     """(backend name, exact) pairs to try in order; `exact=False` may ignore unsupported keywords."""
     if spec.kind != GrammarKind.JSON_SCHEMA:
-        names = [choice] if choice != AUTO else [_DEFAULT_FOR_OTHER_KINDS]
-        return [(name, True) for name in names if spec.kind in backends[name].kinds]
+        names = [choice, _DEFAULT_FOR_OTHER_KINDS] if choice != AUTO else [_DEFAULT_FOR_OTHER_KINDS]
+        return [(name, True) for name in dict.fromkeys(names) if spec.kind in backends[name].kinds][:1]
     names = [choice] if choice != AUTO else list(_JSON_SCHEMA_PREFERENCE)
     order = [(name, True) for name in names if name in backends]
     relaxed = choice if choice != AUTO else _RELAXED_FALLBACK

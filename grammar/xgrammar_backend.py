@@ -17,7 +17,7 @@ import torch
 import xgrammar as xgr
 from loraplex.grammar.backend import TokenizerContext, Unsupported, UnsupportedSchemaError, register_backend
 from loraplex.grammar.compile_pool import ProcessCompilePool
-from loraplex.grammar.schema_walk import first_keyword_outside
+from loraplex.grammar.schema_walk import first_keyword_outside, without_annotation_formats
 from loraplex.grammar.spec import GrammarKind, choice_ebnf
 
 # Keywords xgrammar enforces exactly (the JSON Schema instance test measures this).
@@ -92,6 +92,8 @@ class XGrammarBackend:
         return None if found is None else Unsupported(found[0], found[1], self.name)
 
     def compile(self, kind: str, payload: Any, timeout_s: float, *, exact: bool = True) -> XGrammarGrammar:
+        if kind == GrammarKind.JSON_SCHEMA:
+            payload = without_annotation_formats(payload)
         if kind == GrammarKind.JSON_SCHEMA and exact:
             problem = self.unsupported(payload)
             if problem is not None:
