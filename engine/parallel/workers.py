@@ -20,6 +20,7 @@ import logging
 import socket
 import threading
 from collections.abc import Callable
+from datetime import timedelta
 from typing import Any
 
 import numpy as np
@@ -261,7 +262,9 @@ def _teardown_process_group(timeout_s: float = 30.0) -> None:
 def _join(rank: int, world_size: int, backend: str, address: str, device: torch.device) -> TensorParallelGroup:
     if device.type == "cuda":
         torch.cuda.set_device(rank)  # "cuda" now means this rank's GPU everywhere in the process
-    dist.init_process_group(backend, init_method=address, rank=rank, world_size=world_size)
+    # gloo (CPU): a collective that a rank never joins raises after this long instead of hanging
+    timeout = timedelta(minutes=5) if backend == "gloo" else None
+    dist.init_process_group(backend, init_method=address, rank=rank, world_size=world_size, timeout=timeout)
     return TensorParallelGroup(rank, world_size, dist.group.WORLD)
 
 
