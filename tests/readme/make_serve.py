@@ -81,7 +81,7 @@ class MakeServe:
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
-    def start(self, timeout_s: float = 300) -> MakeServe:
+    def start(self, timeout_s: float = 600) -> MakeServe:
         with self.log_path.open("wb") as log:
             # a session of its own, so stopping it reaches make's children (the server) too
             self.process = subprocess.Popen(self.command, cwd=self.workdir, env=newcomer_env(), stdout=log,

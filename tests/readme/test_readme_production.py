@@ -51,7 +51,7 @@ def stop(process: subprocess.Popen[bytes]) -> None:
 
 
 def wait_until(check: Callable[[], Any], what: str, process: subprocess.Popen[bytes], log: Path,
-               timeout_s: float = 240) -> Any:
+               timeout_s: float = 600) -> Any:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if process.poll() is not None:
