@@ -58,6 +58,9 @@ def run_engine_core(settings: Settings, address: str) -> None:
 
     configure_logging(settings.log_level)
     signal.signal(signal.SIGTERM, _exit)
+    # Ctrl-C reaches the whole process group: the core keeps stepping while the API servers drain, and the
+    # supervisor stops it (SIGTERM) once they are done.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     engine = _build_engine(settings, engine_config(settings))
     db_engine = make_db_engine(settings.resolved_database_url)
     source = stored_adapter_source(settings, db_sessions=make_session_factory(db_engine),
