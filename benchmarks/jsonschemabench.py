@@ -212,6 +212,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--backends", default=",".join(BACKENDS))
+    parser.add_argument("--compile-timeout-s", type=float, default=10.0)
+    parser.add_argument("--merge", action="store_true", help="add to the backends already in the results file")
     args = parser.parse_args()
     tokenizer = AutoTokenizer.from_pretrained(ensure_default_model(ROOT / "data" / "models"))
     cases = load_cases(args.quick)
@@ -220,7 +222,7 @@ def main() -> None:
     metrics: dict[str, Any] = {}
     groups: dict[str, Any] = {}
     for name in args.backends.split(","):
-        limits = GrammarLimits(backend=name, compile_timeout_s=10.0, num_compile_threads=1)
+        limits = GrammarLimits(backend=name, compile_timeout_s=args.compile_timeout_s, num_compile_threads=1)
         service = GrammarCompilerService(tokenizer, VOCAB, limits)
         service.compile_blocking(GrammarSpec(GrammarKind.REGEX, "[a-z]"))  # start the compile workers first
         try:
@@ -244,13 +246,17 @@ def main() -> None:
         "machine": cpu_benchmark_machine(),
         "config": {"tokenizer": DEFAULT_MODEL_NAME, "schemas": len(cases), "strict": True,
                    "serialization": "json.dumps default separators, ensure_ascii=False",
-                   "compile_timeout_s": 10.0, "data": str(DATA.relative_to(ROOT))},
+                   "compile_timeout_s": args.compile_timeout_s, "data": str(DATA.relative_to(ROOT))},
         "metrics": metrics,
         "groups": groups,
         "targets": {"coverage_auto": {"op": ">=", "value": 0.95}, "invalid_accepted_auto": {"op": "==", "value": 0},
                     "compile_ms_p99_auto": {"op": "<=", "value": 100.0}},
         "checked": True,
     }
+    if args.merge and RESULT.exists():
+        previous = json.loads(RESULT.read_text())
+        result["metrics"] = {**previous["metrics"], **metrics}
+        result["groups"] = {**previous["groups"], **groups}
     RESULT.write_text(json.dumps(result, indent=1) + "\n")
     print(f"wrote {RESULT}")
 

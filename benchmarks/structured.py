@@ -1,12 +1,15 @@
-"""Structured-output benchmark (issue 6): JSON-schema-constrained vs unconstrained decoding on SmolLM2.
+"""Structured-output benchmark: JSON-schema-constrained vs unconstrained decoding on SmolLM2.
 
 Side by side in one run, on the engine itself (no HTTP): 16 concurrent requests
-constrained by JSON schemas, then the same prompts unconstrained with each
-request's max_tokens set to what its constrained twin produced (ignore_eos), so
-both generate exactly the same number of tokens. The two phases alternate in
-order over the repeats; prefix caching is off so neither phase reuses the
-other's prefill. Every constrained output is parsed and validated with
-`jsonschema` before any timing counts, and the unconstrained lengths are checked.
+constrained by JSON schemas, once with jump-forward (grammar-forced tokens
+appended without a sampling step) and once step by step, then the same prompts
+unconstrained with each request's max_tokens set to what its constrained twin
+produced (ignore_eos), so every phase generates exactly the same number of
+tokens. The phases rotate in order over the repeats; prefix caching is off so no
+phase reuses another's prefill. Every constrained output is parsed and validated
+with `jsonschema` (a `length` finish included: the budget closes the JSON)
+before any timing counts, the two constrained phases must emit identical tokens,
+and the unconstrained lengths are checked.
 Throughput is tokens per CPU-second of the benchmark process: the 2-core CPU
 is shared with other jobs, and the wall time of identical work swings by tens
 of percent from one minute to the next (the wall-clock ratio is reported too).
@@ -38,7 +41,7 @@ from loraplex.engine.model.default_model import DEFAULT_MODEL_NAME, ensure_defau
 from loraplex.engine.protocol import EngineRequest, SamplingParams
 from loraplex.engine.sampler import Sampler
 from loraplex.grammar.compiler import GrammarCompilerService
-from loraplex.grammar.matcher import XGrammarCompiledGrammar, XGrammarMatcher
+from loraplex.grammar.matcher import StructuredGrammar, StructuredMatcher
 from loraplex.grammar.spec import GrammarKind, GrammarSpec
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -72,7 +75,7 @@ SCHEMAS = [
 class TimedGrammar:
     """Benchmark-only wrapper: its matchers record how long each mask fill takes."""
 
-    def __init__(self, inner: XGrammarCompiledGrammar, fill_ns: list[int]) -> None:
+    def __init__(self, inner: StructuredGrammar, fill_ns: list[int]) -> None:
         self.inner = inner
         self.fill_ns = fill_ns
 
@@ -81,7 +84,7 @@ class TimedGrammar:
 
 
 class TimedMatcher:
-    def __init__(self, inner: XGrammarMatcher, fill_ns: list[int]) -> None:
+    def __init__(self, inner: StructuredMatcher, fill_ns: list[int]) -> None:
         self.inner = inner
         self.fill_ns = fill_ns
 
@@ -95,6 +98,15 @@ class TimedMatcher:
 
     def is_terminated(self) -> bool:
         return self.inner.is_terminated()
+
+    def set_token_budget(self, max_tokens: int) -> None:
+        self.inner.set_token_budget(max_tokens)
+
+    def forced_token_ids(self) -> list[int]:
+        return self.inner.forced_token_ids()
+
+    def closed_by_budget(self) -> bool:
+        return self.inner.closed_by_budget()
 
 
 def time_grammar_steps(step_ns: list[int]) -> None:
@@ -110,11 +122,13 @@ def time_grammar_steps(step_ns: list[int]) -> None:
     Sampler._apply_grammar = timed  # type: ignore[method-assign]
 
 
-def run_phase(engine: LLMEngine, requests: list[EngineRequest]) -> tuple[float, float, dict[str, tuple[str, str, int]]]:
-    """(wall seconds, CPU seconds of this process, outputs by request id)."""
+def run_phase(engine: LLMEngine, requests: list[EngineRequest], *, jump_forward: bool = False,
+              ) -> tuple[float, float, dict[str, tuple[str, str, int, tuple[int, ...]]]]:
+    """(wall seconds, CPU seconds of this process, (text, finish, num tokens, token ids) by request id)."""
+    engine.config.grammar_jump_forward = jump_forward
     for request in requests:
         engine.add_request(request)
-    outputs = {r.request_id: ["", "", 0] for r in requests}
+    outputs = {r.request_id: ["", "", 0, ()] for r in requests}
     started, cpu_started = time.perf_counter(), time.process_time()
     while engine.has_unfinished_requests():
         for out in engine.step():
@@ -122,6 +136,7 @@ def run_phase(engine: LLMEngine, requests: list[EngineRequest]) -> tuple[float, 
                 entry = outputs[out.request_id]
                 entry[0] += choice.text
                 entry[2] = choice.num_output_tokens
+                entry[3] += tuple(choice.token_ids)
                 if choice.finish_reason:
                     entry[1] = choice.finish_reason
     return time.perf_counter() - started, time.process_time() - cpu_started, {k: tuple(v) for k, v in outputs.items()}
@@ -185,36 +200,50 @@ def main() -> None:
         return [EngineRequest(f"u{rep}-{i}", p, SamplingParams(max_tokens=n, temperature=0.7, seed=i, ignore_eos=True))
                 for i, (p, n) in enumerate(zip(prompts, lengths, strict=True))]
 
-    ratios, wall_ratios, valid, total, c_tps, u_tps = [], [], 0, 0, [], []
+    ratios, jump_ratios, wall_ratios, valid, total, c_tps, j_tps, u_tps = [], [], [], 0, 0, [], [], []
     lengths: list[int] | None = None
+    jumped_before = engine.num_jump_forward_tokens_total
     for rep in range(repeats):
-        if rep % 2 and lengths is not None:  # alternate the order, so drift in machine load hits both
-            u_time, u_cpu, u_out = run_phase(engine, unconstrained(rep, lengths))
-            c_time, c_cpu, c_out = run_phase(engine, constrained(rep))
-        else:
-            c_time, c_cpu, c_out = run_phase(engine, constrained(rep))
-            lengths = lengths or [n for _, _, n in c_out.values()]
-            u_time, u_cpu, u_out = run_phase(engine, unconstrained(rep, lengths))
-        for (text, finish, _), (_, schema) in zip(c_out.values(), cases, strict=True):
+        timings: dict[str, tuple[float, float, dict]] = {}
+        order = ["step", "jump", "free"]
+        order = order[rep % 3:] + order[:rep % 3]  # rotate, so drift in machine load hits every phase
+        if lengths is None:
+            order = ["step", "jump", "free"]  # the constrained lengths must be known first
+        for phase in order:
+            if phase == "free":
+                assert lengths is not None
+                timings[phase] = run_phase(engine, unconstrained(rep, lengths))
+            else:
+                timings[phase] = run_phase(engine, constrained(rep), jump_forward=phase == "jump")
+                lengths = lengths or [n for _, _, n, _ in timings[phase][2].values()]
+        s_time, s_cpu, s_out = timings["step"]
+        j_time, j_cpu, j_out = timings["jump"]
+        u_time, u_cpu, u_out = timings["free"]
+        if [v[3] for v in j_out.values()] != [v[3] for v in s_out.values()]:
+            raise RuntimeError(f"repeat {rep}: jump-forward and step-by-step emitted different tokens")
+        for (text, finish, _, _), (_, schema) in zip(s_out.values(), cases, strict=True):
             total += 1
-            if finish == "stop":
+            if finish in ("stop", "length"):  # a length finish is closed by the budget: it must validate too
                 jsonschema.validate(json.loads(text), schema, format_checker=jsonschema.FormatChecker())
                 valid += 1
-        for out in (c_out, u_out):
-            if [n for _, _, n in out.values()] != lengths:
+        for out in (s_out, j_out, u_out):
+            if [n for _, _, n, _ in out.values()] != lengths:
                 raise RuntimeError(f"repeat {rep}: output lengths differ from the first run; the comparison is void")
         num_tokens = sum(lengths)
         if engine.stats()["num_preemptions"]:
             raise RuntimeError("the engine preempted requests; the phases are not comparable")
         # Tokens per CPU-second of this process: on a CPU shared with other jobs, wall time of
         # identical work swings by tens of percent from minute to minute; CPU time does not.
-        c_tps.append(num_tokens / c_cpu)
+        c_tps.append(num_tokens / s_cpu)
+        j_tps.append(num_tokens / j_cpu)
         u_tps.append(num_tokens / u_cpu)
         ratios.append(c_tps[-1] / u_tps[-1])
-        wall_ratios.append(u_time / c_time)
-        print(f"repeat {rep}: {num_tokens} tokens, constrained {c_tps[-1]:.2f} tok/cpu-s ({c_time:.0f} s wall), "
-              f"unconstrained {u_tps[-1]:.2f} tok/cpu-s ({u_time:.0f} s wall), ratio {ratios[-1]:.3f} "
-              f"(wall {wall_ratios[-1]:.3f})")
+        jump_ratios.append(j_tps[-1] / u_tps[-1])
+        wall_ratios.append(u_time / j_time)
+        print(f"repeat {rep}: {num_tokens} tokens, step-by-step {c_tps[-1]:.2f} tok/cpu-s ({s_time:.0f} s wall), "
+              f"jump-forward {j_tps[-1]:.2f} ({j_time:.0f} s), unconstrained {u_tps[-1]:.2f} ({u_time:.0f} s); "
+              f"ratios {ratios[-1]:.3f} / {jump_ratios[-1]:.3f} (wall, jump {wall_ratios[-1]:.3f})", flush=True)
+    num_jumped = engine.num_jump_forward_tokens_total - jumped_before
 
     fill_us = [ns / 1e3 for ns in fill_ns]
     step_us = [ns / 1e3 for ns in step_ns]
@@ -222,8 +251,13 @@ def main() -> None:
         "constrained_over_unconstrained": round(statistics.median(ratios), 4),
         "constrained_over_unconstrained_min": round(min(ratios), 4),
         "constrained_over_unconstrained_max": round(max(ratios), 4),
-        "constrained_over_unconstrained_wall_clock": round(statistics.median(wall_ratios), 4),
+        "jump_forward_over_unconstrained": round(statistics.median(jump_ratios), 4),
+        "jump_forward_over_unconstrained_min": round(min(jump_ratios), 4),
+        "jump_forward_over_unconstrained_max": round(max(jump_ratios), 4),
+        "jump_forward_over_unconstrained_wall_clock": round(statistics.median(wall_ratios), 4),
+        "jump_forward_token_fraction": round(num_jumped / (sum(lengths or [0]) * repeats), 4),
         "constrained_tokens_per_cpu_s": round(statistics.median(c_tps), 2),
+        "jump_forward_tokens_per_cpu_s": round(statistics.median(j_tps), 2),
         "unconstrained_tokens_per_cpu_s": round(statistics.median(u_tps), 2),
         "schema_valid_fraction": valid / total,
         "mask_fill_us_p50": round(percentile(fill_us, 50), 2),
@@ -243,11 +277,12 @@ def main() -> None:
         "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "machine": cpu_benchmark_machine(),
         "config": {"model": DEFAULT_MODEL_NAME, "dtype": "float32", "device": "cpu", "num_requests": num_requests,
-                   "max_tokens": max_tokens, "repeats": repeats, "temperature": 0.7, "prefix_caching": False,
+                   "max_tokens": max_tokens, "repeats": repeats, "grammar_backend": "auto", "temperature": 0.7, "prefix_caching": False,
                    "throughput_clock": "process CPU time (wall-clock ratio reported alongside)",
                    "schemas": len(SCHEMAS), "python": platform.python_version()},
         "metrics": metrics,
         "targets": {"constrained_over_unconstrained": {"op": ">=", "value": 0.95},
+                    "jump_forward_over_unconstrained": {"op": ">=", "value": 1.3},
                     "schema_valid_fraction": {"op": ">=", "value": 1.0}},
         "checked": True,
     }

@@ -76,7 +76,7 @@ class XGrammarBackend:
     name = "xgrammar"
     kinds = frozenset(_COMPILERS)
 
-    def __init__(self, context: TokenizerContext, num_workers: int = 2, queue_timeout_s: float = 60.0) -> None:
+    def __init__(self, context: TokenizerContext, num_workers: int = 1, queue_timeout_s: float = 60.0) -> None:
         self.context = context
         self.tokenizer_info = xgr.TokenizerInfo.from_huggingface(context.tokenizer, vocab_size=context.vocab_size)
         self._pool = ProcessCompilePool(worker_setup, (self.tokenizer_info.serialize_json(),),

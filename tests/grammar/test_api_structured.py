@@ -9,6 +9,8 @@ import re
 import jsonschema
 import openai
 import pytest
+from loraplex.grammar.closing import plan_completion
+from loraplex.grammar.spec import GrammarKind, GrammarSpec
 from schema_suite import CASES
 
 MODEL = "SmolLM2-135M-Instruct"
@@ -28,12 +30,8 @@ def ask(prompt: str) -> list[dict]:
 
 
 def check_json_answer(text: str | None, finish_reason: str, schema: dict) -> bool:
-    """True if the answer is finished and valid; a `length` finish must hold unfinished JSON."""
-    if finish_reason == "length":
-        with pytest.raises(json.JSONDecodeError):
-            json.loads(text or "")
-        return False
-    assert finish_reason == "stop"
+    """True if the answer validates; a `length` finish too, as the budget closes the JSON."""
+    assert finish_reason in ("stop", "length")
     jsonschema.validate(json.loads(text), schema, format_checker=FORMATS)
     return True
 
@@ -66,14 +64,52 @@ def test_schema_suite_greedy_and_sampled_all_valid(api_server):
     assert not failures, failures
 
 
-def test_length_inside_unfinished_json_is_reported_as_length(openai_client):
-    name, prompt, schema = CASES[7]  # order: needs far more than 6 tokens
+def test_a_budget_below_any_valid_answer_ends_with_length(openai_client):
+    name, prompt, schema = CASES[7]  # order: its shortest valid answer needs far more than 6 tokens
     answer = openai_client.chat.completions.create(
         model=MODEL, messages=ask(prompt), max_tokens=6, temperature=0, response_format=schema_format(name, schema),
     )
     choice = answer.choices[0]
     assert choice.finish_reason == "length"
-    assert not check_json_answer(choice.message.content, choice.finish_reason, schema)
+    with pytest.raises(json.JSONDecodeError):
+        json.loads(choice.message.content)
+
+
+BUDGET_CASES = ("person", "order", "nested_company", "recipe", "inventory_defs", "flight")
+
+
+def test_every_budget_that_allows_a_valid_answer_gets_one(api_server, compiler):
+    """Schemas x max_tokens from the shortest valid answer up: every response parses and validates,
+    `length` finishes included (the budget closed the JSON)."""
+    cases = [case for case in CASES if case[0] in BUDGET_CASES]
+    calls = []
+    for name, prompt, schema in cases:
+        grammar = compiler.compile_blocking(GrammarSpec(GrammarKind.JSON_SCHEMA, schema, strict=True))
+        shortest = len(plan_completion(grammar.new_matcher()._inner, compiler.closing_tokens, limit=400))
+        for max_tokens in (shortest, shortest + 3, 2 * shortest, 160):
+            calls.append((name, prompt, schema, max_tokens))
+
+    async def run() -> list:
+        client = async_client(api_server)
+        try:
+            return await asyncio.gather(*(
+                client.chat.completions.create(
+                    model=MODEL, messages=ask(prompt), max_tokens=max_tokens, temperature=1.0, seed=max_tokens,
+                    response_format=schema_format(name, schema))
+                for name, prompt, schema, max_tokens in calls))
+        finally:
+            await client.close()
+
+    finishes = []
+    for (name, _, schema, max_tokens), answer in zip(calls, asyncio.run(run()), strict=True):
+        choice = answer.choices[0]
+        assert answer.usage.completion_tokens <= max_tokens
+        try:
+            check_json_answer(choice.message.content, choice.finish_reason, schema)
+        except (json.JSONDecodeError, jsonschema.ValidationError) as exc:
+            pytest.fail(f"{name} max_tokens={max_tokens} {choice.finish_reason}: {choice.message.content!r}: {exc}")
+        finishes.append(choice.finish_reason)
+    assert "length" in finishes  # the small budgets were closed by the budget, and still validate
 
 
 def test_json_object(openai_client):

@@ -90,7 +90,7 @@ def test_tools_count_is_capped_and_the_duplicate_check_is_linear():
     assert len(parse_tools(many[:128], None, None).tools) == 128
     with pytest.raises(InvalidRequestError, match="limit is 4"):
         parse_tools(many[:5], None, None, max_tools=4)
-    with pytest.raises(InvalidRequestError, match="duplicate tool names: t3$"):
+    with pytest.raises(InvalidRequestError, match=r"duplicate tool names: t3$"):
         parse_tools([*many[:100], tool("t3")], None, None)
 
 
