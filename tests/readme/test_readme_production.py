@@ -140,8 +140,14 @@ def test_postgres_redis_server_worker_and_beat_as_written(
         beat_log = checkout / "beat.log"
         processes.append(beat := shell.start(background[2], beat_log))
         wait_until(lambda: "Starting..." in beat_log.read_text(), "celery beat", beat, beat_log, timeout_s=120)
+        # the replica id the block gave the server names it in the session records it keeps
         session = httpx.post(url + "/v1/sessions", json={"model": "SmolLM2-135M-Instruct"}, headers=headers).json()
-        assert session.get("replica_id", "gpu-0") == "gpu-0", session
+        turn = httpx.post(url + "/v1/chat/completions", headers=headers, timeout=120, json={
+            "model": "SmolLM2-135M-Instruct", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4,
+            "session_id": session["id"]})
+        assert turn.status_code == 200, turn.text
+        record = httpx.get(f"{url}/v1/sessions/{session['id']}", headers=headers).json()
+        assert record["replica_id"] == "gpu-0", record
     finally:
         for process in reversed(processes):
             stop(process)
