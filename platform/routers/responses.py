@@ -13,12 +13,13 @@ from functools import partial
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Query, Request, Response
-from loraplex.engine.errors import PromptTooLongError
+from loraplex.engine.errors import EngineError, PromptTooLongError
 from loraplex.platform.api.generation import Generation
 from loraplex.platform.api.preparation import prepare_chat
 from loraplex.platform.api.request_limits import RequestLimits, check_request_limits
 from loraplex.platform.api.respond import respond
 from loraplex.platform.deps import AppServices, InferenceKey
+from loraplex.platform.errors import ApiError
 from loraplex.platform.extensions import PreparedRequest
 from loraplex.platform.responses.answer import collect_response, stream_response
 from loraplex.platform.responses.chain import ResponseChains
@@ -27,6 +28,10 @@ from loraplex.platform.responses.turn import ResponseTurn
 from loraplex.platform.services import Services
 
 router = APIRouter(prefix="/v1", tags=["responses"])
+
+# The chat preparation names chat parameters in its errors; a Responses client sent these instead.
+_RESPONSES_PARAMS = {"messages": "input", "max_tokens": "max_output_tokens", "max_completion_tokens": "max_output_tokens",
+                     "response_format": "text.format", "reasoning_effort": "reasoning.effort"}
 
 
 def _chains(services: Services) -> ResponseChains:
@@ -54,19 +59,30 @@ async def _prepare(services: Services, key: Any, turn: ResponseTurn, request_id:
     """The chat preparation; with truncation="auto", the oldest turns are left out until the prompt fits."""
     limits = RequestLimits.from_settings(services.settings)
     while True:
-        chat = turn.chat_request()
-        check_request_limits(chat, limits)
         try:
+            chat = turn.chat_request()
+            check_request_limits(chat, limits)
             prepared = await prepare_chat(services, key, chat, request_id)
             break
-        except PromptTooLongError:
+        except PromptTooLongError as exc:
             if not turn.can_truncate():
-                raise
+                raise _renamed(exc) from None
             turn.truncate()
+        except (EngineError, ApiError) as exc:
+            raise _renamed(exc) from None
     prepared.kind = "response"
     if turn.body.store:
         prepared.session_id = turn.response_id  # the engine keeps this response's KV pinned under its id
     return prepared
+
+
+def _renamed(exc: EngineError | ApiError) -> EngineError | ApiError:
+    """The same error, its param in the Responses API's name (messages[3] -> input, ...)."""
+    param = exc.param or ""
+    head = param.split(".", 1)[0].split("[", 1)[0]
+    if head in _RESPONSES_PARAMS:
+        exc.param = _RESPONSES_PARAMS[head] if head == "messages" else _RESPONSES_PARAMS[head] + param[len(head):]
+    return exc
 
 
 @router.get("/responses/{response_id}")

@@ -287,7 +287,7 @@ def test_truncation_auto_leaves_out_the_oldest_turns(server):
     follow_up = " ".join(f"detail {i} about harbours;" for i in range(150))    # ~1,050 tokens: past the context
     with pytest.raises(openai.BadRequestError) as refused:
         client.responses.create(model=MODEL, input=follow_up, previous_response_id=first.id, max_output_tokens=4)
-    assert refused.value.code == "context_length_exceeded"
+    assert refused.value.code == "context_length_exceeded" and refused.value.body["param"] == "input"
     kept = client.responses.create(model=MODEL, input=follow_up, previous_response_id=first.id,
                                    truncation="auto", max_output_tokens=4, temperature=0)
     context = server.services.engine.max_model_len
