@@ -43,7 +43,7 @@ logger = logging.getLogger(__name__)
 
 class EngineCore:
     def __init__(self, engine: LLMEngine, address: str, *, grammar_codec: GrammarCodec | None = None,
-                 lora: Any = None, heartbeat_s: float = 0.25, client_timeout_s: float = 10.0) -> None:
+                 lora: Any = None, heartbeat_s: float = 0.25, client_timeout_s: float = 30.0) -> None:
         self.engine = engine
         self.address = address
         self.grammar_codec = grammar_codec
@@ -173,6 +173,7 @@ class EngineCore:
         if now - self._last_stats < self.heartbeat_s:
             return
         self._last_stats = now
+        self._receive(timeout_ms=0)  # pings that arrived during a long step count: only silence is forgotten
         message = Stats(self.engine.stats())
         for identity, last_seen in list(self._clients.items()):
             if now - last_seen > self.client_timeout_s:
@@ -187,8 +188,10 @@ class EngineCore:
         if orphans:
             logger.warning("a client went silent; aborting its %d requests", len(orphans))
         for request_id in orphans:
-            self._owner.pop(request_id, None)
-            self.engine.abort(request_id)
+            output = self.engine.abort(request_id)
+            if output is not None:
+                self._deliver([output])  # a client that was only slow still learns its request ended
+        self._flush()
 
     def _send(self, identity: bytes, message: Any) -> None:
         try:
