@@ -1,0 +1,235 @@
+"""`loraplex serve` as it runs in production: a supervisor, one engine-core process, two API server processes.
+
+One server for the module (starting it loads the model once); the engine-core kill runs last, then the
+server is started again on the same data and must serve.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+from loraplex.billing.models import UsageEventRow
+from loraplex.platform.auth import store
+from loraplex.platform.auth.scopes import Scope
+from loraplex.platform.db import migrate
+from loraplex.platform.db.session import make_db_engine, make_session_factory
+from server_process import ServerProcess, server_env
+from sqlalchemy import select
+
+MODEL = "SmolLM2-135M-Instruct"
+LONG = {"model": MODEL, "messages": [{"role": "user", "content": "Tell me a very long story."}],
+        "max_tokens": 400, "extra_body": {"ignore_eos": True}, "stream": True}
+
+
+@pytest.fixture(scope="module")
+def database_url(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return f"sqlite:///{tmp_path_factory.mktemp('core-db') / 'loraplex.db'}"
+
+
+@pytest.fixture(scope="module")
+def api_key(database_url: str) -> str:
+    migrate.upgrade(database_url)
+    engine = make_db_engine(database_url)
+    with make_session_factory(engine)() as db:
+        tenant = store.create_tenant(db, name="multiprocess")
+        key = store.create_api_key(db, tenant=tenant, scopes=[Scope.INFERENCE, Scope.USAGE], name="mp").key
+    engine.dispose()
+    return key
+
+
+@pytest.fixture(scope="module")
+def server(database_url: str, api_key: str, smollm_path: Path,
+           tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    data_dir = tmp_path_factory.mktemp("core-server")
+    env = server_env(database_url=database_url, data_dir=data_dir, model_path=smollm_path,
+                     kv_cache_memory_mb=128, api_servers=2, max_num_seqs=16, drain_timeout_s=60)
+    with ServerProcess(env, data_dir, name="mp-server") as running:
+        running.start(timeout_s=300)
+        yield running
+
+
+def _client(server: ServerProcess, key: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=server.url + "/v1", api_key=key, max_retries=0, timeout=60)
+
+
+def _health_fresh_connection(server: ServerProcess) -> dict[str, Any]:
+    with httpx.Client() as client:  # a new connection: the kernel hands it to either API server
+        return client.get(server.url + "/healthz", timeout=10).json()
+
+
+def _engine_gauge(server: ServerProcess, name: str) -> float:
+    for line in httpx.get(server.url + "/metrics", timeout=10).text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    raise AssertionError(f"{name} not exported")
+
+
+def test_two_api_servers_share_one_engine_core(server: ServerProcess) -> None:
+    api_pids, core_pids = set(), set()
+    num_calls = 0
+    for _ in range(200):
+        health = _health_fresh_connection(server)
+        num_calls += 1
+        api_pids.add(health["api_server_pid"])
+        core_pids.add(health["engine"]["pid"])
+        if len(api_pids) == 2:
+            break
+    assert len(api_pids) == 2, "every connection went to the same API server process"
+    assert len(core_pids) == 1 and server.pid not in api_pids | core_pids
+    # Either process's /metrics counts the requests both served (Prometheus multiprocess mode).
+    for _ in range(4):
+        assert _engine_gauge(server, 'loraplex_http_requests_total{route="/healthz",status="200"}') >= num_calls
+
+
+def test_concurrent_requests_through_both_servers_are_correct_and_interleaved(server: ServerProcess,
+                                                                              api_key: str) -> None:
+    ask = {"model": MODEL, "messages": [{"role": "user", "content": "Name three colours."}], "max_tokens": 24,
+           "temperature": 0}
+    reference = _client(server, api_key).chat.completions.create(**ask).choices[0].message.content
+    results: dict[int, dict[str, Any]] = {}
+
+    def stream(index: int) -> None:
+        started = time.monotonic()
+        first = None
+        text = []
+        with _client(server, api_key) as client:  # its own connection pool: spread over both servers
+            for chunk in client.chat.completions.create(**ask, stream=True):
+                if chunk.choices and chunk.choices[0].delta.content:
+                    first = first or time.monotonic()
+                    text.append(chunk.choices[0].delta.content)
+        results[index] = {"text": "".join(text), "first": first - started, "done": time.monotonic() - started,
+                          "started": started, "first_at": first, "done_at": time.monotonic()}
+
+    threads = [threading.Thread(target=stream, args=(i,)) for i in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    assert len(results) == 8
+    assert all(r["text"] == reference for r in results.values()), {i: r["text"] for i, r in results.items()}
+    # Continuous batching across both servers: every stream had its first token before any stream was done.
+    assert max(r["first_at"] for r in results.values()) < min(r["done_at"] for r in results.values())
+
+
+def test_abort_through_either_server_frees_kv_blocks(server: ServerProcess, api_key: str) -> None:
+    total = _engine_gauge(server, "loraplex_kv_blocks_free") + _engine_gauge(server, "loraplex_kv_blocks_used")
+    clients = [_client(server, api_key) for _ in range(6)]  # six connections: both servers get some
+    streams = [client.chat.completions.create(**LONG) for client in clients]
+    for stream in streams:
+        next(iter(stream))
+    assert _wait(lambda: _engine_gauge(server, "loraplex_engine_running_requests") == 6, 30)
+    for stream, client in zip(streams, clients, strict=True):
+        stream.close()
+        client.close()
+    assert _wait(lambda: _engine_gauge(server, "loraplex_engine_running_requests") == 0, 15), "aborts not applied"
+    assert _wait(lambda: _engine_gauge(server, "loraplex_kv_blocks_free") == total, 5)
+
+
+def test_sigkill_of_the_engine_core_fails_open_requests_and_the_server_exits(
+        server: ServerProcess, api_key: str, database_url: str) -> None:
+    completed = []
+    for _ in range(3):
+        raw = _client(server, api_key).chat.completions.with_raw_response.create(
+            model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=4)
+        completed.append(raw.headers["x-request-id"])
+    outcomes: dict[int, str] = {}
+    ended_at: dict[int, float] = {}
+    receiving = threading.Barrier(5)
+
+    def stream(index: int) -> None:
+        try:
+            with _client(server, api_key) as client:
+                chunks = client.chat.completions.create(**LONG)
+                next(iter(chunks))
+                receiving.wait(30)
+                for _ in chunks:
+                    pass
+            outcomes[index] = "finished"
+        except openai.APIError as exc:
+            outcomes[index] = f"error: {exc}"
+        finally:
+            ended_at[index] = time.monotonic()
+
+    threads = [threading.Thread(target=stream, args=(i,)) for i in range(4)]
+    for thread in threads:
+        thread.start()
+    receiving.wait(60)
+    core_pid = server.engine_core_pid()
+    os.kill(core_pid, signal.SIGKILL)
+    killed_at = time.monotonic()
+    for thread in threads:
+        thread.join(30)
+    assert not any(thread.is_alive() for thread in threads), "a stream hangs after the engine core died"
+    assert all("engine core process" in outcome for outcome in outcomes.values()), outcomes
+    assert max(ended_at.values()) - killed_at < 5
+    unhealthy = httpx.get(server.url + "/healthz", timeout=5)
+    assert unhealthy.status_code == 503 and unhealthy.json()["engine"]["alive"] is False
+    refused = _client(server, api_key).chat.completions.with_raw_response
+    with pytest.raises(openai.APIStatusError) as info:
+        refused.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=4)
+    assert info.value.status_code == 503 and info.value.body["code"] == "engine_unavailable"
+
+    assert server.process is not None
+    assert server.process.wait(timeout=60) != 0  # the supervisor exits non-zero: restart me
+    server.process = None
+    rows = _ledger(database_url)
+    assert set(completed) <= set(rows) and all(rows[r].status in ("completed", "length") for r in completed)
+    failed = [r for r in rows.values() if r.status == "failed"]
+    assert len(failed) == 4 and all(r.output_tokens >= 1 for r in failed)
+
+    server.start(timeout_s=300)
+    answer = _client(server, api_key).chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=4)
+    assert answer.choices[0].message.content
+    assert _wait(lambda: len(_ledger(database_url)) == len(rows) + 1, 30)
+    again = _ledger(database_url)
+    assert {r: again[r].status for r in completed} == {r: rows[r].status for r in completed}  # still once each
+
+
+def _ledger(database_url: str) -> dict[str, UsageEventRow]:
+    engine = make_db_engine(database_url)
+    try:
+        with make_session_factory(engine)() as db:
+            return {row.request_id: row for row in db.scalars(select(UsageEventRow))}
+    finally:
+        engine.dispose()
+
+
+def _wait(condition: Any, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.1)
+    return condition()
+
+
+def test_sigterm_drains_in_flight_streams_then_exits_cleanly(server: ServerProcess, api_key: str) -> None:
+    """Runs after the restart above: SIGTERM lets an open stream finish whole, and the server exits 0."""
+    received: dict[str, Any] = {"text": [], "finish": None}
+
+    def stream() -> None:
+        with _client(server, api_key) as client:
+            for chunk in client.chat.completions.create(**{**LONG, "max_tokens": 32}):
+                if chunk.choices:
+                    received["text"].append(chunk.choices[0].delta.content or "")
+                    received["finish"] = chunk.choices[0].finish_reason or received["finish"]
+
+    thread = threading.Thread(target=stream)
+    thread.start()
+    assert _wait(lambda: len(received["text"]) >= 2, 60)
+    assert server.process is not None
+    server.process.send_signal(signal.SIGTERM)
+    thread.join(120)
+    assert not thread.is_alive() and received["finish"] == "length"  # the whole answer, not cut off
+    assert server.process.wait(timeout=60) == 0
+    server.process = None
