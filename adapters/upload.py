@@ -7,7 +7,8 @@ small and capped. Accepted file parts: `adapter_config.json` +
 `adapter_model.safetensors`, or one `.zip` / `.tar.gz`, which is then
 extracted safely. The caller deletes the staging folder whatever happens.
 
-Unpacking, hashing and copying take seconds for a large upload: they run in
+Writing the parts to disk (a slow disk blocks), unpacking, hashing and
+copying take seconds for a large upload: they run in
 one small thread pool (`run_upload_work`), never on the event loop, and at
 most `UPLOAD_WORKERS` at once per process, so a burst of uploads queues
 instead of taking every core from the requests being served.
@@ -147,7 +148,7 @@ async def receive_adapter_upload(
             received += len(chunk)
             if received > body_limit:
                 raise UploadTooLargeError(f"the upload is larger than {body_limit} bytes")
-            parser.write(chunk)
+            await run_upload_work(parser.write, chunk)  # parts are written to disk: off the event loop
         parser.finalize()
     except MultipartParseError as exc:
         raise UnsafeUploadError(f"malformed multipart body: {exc}") from None
