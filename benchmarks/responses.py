@@ -236,6 +236,9 @@ def main() -> None:
 
         for repeat in range(repeats):
             runs.append(run(repeat, client(url, keys["others"])))
+            print(f"repeat {repeat}: turn-{turns} TTFT s chained/prefix-cached/stateless "
+                  f"{runs[-1]['chained'][-1]:.2f}/{runs[-1]['prefix_cached'][-1]:.2f}/{runs[-1]['stateless'][-1]:.2f}",
+                  flush=True)
         if not args.quick:
             quiet.append(run(repeats, None))
     last = {name: [run[name][-1] for run in runs] for name in ("chained", "prefix_cached", "stateless")}
