@@ -49,8 +49,9 @@ def _base_url(api_server: Any) -> str:
 def _chat_openai(api_server: Any, **kwargs: Any) -> Any:
     from langchain_openai import ChatOpenAI
 
+    # A timeout as any production client sets one: a request that never answers fails the test, not the suite.
     return ChatOpenAI(model=MODEL, base_url=_base_url(api_server), api_key=api_server.keys["all"],
-                      temperature=0, max_retries=0, **kwargs)
+                      temperature=0, max_retries=0, timeout=120, **kwargs)
 
 
 def test_langchain_invoke_and_stream(api_server) -> None:  # type: ignore[no-untyped-def]
@@ -99,7 +100,7 @@ def test_instructor_response_model(api_server, mode) -> None:  # type: ignore[no
     import instructor
 
     client = instructor.from_openai(
-        openai.OpenAI(base_url=_base_url(api_server), api_key=api_server.keys["all"], max_retries=0),
+        openai.OpenAI(base_url=_base_url(api_server), api_key=api_server.keys["all"], max_retries=0, timeout=120),
         mode=getattr(instructor.Mode, mode),
     )
     person = client.chat.completions.create(model=MODEL, response_model=Person, max_retries=0, max_tokens=80,
@@ -115,7 +116,7 @@ def _agent(api_server: Any, **kwargs: Any) -> Any:
     from pydantic_ai.providers.openai import OpenAIProvider
 
     provider = OpenAIProvider(openai_client=openai.AsyncOpenAI(
-        base_url=_base_url(api_server), api_key=api_server.keys["all"], max_retries=0))
+        base_url=_base_url(api_server), api_key=api_server.keys["all"], max_retries=0, timeout=120))
     return Agent(OpenAIChatModel(MODEL, provider=provider),
                  model_settings={"max_tokens": 80, "temperature": 0}, **kwargs)
 
