@@ -24,7 +24,7 @@ from concurrent.futures import TimeoutError as FutureTimeoutError
 from dataclasses import dataclass
 from typing import Any
 
-import loraplex.grammar.llguidance_backend
+import loraplex.grammar.llguidance_backend  # registers the backend
 import loraplex.grammar.xgrammar_backend  # noqa: F401  (registers the backend)
 from loraplex.engine.errors import InvalidRequestError
 from loraplex.grammar.backend import (
@@ -35,8 +35,9 @@ from loraplex.grammar.backend import (
 )
 from loraplex.grammar.closing import ClosingTokens
 from loraplex.grammar.matcher import StructuredGrammar
+from loraplex.grammar.schema_rewrite import with_disjoint_one_of_as_any_of
 from loraplex.grammar.selection import backend_order
-from loraplex.grammar.spec import GrammarSpec
+from loraplex.grammar.spec import GrammarKind, GrammarSpec
 from loraplex.grammar.xgrammar_backend import XGrammarBackend
 
 
@@ -131,11 +132,14 @@ class GrammarCompilerService:
 
     def _compile(self, spec: GrammarSpec) -> StructuredGrammar:
         first_refusal: UnsupportedSchemaError | None = None
+        payload = spec.payload
+        if spec.kind == GrammarKind.JSON_SCHEMA:
+            payload = with_disjoint_one_of_as_any_of(payload)  # the same language, in words backends know
         for name, exact in backend_order(spec, self.backends, self.limits.backend):
             backend = self.backends[name]
             started = time.perf_counter()
             try:
-                inner = backend.compile(spec.kind, spec.payload, self.limits.compile_timeout_s, exact=exact)
+                inner = backend.compile(spec.kind, payload, self.limits.compile_timeout_s, exact=exact)
             except UnsupportedSchemaError as exc:
                 first_refusal = first_refusal or exc
                 continue

@@ -1,10 +1,11 @@
 """Which backend serves a spec, in order of preference: the `auto` choice.
 
-A JSON schema goes to llguidance first (it refuses what it cannot enforce,
-so what it compiles is exact and its compilations take milliseconds), then
-to xgrammar when every keyword of the schema is one xgrammar enforces
-exactly. Only a non-strict schema may then fall back to xgrammar ignoring
-the keywords it does not implement (the grammar records what was relaxed).
+A JSON schema goes to llguidance (it refuses what it cannot enforce, so what
+it compiles is exact, and its compilations take milliseconds). xgrammar as an
+exact fallback (every keyword in its enforced set) added 3 of 770 benchmark
+schemas and accepted one invalid instance, so it is not tried for an exact
+grammar; only a non-strict schema falls back to xgrammar ignoring the keywords
+it does not implement (the grammar records what was relaxed).
 Every other kind (EBNF, regex, choices, tool-call tags) is xgrammar's.
 """
 
@@ -16,7 +17,7 @@ from loraplex.grammar.backend import GrammarBackend
 from loraplex.grammar.spec import GrammarKind, GrammarSpec
 
 AUTO = "auto"
-_JSON_SCHEMA_PREFERENCE = ("llguidance", "xgrammar")
+_JSON_SCHEMA_PREFERENCE = ("llguidance",)
 _RELAXED_FALLBACK = "xgrammar"
 _DEFAULT_FOR_OTHER_KINDS = "xgrammar"
 

@@ -140,7 +140,7 @@ def test_tool_choice_forms():
         ([tool("a", {"type": "object", "properties": {"x": {"type": "nope"}}})], None, None,
          "tools[0].function.parameters", "not a valid JSON schema"),
         ([tool("a", {"type": "array"})], None, None, "tools[0].function.parameters", "type object"),
-        ([tool("a", {"type": "object", "properties": {"x": {"type": "string", "format": "x"}}}, strict=True)],
+        ([tool("a", {"type": "object", "properties": {"x": {"type": "string", "format": "idn-email"}}}, strict=True)],
          None, None, "tools[0].function.parameters", "strict"),
         ([tool("a")], None, "yes", "parallel_tool_calls", "boolean"),
     ],
