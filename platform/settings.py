@@ -88,11 +88,6 @@ class Settings(BaseSettings):
     adapter_quota_count_per_tenant: int = Field(default=100, ge=0)
     adapter_sweep_interval_s: float = Field(default=600.0, gt=0)  # orphaned blobs / abandoned staging removed
     adapter_sweep_min_age_s: float = Field(default=3600.0, ge=0)  # ...once at least this old
-    # Adapter storage per tenant (failed adapters hold none); past either: 413 storage_quota_exceeded. 0: no limit
-    adapter_quota_bytes_per_tenant: int = Field(default=20 * 1024**3, ge=0)
-    adapter_quota_count_per_tenant: int = Field(default=100, ge=0)
-    adapter_sweep_interval_s: float = Field(default=600.0, gt=0)  # orphaned blobs / abandoned staging removed
-    adapter_sweep_min_age_s: float = Field(default=3600.0, ge=0)  # ...once at least this old
     max_reasoning_tokens: int | None = None  # default thinking budget; None: unbounded
     reasoning_format: str = "think"     # think markers of the served family: think | auto | none | a family name
     reasoning_budget_low: int = Field(default=64, ge=0)     # reasoning_effort -> thinking budget (tokens)
