@@ -50,6 +50,7 @@ def engine_config(settings: Settings) -> Any:
         host_kv_bytes=settings.kv_host_memory_mb * 1024 * 1024,
         max_pinned_blocks=settings.max_pinned_blocks,
         max_pinned_blocks_per_tenant=settings.max_pinned_blocks_per_tenant,
+        tensor_parallel_size=settings.tensor_parallel_size,
     )
 
 
