@@ -105,13 +105,6 @@ class QuotaAdmission:
             return
         await asyncio.to_thread(self._reserve, prepared)
 
-    async def release(self, prepared: PreparedRequest) -> None:
-        """For the pipeline, when a later admission step refuses the request: give its reservation back now
-        (otherwise it holds the budget until it lapses)."""
-        if not self.guard.is_known_unlimited(prepared.tenant_id):
-            await asyncio.to_thread(self.guard.release, request_id=prepared.request_id,
-                                    tenant_id=prepared.tenant_id, api_key_id=prepared.key_id or None)
-
     def _reserve(self, prepared: PreparedRequest) -> None:
         num_prompt_tokens = sum(len(p) for p in prepared.prompts)
         num_output_tokens = len(prepared.prompts) * prepared.sampling.n * prepared.sampling.max_tokens

@@ -74,9 +74,11 @@ class Generation:
         before preparation: api/admission.py). Refused: the slots are given back at once."""
         ticket = self.prepared.admission
         try:
-            for check in self.services.extensions.admission_checks:  # before the rate limiter counts tokens
-                await check(self.prepared)
             await ticket.charge_prompt(sum(len(p) for p in self.prepared.prompts))
+            # Last: the budget check reserves the request's maximum cost, which nothing after it could refuse
+            # and leave held until the reservation lapses.
+            for check in self.services.extensions.admission_checks:
+                await check(self.prepared)
         except BaseException:
             ticket.release()
             raise
