@@ -4,9 +4,10 @@ Near the end of a request's token budget the matcher follows such a plan, so
 a response cut by `max_tokens` still ends as a complete document. The plan is
 found greedily on the real matcher (accept, then roll back), preferring at
 each step the tokens that close what is open (`"`, `]`, `}`), then `,`
-(when a minimum count forces another item), then the smallest values (`0`,
-`""`, `[]`, `{}`, `null`, ...), and otherwise the longest allowed token
-(forced keys and enum values go fastest that way).
+(when a minimum count forces another item), then the smallest values (`1`
+before `0`, so digits inside dates and times make real ones, `""`, `[]`,
+`{}`, `null`, ...), and otherwise the longest allowed token (forced keys and
+enum values go fastest that way).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import torch
 
 _CLOSER_BYTES = frozenset(b'"]}')
 _OPENER_BYTES = frozenset(b",[{")
-_SMALL_VALUES = (b"0", b'""', b'"', b"[]", b"{}", b"null", b"false", b"true", b"[", b"{", b"1", b"a")
+_SMALL_VALUES = (b"1", b"0", b'""', b'"', b"[]", b"{}", b"null", b"false", b"true", b"[", b"{", b"a")
 # Separators may put a space before a value (`": "`): each small value also with one.
 _PREFERRED_AFTER_CLOSERS = (b",", b", ", *_SMALL_VALUES, *(b" " + value for value in _SMALL_VALUES))
 
