@@ -247,6 +247,7 @@ def bench_settings(data_dir: Path, model_path: Path, max_tokens: int, device: st
         max_model_len=max(512, 64 + max_tokens), default_rpm=0, default_tpm=0, log_level="warning",
         enable_prefix_caching=False,  # both sides prefill every prompt in full
         random_weights=random_weights, max_pending_requests=4096,
+        gpu_memory_utilization=0.25,  # three engines share one GPU: in-process, 1 and 2 API servers
     )
 
 
@@ -264,7 +265,7 @@ class ServedProcesses:
         env = {k: v for k, v in os.environ.items() if not k.startswith("LORAPLEX_")}
         for name in ("data_dir", "model_path", "device", "kv_cache_memory_mb", "max_num_seqs", "max_model_len",
                      "default_rpm", "default_tpm", "log_level", "enable_prefix_caching", "random_weights",
-                     "max_pending_requests"):
+                     "max_pending_requests", "gpu_memory_utilization"):
             env[f"LORAPLEX_{name.upper()}"] = str(getattr(settings, name))
         self.log = open(Path(settings.data_dir) / f"serve-{api_servers}.log", "wb")  # noqa: SIM115
         self.process = subprocess.Popen(

@@ -42,7 +42,8 @@ class Settings(BaseSettings):
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 512
     max_model_len: int = 2048
-    tensor_parallel_size: int = Field(default=1, ge=1)  # GPUs one model is split over (one worker process each)
+    tensor_parallel_size: int = Field(default=1, ge=1)
+    gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1)  # CUDA: the share of the GPU the engine may take  # GPUs one model is split over (one worker process each)
     max_pending_requests: int = 256     # requests admitted by the API at once; beyond: 503
     # The engine loop thread and the HTTP event loop share one GIL; Python's default 5 ms switch interval
     # makes the HTTP side wait up to that long whenever the engine thread holds it (a whole token's time).

@@ -53,13 +53,16 @@ def profile_num_blocks(model: LlamaForCausalLM, model_config: ModelConfig, engin
     torch.cuda.empty_cache()
     free, total = torch.cuda.mem_get_info(device)
     graph_logits = 2 * engine_config.max_num_seqs * model_config.vocab_size * 4
-    budget = engine_config.gpu_memory_utilization * total - (total - free) - activation_peak
+    # The share is this engine's own (weights and all), as in vLLM: other processes on the GPU (another
+    # engine, a benchmark's baseline) limit it only through what they leave free.
+    own = torch.cuda.memory_reserved(device)
+    budget = min(engine_config.gpu_memory_utilization * total - own, free) - activation_peak
     budget -= graph_logits + GRAPH_RESERVE_BYTES
     per_block = engine_config.bytes_per_block(model_config)
     if budget < per_block:
         raise RuntimeError(
             f"no GPU memory left for the KV cache: {engine_config.gpu_memory_utilization:.0%} of "
-            f"{total / 2**30:.1f} GiB minus {(total - free) / 2**30:.1f} GiB in use and a "
+            f"{total / 2**30:.1f} GiB less this engine's {own / 2**30:.1f} GiB ({free / 2**30:.1f} GiB free) and a "
             f"{activation_peak / 2**30:.2f} GiB activation peak; raise gpu_memory_utilization"
         )
     return int(budget // per_block)
