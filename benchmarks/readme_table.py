@@ -21,7 +21,9 @@ START, END = "<!-- benchmarks:start -->", "<!-- benchmarks:end -->"
 HEADLINE_KEYS: dict[str, list[str]] = {
     "engine_cpu": ["throughput_ratio_vs_transformers", "batch1_ratio_vs_transformers", "prefix_ttft_speedup",
                    "ours_tokens_per_s", "transformers_tokens_per_s"],
-    "api_overhead": ["p50_added_ms_per_request", "p50_added_ms_per_token", "errors_at_64_streams"],
+    "api_overhead": ["p50_added_ms_per_request", "p50_added_ms_per_token", "p50_added_ms_per_request_16",
+                     "p50_added_ms_per_token_16", "http_over_inprocess_throughput_64", "errors_at_64_streams",
+                     "tiny_requests_per_s_1_api_server", "tiny_requests_per_s_2_api_servers"],
     "lora_engine_cpu": ["throughput_ratio_vs_peft", "lora_overhead_ratio"],
     "lora_kernels": ["worst_ratio_to_floor_n_ge_8", "prefill_ratio_to_floor", "cases_beating_all_baselines_fraction"],
     "structured": ["constrained_over_unconstrained", "schema_valid_fraction", "mask_fill_us_p50",
@@ -33,6 +35,12 @@ HEADLINE_KEYS: dict[str, list[str]] = {
     "attention_kernels": ["attention_bw_fraction"],
     "gpu_tp": ["tp4_70b_decode_b1_fraction_of_roofline", "tp4_70b_decode_b64_fraction_of_roofline",
                "tp2_over_tp1_8b_b1_step", "tp4_lora_8_adapters_step_ratio"],
+    "jsonschemabench": ["coverage_auto", "invalid_accepted_auto", "valid_accepted_fraction_auto",
+                        "compile_ms_p99_auto", "mask_us_p99_auto"],
+    "noisy_neighbor": ["victim_p95_ratio_worst", "victim_p95_ratio_stop_strings", "victim_p95_ratio_big_body",
+                       "victim_p95_ratio_upload_bomb"],
+    "responses": ["turn10_ttft_speedup_vs_stateless", "turn10_ttft_speedup_vs_prefix_cached",
+                  "turn10_ttft_speedup_vs_prefix_cached_quiet"],
 }
 OPS = {">=": lambda a, b: a >= b, "<=": lambda a, b: a <= b, "==": lambda a, b: a == b,
        ">": lambda a, b: a > b, "<": lambda a, b: a < b}
