@@ -6,6 +6,7 @@ engine-core process and `--api-servers` uvicorn processes sharing the port.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import typer
@@ -41,8 +42,11 @@ def serve(
     ),
 ) -> None:
     """Serve the OpenAI-compatible API (converts the bundled model and migrates SQLite on first run)."""
+    # model_copy skips the settings' validators: a path given here is made absolute here, as settings do.
+    absolute_model_path = Path(model_path).expanduser().absolute() if model_path else None
     overrides: dict[str, Any] = {
-        k: v for k, v in {"host": host, "port": port, "model_path": model_path, "api_servers": api_servers}.items() if v
+        k: v for k, v in {"host": host, "port": port, "model_path": absolute_model_path,
+                          "api_servers": api_servers}.items() if v
     }
     settings = load_settings().model_copy(update=overrides) if overrides else load_settings()
     configure_logging(settings.log_level)
@@ -58,6 +62,10 @@ def serve(
     from loraplex.platform.supervisor import Supervisor
     from loraplex.platform.wiring import prepare_database
 
+    if settings.api_servers > 1 and not settings.redis_url:
+        console.print("[bold yellow]warning:[/bold yellow] several API servers without LORAPLEX_REDIS_URL keep "
+                      "sessions, responses and rate limits per process: a client may not find its session on "
+                      "the next request. Set LORAPLEX_REDIS_URL to share them.")
     settings = settings.model_copy(update={"model_path": model})
     prepare_database(settings)  # once, here: N API servers must not race to migrate
     console.print(f"serving on http://{settings.host}:{settings.port}/v1 "
