@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 from loraplex.engine.config import EngineConfig, ModelConfig
-from loraplex.engine.core.client import AdapterLimits, EngineHealth
+from loraplex.engine.core.client import AdapterLimits, EngineHealth, read_until_finished
 from loraplex.engine.errors import DuplicateRequestError, EngineDeadError
 from loraplex.engine.interfaces import AdapterSource
 from loraplex.engine.llm_engine import LLMEngine
@@ -132,19 +132,7 @@ class AsyncEngine:
             stream = self._abandoned.pop(request_id, None)
         if stream is None:
             return []
-        outputs: list[RequestOutput] = []
-        deadline = asyncio.get_running_loop().time() + timeout_s
-        while True:
-            remaining = deadline - asyncio.get_running_loop().time()
-            try:
-                item = await asyncio.wait_for(stream.queue.get(), max(remaining, 0.0))
-            except TimeoutError:
-                return outputs
-            if isinstance(item, BaseException):
-                return outputs
-            outputs.append(item)
-            if item.finished:
-                return outputs
+        return await read_until_finished(stream.queue, timeout_s)
 
     def abort(self, request_id: str) -> None:
         """Free every block of the request at the next loop turn (immediately if idle)."""

@@ -8,6 +8,7 @@ types `Services.engine` with this protocol and calls nothing else.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -73,3 +74,21 @@ class EngineClient(Protocol):
 
     def shutdown(self) -> None:
         """Abort what runs and stop the engine (what this client started)."""
+
+
+async def read_until_finished(queue: asyncio.Queue[Any], timeout_s: float) -> list[RequestOutput]:
+    """A stopped stream's remaining outputs, through its final one (or what came within `timeout_s`):
+    billing still needs the final counts of a request whose client went away."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    outputs: list[RequestOutput] = []
+    while True:
+        try:
+            item = await asyncio.wait_for(queue.get(), max(deadline - loop.time(), 0.0))
+        except TimeoutError:
+            return outputs
+        if isinstance(item, BaseException):
+            return outputs
+        outputs.append(item)
+        if item.finished:
+            return outputs

@@ -22,7 +22,7 @@ from typing import Any
 import zmq
 import zmq.asyncio
 from loraplex.engine.config import ModelConfig
-from loraplex.engine.core.client import AdapterLimits, EngineHealth
+from loraplex.engine.core.client import AdapterLimits, EngineHealth, read_until_finished
 from loraplex.engine.core.messages import (
     Abort,
     Add,
@@ -156,18 +156,7 @@ class MultiProcessEngineClient:
         queue = self._abandoned.pop(request_id, None)
         if queue is None:
             return []
-        outputs: list[RequestOutput] = []
-        deadline = self._loop.time() + timeout_s
-        while True:
-            try:
-                item = await asyncio.wait_for(queue.get(), max(deadline - self._loop.time(), 0.0))
-            except TimeoutError:
-                return outputs
-            if isinstance(item, BaseException):
-                return outputs
-            outputs.append(item)
-            if item.finished:
-                return outputs
+        return await read_until_finished(queue, timeout_s)
 
     # ---- sessions and adapters ------------------------------------------------------------
     def release_session(self, key: str) -> None:
