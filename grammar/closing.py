@@ -49,6 +49,11 @@ class ClosingTokens:
                 calm[token_id] = 1
         self.calm_bits = torch.from_numpy(np.packbits(calm, bitorder="little").view(np.int32).copy())
         preferred = [token_id for *_, token_id in sorted(closers)]
+        # Ends a date-time's time: without it, the fraction of a second (`.2587...`) admits a digit
+        # forever and the smallest-value rule below would never reach the closing quote.
+        for text in (b"Z", b'Z"'):
+            if text in by_text:
+                preferred.insert(0 if text == b'Z"' else len(preferred), by_text[text])
         for text in _PREFERRED_AFTER_CLOSERS:
             if text in by_text:
                 preferred.append(by_text[text])

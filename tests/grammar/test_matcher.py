@@ -93,3 +93,19 @@ def test_json_object_accepts_any_object(compiler, tokenizer):
     assert ok and matcher.is_terminated()
     _, ok = feed(grammar, tokenizer, "[1, 2]")
     assert not ok
+
+
+def test_the_closing_plan_ends_a_date_time_inside_its_fraction_of_a_second(compiler, tokenizer):
+    """The fraction of a second admits digits forever: the plan must still reach the time zone and close."""
+    from loraplex.grammar.closing import plan_completion
+
+    schema = {"type": "object", "properties": {"timestamp": {"type": "string", "format": "date-time"}},
+              "required": ["timestamp"], "additionalProperties": False}
+    grammar = compiler.compile_blocking(GrammarSpec(GrammarKind.JSON_SCHEMA, schema, strict=True))
+    for prefix in ('{"timestamp": "2023-08-11T15:50:17', '{"timestamp": "2023-08-11T15:50:17.25878187'):
+        matcher, ok = feed(grammar, tokenizer, prefix)
+        assert ok
+        plan = plan_completion(matcher._inner, matcher._tokens, limit=32)
+        assert plan is not None, prefix
+        text = prefix + tokenizer.decode(plan)
+        assert json.loads(text)["timestamp"].startswith("2023-08-11T15:50:17"), text
