@@ -57,7 +57,8 @@ MIX = [
     Kind("thinker_budget", 30, model="thinker", budget=True, max_tokens=(16, 24)),
     # A forced tool call takes ~30 tokens; with parallel calls allowed the model keeps calling until max_tokens.
     Kind("tools", 10, tools=True, max_tokens=(24, 24)),
-    Kind("tools_single", 10, tools=True, max_tokens=(36, 36), extra={"parallel_tool_calls": False}),
+    # Room past the call: near the budget the grammar steers to close it, and such a close finishes `length`.
+    Kind("tools_single", 10, tools=True, max_tokens=(56, 56), extra={"parallel_tool_calls": False}),
     Kind("thinker_tools", 5, model="thinker", tools=True, budget=True, max_tokens=(40, 40),
          extra={"parallel_tool_calls": False}),
     Kind("completion", 30, api="completions", max_tokens=(2, 16)),
