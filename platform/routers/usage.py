@@ -29,6 +29,8 @@ from loraplex.platform.auth.scopes import Scope
 from loraplex.platform.deps import AppServices, Billing, CurrentKey, Principal, UsageKey
 from loraplex.platform.errors import NotFoundError, PermissionDeniedError
 
+LOOKUP_WAIT_S = 3.0
+
 router = APIRouter(prefix="/v1", tags=["usage"])
 
 ALL_TENANTS = "*"
@@ -121,6 +123,7 @@ async def get_usage_request(
     request_id: str,
     key: CurrentKey,
     services: AppServices,
+    billing: Billing,
     tenant_id: Annotated[str | None, Query(description="admins only: another tenant")] = None,
 ) -> dict:
     """One request by its x-request-id; another tenant's id is as unknown as a made-up one."""
@@ -131,6 +134,10 @@ async def get_usage_request(
             return get_request(session, tenant_id=target, request_id=request_id)
 
     row = await asyncio.to_thread(run)
+    # A request this process just answered may still be on its way to the ledger: wait briefly for the
+    # meter's writer, so looking up the x-request-id a response carried works at once.
+    if row is None and billing is not None and await asyncio.to_thread(billing.meter.wait_written, LOOKUP_WAIT_S):
+        row = await asyncio.to_thread(run)
     if row is None:
         raise NotFoundError(
             f"no request '{request_id}' in this tenant's usage; a request that just finished reaches the ledger "

@@ -6,6 +6,7 @@ import threading
 import time
 
 import pytest
+from loraplex.platform.errors import status_for
 from loraplex.sessions.errors import SessionBusyError, SessionConflictError, SessionNotFoundError
 from loraplex.sessions.store import KVState, SessionRecord, TurnResult, new_session_id
 
@@ -31,7 +32,7 @@ def test_create_get_and_tenant_isolation(store):
                  lambda: store.begin_turn("ten_b", created.id), lambda: store.get("ten_a", "sess_nope")):
         with pytest.raises(SessionNotFoundError) as raised:
             call()
-        assert raised.value.status == 404
+        assert status_for(raised.value) == 404
     assert store.get("ten_a", created.id).id == created.id, "the other tenant's attempts changed nothing"
 
 
@@ -59,7 +60,7 @@ def test_concurrent_turns_one_wins_the_rest_are_busy(store):
         try:
             lease = store.begin_turn("ten_a", session.id)
         except SessionBusyError as busy:
-            assert busy.status == 409
+            assert status_for(busy) == 409
             outcomes.append("busy")
             return
         time.sleep(0.05)
@@ -92,7 +93,7 @@ def test_turn_whose_lease_was_taken_over_is_refused(store):
     store.complete_turn(fast, _turn("fast", "a", [1]))
     with pytest.raises(SessionConflictError) as raised:
         store.complete_turn(slow, _turn("slow", "b", [2]))
-    assert raised.value.status == 409
+    assert status_for(raised.value) == 409
     assert [m["content"] for m in store.get("ten_a", session.id).messages] == ["fast", "a"]
 
 
