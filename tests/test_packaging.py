@@ -59,4 +59,4 @@ def test_installed_wheel_finds_its_migration_chain(wheel: Path, tmp_path: Path) 
     found, head = result.stdout.split()
     assert Path(found).resolve().is_relative_to(target.resolve())
     newest = sorted((ROOT / "migrations" / "versions").glob("*.py"))[-1].read_text()
-    assert f'revision = "{head}"' in newest, f"installed head {head} is not the newest migration
+    assert f'revision = "{head}"' in newest, f"installed head {head} is not the newest migration"
