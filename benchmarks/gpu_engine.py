@@ -121,17 +121,54 @@ def decode_steps_ms(engine: LLMEngine, requests: list[EngineRequest], num_steps:
     torch.cuda.synchronize()
     graph_steps = engine.runner.num_graph_steps
     times = []
-    for _ in range(num_steps):
-        start = time.perf_counter()
-        engine.step()
-        times.append((time.perf_counter() - start) * 1e3)
+    with HostSplit(engine) as split:
+        for _ in range(num_steps):
+            start = time.perf_counter()
+            engine.step()
+            times.append((time.perf_counter() - start) * 1e3)
     graphed = engine.runner.num_graph_steps - graph_steps
     context = statistics.mean(len(s.token_ids) for s in engine.scheduler.running)
     replay_ms = graph_replay_ms(engine, len(requests))
     for request in requests:
         engine.abort(request.request_id)
     return {"step_ms": statistics.median(times), "step_ms_min": min(times), "step_ms_max": max(times),
-            "graph_replay_ms": replay_ms, "graphed_steps": graphed, "mean_context": context}
+            "graph_replay_ms": replay_ms, "graphed_steps": graphed, "mean_context": context,
+            "host_split_ms": split.medians()}
+
+
+class HostSplit:
+    """Median wall time per step of the engine's parts (schedule, runner execute, output update):
+    where the host time between graph replays goes. Wraps the instance's methods while active."""
+
+    PARTS = (("scheduler", "schedule"), ("runner", "execute"), (None, "_update"))
+
+    def __init__(self, engine: LLMEngine) -> None:
+        self.engine = engine
+        self.times: dict[str, list[float]] = {name: [] for _, name in self.PARTS}
+
+    def __enter__(self) -> HostSplit:
+        for owner, name in self.PARTS:
+            target = self.engine if owner is None else getattr(self.engine, owner)
+            setattr(target, name, self._timed(getattr(target, name), self.times[name]))
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for owner, name in self.PARTS:
+            target = self.engine if owner is None else getattr(self.engine, owner)
+            delattr(target, name)
+
+    @staticmethod
+    def _timed(method, sink: list[float]):
+        def timed(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return method(*args, **kwargs)
+            finally:
+                sink.append((time.perf_counter() - start) * 1e3)
+        return timed
+
+    def medians(self) -> dict[str, float]:
+        return {name: statistics.median(values) for name, values in self.times.items() if values}
 
 
 def graph_replay_ms(engine: LLMEngine, batch: int, repeats: int = 20) -> float | None:

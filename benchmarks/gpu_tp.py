@@ -45,7 +45,22 @@ TARGETS = {
     "tp2_over_tp1_8b_b1_step": {"op": "<=", "value": 0.60},
     "tp4_lora_8_adapters_step_ratio": {"op": "<=", "value": 1.10},
 }
-PLANS = {2: [("Llama-3.1-8B", 1), ("Llama-3.1-8B", 2)], 4: [("Llama-3.1-70B", 4), ("Llama-3.1-8B", 4)]}
+# (model, tensor_parallel_size, engine overrides, tag suffix); the NCCL-only leg is the same run's
+# baseline for the one-shot all-reduce
+NCCL_ONLY = {"tp_one_shot_all_reduce": False}
+PLANS = {
+    2: [("Llama-3.1-8B", 1, {}, ""), ("Llama-3.1-8B", 2, {}, ""), ("Llama-3.1-8B", 2, NCCL_ONLY, "_nccl")],
+    4: [("Llama-3.1-8B", 1, {}, ""), ("Llama-3.1-8B", 2, {}, ""), ("Llama-3.1-70B", 4, {}, ""),
+        ("Llama-3.1-70B", 4, NCCL_ONLY, "_nccl"), ("Llama-3.1-8B", 2, NCCL_ONLY, "_nccl"), ("Llama-3.1-8B", 4, {}, "")],
+}
+# The check against one GPU: every tensor-parallel size holds the same weights (drawn whole on the
+# host), float32, logits sharpened so that greedy tokens have no near-ties.
+CHECK_CONFIG = {
+    "model_type": "llama", "vocab_size": 32000, "hidden_size": 2048, "intermediate_size": 5632,
+    "num_hidden_layers": 4, "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128,
+    "rms_norm_eps": 1e-5, "rope_theta": 500000.0, "max_position_embeddings": 4096,
+    "tie_word_embeddings": False, "bos_token_id": 1, "eos_token_id": 2,
+}
 
 
 _replay_one_rank = gpu_engine.graph_replay_ms
@@ -81,16 +96,50 @@ def save(report: dict, path: Path) -> None:
         Path(os.environ["OUT"], path.name).write_text(text)
 
 
-def build_engine(config: ModelConfig, tp: int, **overrides: object) -> LLMEngine:
+def build_engine(config: ModelConfig, tp: int, source: RandomModelSource | None = None,
+                 **overrides: object) -> LLMEngine:
     settings = {"block_size": 16, "max_model_len": 2048, "max_num_seqs": 64, "max_num_batched_tokens": 8192,
                 "dtype": "bfloat16", "device": "cuda", "tensor_parallel_size": tp, "num_blocks": 64 * 72 + 64}
-    source = RandomModelSource(config, seed=0, whole=False)
+    source = source or RandomModelSource(config, seed=0, whole=False)
     return LLMEngine.from_source(source, EngineConfig(**settings | overrides), SyntheticTokenizer(config.vocab_size))
 
 
 def kv_bytes_per_rank(config: ModelConfig, tp: int, tokens: float) -> float:
     kv_heads = max(1, config.num_key_value_heads // tp)
     return 2 * config.num_hidden_layers * kv_heads * config.head_dim * 2 * tokens
+
+
+def check_against_single_gpu(report: dict, sizes: list[int]) -> None:
+    """Greedy tokens (float32, CUDA graphs on) of every tensor-parallel size equal one GPU's on the
+    same weights, for prompts of mixed lengths decoded together; one-shot all-reduce as configured."""
+    config = ModelConfig.from_hf_dict(CHECK_CONFIG)
+    source = RandomModelSource(config, seed=3, whole=True, lm_head_scale=10.0)
+    prompts = [p[:n] for p, n in zip(random_prompts(6, 200, config.vocab_size, seed=11), (200, 7, 64, 130, 31, 96),
+                                      strict=True)]
+    sampling = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
+    tokens: dict[int, dict[str, list[int]]] = {}
+    for tp in sizes:
+        engine = build_engine(config, tp, source, dtype="float32", num_blocks=512)
+        engine.runner.capture_decode_graphs()
+        for i, p in enumerate(prompts):
+            engine.add_request(EngineRequest(f"s{i}", p, sampling))
+        produced: dict[str, list[int]] = {}
+        while engine.has_unfinished_requests():
+            for out in engine.step():
+                produced.setdefault(out.request_id, []).extend(t for c in out.choices for t in c.token_ids)
+        one_shot = engine.runner.model.embed_tokens.tp.one_shot is not None if tp > 1 else None
+        tokens[tp] = produced
+        report.setdefault("checks", {})
+        engine.close()
+        del engine
+        gc.collect()
+        torch.cuda.empty_cache()
+        if tp > 1:
+            equal = sum(produced[k] == tokens[sizes[0]][k] for k in produced)
+            check = {"ok": equal == len(prompts) and all(len(t) == 24 for t in produced.values()),
+                     "requests_equal": equal, "requests": len(prompts), "one_shot_all_reduce": one_shot}
+            report["checks"][f"tp{tp}_greedy_equals_single_gpu_fp32"] = check
+            print(f"  check tp{tp} vs single GPU: {check}", flush=True)
 
 
 def check_greedy(engine: LLMEngine, config: ModelConfig) -> dict:
@@ -134,18 +183,21 @@ def offline_tokens_per_s(engine: LLMEngine, config: ModelConfig, count: int = 25
 
 
 def measure(report: dict, name: str, tp: int, copy_gbps: float, kind: str, with_lora: bool,
-            path: Path | None = None) -> None:
+            path: Path | None = None, overrides: dict | None = None, suffix: str = "") -> None:
     config = named_config(name)
-    tag = f"{'70b' if '70B' in name else '8b'}_tp{tp}"
-    print(f"== {name} TP {tp} on {kind}", flush=True)
+    tag = f"{'70b' if '70B' in name else '8b'}_tp{tp}{suffix}"
+    baseline_leg = bool(suffix)  # the NCCL-only comparison: decode steps only
+    print(f"== {name} TP {tp}{suffix} on {kind}", flush=True)
     start = time.perf_counter()
-    engine = build_engine(config, tp)
+    engine = build_engine(config, tp, **(overrides or {}))
     captured = engine.runner.capture_decode_graphs()
     metrics = report["metrics"]
     metrics[f"{tag}_startup_s"] = time.perf_counter() - start
     check = check_greedy(engine, config)
     report["checks"][f"{tag}_greedy_graphs_vs_eager"] = check
     print(f"  check {check}", flush=True)
+    if tp > 1:
+        metrics[f"{tag}_one_shot_all_reduce"] = engine.runner.model.embed_tokens.tp.one_shot is not None
     weights = weight_bytes(engine.runner.model)
     floor_b1 = weights / copy_gbps / 1e6
     b1 = decode_steps_ms(engine, lora_requests(random_prompts(1, 128, config.vocab_size, 9), [None], 100), 60)
@@ -159,8 +211,9 @@ def measure(report: dict, name: str, tp: int, copy_gbps: float, kind: str, with_
         f"{tag}_decode_b64_step_ms": b64["step_ms"], f"{tag}_decode_b64_graph_replay_ms": b64["graph_replay_ms"],
         f"{tag}_decode_b64_floor_ms": floor_b64,
         f"{tag}_decode_b64_fraction_of_roofline": floor_b64 / b64["step_ms"],
+        f"{tag}_decode_b1_host_split_ms": b1["host_split_ms"], f"{tag}_decode_b64_host_split_ms": b64["host_split_ms"],
     })
-    print({k: v for k, v in metrics.items() if k.startswith(tag)}, flush=True)
+    print({k: v for k, v in metrics.items() if k.startswith(tag + "_")}, flush=True)
     if with_lora:
         source = RandomAdapterSource(config, rank=16, dtype=torch.bfloat16, device="cpu", std=0.01)
         manager = LoRAManager.for_engine(engine, source, max_loras=8, max_cpu_loras=8, max_lora_rank=16)
@@ -174,8 +227,9 @@ def measure(report: dict, name: str, tp: int, copy_gbps: float, kind: str, with_
                         / (base["graph_replay_ms"] or 1)})
         print(f"  lora 8/base = {eight['step_ms'] / base['step_ms']:.3f}", flush=True)
         manager.detach()
-    metrics[f"{tag}_offline_tokens_per_s"] = offline_tokens_per_s(engine, config)
-    print(f"  offline {metrics[f'{tag}_offline_tokens_per_s']:.0f} tok/s", flush=True)
+    if not baseline_leg:
+        metrics[f"{tag}_offline_tokens_per_s"] = offline_tokens_per_s(engine, config)
+        print(f"  offline {metrics[f'{tag}_offline_tokens_per_s']:.0f} tok/s", flush=True)
     headline(report)
     save(report, RESULTS if path is None else path)
     engine.close()
@@ -194,6 +248,9 @@ def headline(report: dict) -> None:
     if "8b_tp1_decode_b1_step_ms" in m and "8b_tp2_decode_b1_step_ms" in m:
         pairs["tp2_over_tp1_8b_b1_step"] = m["8b_tp2_decode_b1_step_ms"] / m["8b_tp1_decode_b1_step_ms"]
         pairs["tp2_over_tp1_8b_offline_throughput"] = m["8b_tp2_offline_tokens_per_s"] / m["8b_tp1_offline_tokens_per_s"]
+    if "8b_tp1_decode_b1_step_ms" in m and "8b_tp2_nccl_decode_b1_step_ms" in m:
+        pairs["tp2_over_tp1_8b_b1_step_nccl_only"] = m["8b_tp2_nccl_decode_b1_step_ms"] / m["8b_tp1_decode_b1_step_ms"]
+    pairs["tp4_70b_decode_b1_fraction_of_roofline_nccl_only"] = m.get("70b_tp4_nccl_decode_b1_fraction_of_roofline")
     if "8b_tp1_offline_tokens_per_s" in m and "8b_tp4_offline_tokens_per_s" in m:
         pairs["tp4_over_tp1_8b_offline_throughput"] = m["8b_tp4_offline_tokens_per_s"] / m["8b_tp1_offline_tokens_per_s"]
     m.update({k: v for k, v in pairs.items() if v is not None})
@@ -242,6 +299,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="CPU: tiny model over gloo")
     parser.add_argument("--tp", type=int, choices=sorted(PLANS), default=2, help="the machine's GPU count plan")
     parser.add_argument("--output", type=Path, default=RESULTS)
+    parser.add_argument("--only", nargs="*", help="legs to run, as MODEL:TP[_nccl] (default: the plan's all)")
     options = parser.parse_args()
     if options.quick or not torch.cuda.is_available():
         quick()
@@ -250,6 +308,7 @@ def main() -> None:
     kind = card_kind()
     props = torch.cuda.get_device_properties(0)
     report["date"] = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    report["machines"] = {}  # one machine per results file: the same run holds every baseline
     report["machines"][kind] = {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
                                 "gpu": props.name, "gpus": torch.cuda.device_count(),
                                 "gpu_memory_gib": round(props.total_memory / 2**30, 1),
@@ -262,10 +321,19 @@ def main() -> None:
         "lora": "rank 16 on q,k,v,o,gate,up,down, 8 distinct adapters round-robin over 64 sequences at context ~1k",
         "offline": "256 requests x (512 prompt, exactly 128 new tokens), all admitted at once",
     }
+    report["machine"] = report["machines"][kind] | {"gpu": kind}
+    report["checks"] = {}
+    report.pop("notes", None)
     copy_gbps = copy_bandwidth_gbps()
-    report["metrics"][f"copy_bandwidth_gbps_{kind}"] = copy_gbps
-    for index, (name, tp) in enumerate(PLANS[options.tp]):
-        measure(report, name, tp, copy_gbps, kind, with_lora=index == 0 and tp == 4, path=options.output)
+    report["metrics"] = {f"copy_bandwidth_gbps_{kind}": copy_gbps}
+    print("== check: every tensor-parallel size against one GPU", flush=True)
+    check_against_single_gpu(report, [1, 2, 4][: {2: 2, 4: 3}[options.tp]])
+    save(report, options.output)
+    for name, tp, overrides, suffix in PLANS[options.tp]:
+        if options.only and f"{name}:{tp}{suffix}" not in options.only:
+            continue
+        measure(report, name, tp, copy_gbps, kind, with_lora=tp == 4 and "70B" in name and not suffix,
+                path=options.output, overrides=overrides, suffix=suffix)
     print(json.dumps({k: v for k, v in report["metrics"].items() if not isinstance(v, dict)}, indent=1))
 
 

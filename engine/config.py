@@ -152,6 +152,9 @@ class EngineConfig:
     # Tensor parallelism: the model is split over this many GPUs, one worker process each
     # (engine/parallel); the KV pool and every budget above are per rank.
     tensor_parallel_size: int = 1
+    # Small all-reduces under tensor parallelism in one kernel over symmetric (peer-mapped) memory
+    # where the machine supports it; False: NCCL for every all-reduce
+    tp_one_shot_all_reduce: bool = True
 
     @property
     def torch_dtype(self) -> torch.dtype:

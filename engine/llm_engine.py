@@ -295,7 +295,8 @@ class LLMEngine:
         """Append the tokens the grammar forces now, as sampling them one step at a time would; they are
         prefilled together in the next step. True if the choice finished."""
         matcher = seq.matcher
-        if (not self.config.grammar_jump_forward or not isinstance(matcher, BudgetedGrammarMatcher)
+        if (matcher is None or not self.config.grammar_jump_forward  # None first: a Protocol isinstance costs ~10 us
+                or not isinstance(matcher, BudgetedGrammarMatcher)
                 or seq.sampling.logprobs is not None or seq.forced_token_ids):
             return False
         draws = seq.generator is not None and seq.sampling.temperature > 0 and seq.sampling.top_k != 1

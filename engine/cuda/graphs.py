@@ -38,10 +38,12 @@ class DecodeGraph:
     tokens: torch.Tensor            # [b] int64
     forward: torch.cuda.CUDAGraph
     sample: torch.cuda.CUDAGraph
+    lora_meta_source: LoRAMetadata | None = None  # whose content `lora_meta` holds now
 
     def replay_forward(self, lora_batch: Any | None) -> None:
-        if self.lora_meta is not None:
-            self.lora_meta.copy_(lora_batch.meta)
+        if self.lora_meta is not None and lora_batch.meta is not self.lora_meta_source:
+            self.lora_meta.copy_(lora_batch.meta)  # a new adapter mix (cached metadata are immutable)
+            self.lora_meta_source = lora_batch.meta
         self.forward.replay()
 
 

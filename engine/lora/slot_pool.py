@@ -9,10 +9,12 @@ touch as rank 0, which the kernels skip.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from typing import NamedTuple
 
 import torch
 from loraplex.engine.interfaces import AdapterWeights, LoRAModuleWeights
+from loraplex.engine.kernels.lora_metadata import LoRAMetadata
 from loraplex.engine.kernels.lora_weights import LoRAStack
 from loraplex.engine.model.layers import LoRALinear
 from torch import nn
@@ -43,6 +45,8 @@ class LoRASlotPool:
         self.max_loras = max_loras
         self.max_lora_rank = max_lora_rank
         self.device = torch.device(device)
+        # adapter mix (each token's slot) -> the kernels' metadata for it (engine/lora/step.py)
+        self.metadata_cache: OrderedDict[tuple[int, ...], LoRAMetadata] = OrderedDict()
         self.stacks: dict[StackKey, LoRAStack] = {}
         # stack key -> slot -> the slices that slot adapts (absent: the slot adapts nothing there)
         self.slot_slices: dict[StackKey, dict[int, list[SliceEntry]]] = {}

@@ -49,8 +49,7 @@ class KernelLoRABatch:
     def build(cls, token_slots: list[int], pool: LoRASlotPool) -> KernelLoRABatch:
         from loraplex.engine.kernels.lora_triton import add_lora
 
-        meta = build_lora_metadata(token_slots, max_loras=pool.max_loras, device=pool.device)
-        return cls(meta, pool.stacks, add_lora)
+        return cls(cached_metadata(token_slots, pool), pool.stacks, add_lora)
 
     def apply(self, x: torch.Tensor, y: torch.Tensor, layer_index: int, slices: Slices) -> None:
         stack = self.stacks.get((layer_index, slices))
@@ -101,6 +100,29 @@ class GroupedCpuLoRABatch:
                                                                   alpha=e.scaling)
         if self.perm is not None:
             y.index_add_(0, self.perm, delta)
+
+
+METADATA_CACHE_SIZE = 8         # adapter mixes remembered per pool
+METADATA_CACHE_MAX_TOKENS = 512  # decode-sized batches repeat their mix step after step; prefill chunks rarely
+
+
+def cached_metadata(token_slots: list[int], pool: LoRASlotPool) -> LoRAMetadata:
+    """The kernels' metadata for this adapter mix, built (host work and a copy) only when the mix
+    is new: a decode batch keeps its mix for many steps. The metadata names slots, never weights,
+    so an adapter rewritten into a slot needs no new metadata. A CUDA graph recognises an unchanged
+    metadata by identity and skips even the device copy (`DecodeGraph.replay_forward`)."""
+    if len(token_slots) > METADATA_CACHE_MAX_TOKENS:
+        return build_lora_metadata(token_slots, max_loras=pool.max_loras, device=pool.device)
+    cache = pool.metadata_cache
+    key = tuple(token_slots)
+    meta = cache.get(key)
+    if meta is None:
+        meta = cache[key] = build_lora_metadata(token_slots, max_loras=pool.max_loras, device=pool.device)
+        if len(cache) > METADATA_CACHE_SIZE:
+            cache.popitem(last=False)
+    else:
+        cache.move_to_end(key)
+    return meta
 
 
 LORA_BATCHES: dict[str, Callable[[list[int], LoRASlotPool], LoRABatch]] = {

@@ -31,7 +31,7 @@ from loraplex.engine.config import EngineConfig, ModelConfig
 from loraplex.engine.lora.slot_pool import LoRASlotPool
 from loraplex.engine.lora.step import LORA_BATCHES
 from loraplex.engine.model.llama import LlamaForCausalLM
-from loraplex.engine.parallel.group import TensorParallelGroup
+from loraplex.engine.parallel.group import TensorParallelGroup, one_shot_all_reduce
 from loraplex.engine.parallel.sources import ModelSource
 
 logger = logging.getLogger(__name__)
@@ -75,7 +75,7 @@ class WorkerGroup:
             processes.append(process)
         group = cls(conns, processes)
         try:
-            tp = _join(0, world_size, backend, address, device)
+            tp = _join(0, world_size, backend, address, engine_config)
             model_config = source.model_config()
             model = source.build(engine_config.resolve_max_model_len(model_config), engine_config.torch_dtype,
                                  _rank_device(device, 0), tp)
@@ -233,7 +233,7 @@ def worker_main(rank: int, world_size: int, backend: str, address: str, source: 
     torch.set_num_threads(num_threads)
     device = torch.device(engine_config.device)
     try:
-        tp = _join(rank, world_size, backend, address, device)
+        tp = _join(rank, world_size, backend, address, engine_config)
         model_config = source.model_config()
         model = source.build(engine_config.resolve_max_model_len(model_config), engine_config.torch_dtype,
                              _rank_device(device, rank), tp)
@@ -259,13 +259,19 @@ def _teardown_process_group(timeout_s: float = 30.0) -> None:
         logger.warning("tensor-parallel process group teardown did not finish in %.0f s; left behind", timeout_s)
 
 
-def _join(rank: int, world_size: int, backend: str, address: str, device: torch.device) -> TensorParallelGroup:
+def _join(rank: int, world_size: int, backend: str, address: str, engine_config: EngineConfig
+          ) -> TensorParallelGroup:
+    device = torch.device(engine_config.device)
     if device.type == "cuda":
         torch.cuda.set_device(rank)  # "cuda" now means this rank's GPU everywhere in the process
     # gloo (CPU): a collective that a rank never joins raises after this long instead of hanging
     timeout = timedelta(minutes=5) if backend == "gloo" else None
     dist.init_process_group(backend, init_method=address, rank=rank, world_size=world_size, timeout=timeout)
-    return TensorParallelGroup(rank, world_size, dist.group.WORLD)
+    group = dist.group.WORLD
+    one_shot = None
+    if device.type == "cuda" and engine_config.tp_one_shot_all_reduce:
+        one_shot = one_shot_all_reduce(group, engine_config.torch_dtype, torch.device("cuda", rank))
+    return TensorParallelGroup(rank, world_size, group, one_shot)
 
 
 def _rank_device(device: torch.device, rank: int) -> str:
