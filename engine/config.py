@@ -155,6 +155,15 @@ class EngineConfig:
     # Small all-reduces under tensor parallelism in one kernel over symmetric (peer-mapped) memory
     # where the machine supports it; False: NCCL for every all-reduce
     tp_one_shot_all_reduce: bool = True
+    # A long decode sits out every other step for a much shorter sequence of another tenant
+    # (engine/scheduler.py); None: on (16 tokens) on the CPU, where a step's cost grows with its batch,
+    # off on CUDA, where it barely does; 0: off.
+    decode_yield_min_tokens: int | None = None
+
+    def resolve_decode_yield_min_tokens(self) -> int:
+        if self.decode_yield_min_tokens is not None:
+            return self.decode_yield_min_tokens
+        return 16 if self.device == "cpu" else 0
 
     @property
     def torch_dtype(self) -> torch.dtype:

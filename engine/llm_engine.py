@@ -61,7 +61,8 @@ class LLMEngine:
             max_pinned_blocks_per_tenant=engine_config.max_pinned_blocks_per_tenant,
         )
         self.scheduler = Scheduler(
-            self.block_manager, engine_config.max_num_batched_tokens, engine_config.max_num_seqs, adapter_ready
+            self.block_manager, engine_config.max_num_batched_tokens, engine_config.max_num_seqs, adapter_ready,
+            decode_yield_min_tokens=engine_config.resolve_decode_yield_min_tokens(),
         )
         num_host_blocks = engine_config.resolve_num_host_blocks(model_config)
         self.host_tier = HostTier(num_host_blocks) if num_host_blocks else None

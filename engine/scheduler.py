@@ -6,6 +6,14 @@ scheduled first so a long prompt, prefilled in chunks, never stalls them.
 When blocks run out the newest running sequence is preempted (its blocks
 freed, recomputed later). New work is admitted tenant-fairly: the tenant
 with the least recent service goes first. Never touches a tensor.
+
+On a device where a step's cost grows with its batch (the CPU), a long
+generation slows every other tenant's short one for as long as it runs.
+With `decode_yield_min_tokens` set, a decode that has produced at least
+that many tokens, and at least twice as many as a running sequence of
+another tenant, sits out every other step (least attained service first):
+short requests of others run at nearly their quiet speed, and the long one
+still advances at half speed or more, never starved.
 """
 
 from __future__ import annotations
@@ -43,6 +51,7 @@ class Scheduler:
         max_num_batched_tokens: int,
         max_num_seqs: int,
         adapter_ready: Callable[[str], bool] | None = None,
+        decode_yield_min_tokens: int = 0,
     ) -> None:
         self.block_manager = block_manager
         self.max_num_batched_tokens = max_num_batched_tokens
@@ -53,6 +62,9 @@ class Scheduler:
         self.running: list[Sequence] = []
         self.pending_forks: dict[int, list[Sequence]] = {}
         self.tenant_service: dict[str, float] = {}
+        self.decode_yield_min_tokens = decode_yield_min_tokens  # 0: never yield
+        self.num_steps = 0
+        self.num_yielded_decodes = 0
         self.num_preemptions = 0
         # Waiting sequences whose adapter_ready raised: the engine fails their requests.
         self.failed: dict[int, tuple[Sequence, Exception]] = {}
@@ -95,6 +107,8 @@ class Scheduler:
         for tenant in self.tenant_service:
             self.tenant_service[tenant] *= SERVICE_DECAY
         budget = self.max_num_batched_tokens
+        self.num_steps += 1
+        yielding = self._yielding_decodes() if self.num_steps % 2 else set()
         # Decodes first, then prefill chunks, each group in admission order.
         order = sorted(self.running, key=lambda s: s.num_uncomputed_tokens > 1)
         for seq in order:
@@ -102,6 +116,9 @@ class Scheduler:
                 break
             if seq.status is not SequenceStatus.RUNNING:
                 continue  # preempted earlier in this loop
+            if seq.seq_id in yielding:
+                self.num_yielded_decodes += 1
+                continue
             num_new = min(seq.num_uncomputed_tokens, budget)
             if not self._make_room(seq, num_new, out):
                 continue
@@ -109,6 +126,23 @@ class Scheduler:
         if out.num_preempted == 0:
             self._admit(budget, out)
         return out
+
+    def _yielding_decodes(self) -> set[int]:
+        """Ids of long decodes that sit out this step for a shorter running sequence of another tenant."""
+        if not self.decode_yield_min_tokens or len(self.running) < 2:
+            return set()
+        shortest: dict[str, int] = {}
+        for seq in self.running:
+            shortest[seq.tenant_id] = min(shortest.get(seq.tenant_id, seq.num_output_tokens), seq.num_output_tokens)
+        if len(shortest) < 2:
+            return set()
+        (first_tenant, first), (_, second) = sorted(shortest.items(), key=lambda item: item[1])[:2]
+        yielding = set()
+        for seq in self.running:
+            others = second if seq.tenant_id == first_tenant else first
+            if seq.num_uncomputed_tokens == 1 and seq.num_output_tokens >= max(self.decode_yield_min_tokens, 2 * others):
+                yielding.add(seq.seq_id)
+        return yielding
 
     def _make_room(self, seq: Sequence, num_new: int, out: SchedulerOutput) -> bool:
         """Free blocks for `seq`: drop session pins first (oldest first), then preempt the newest."""

@@ -52,6 +52,7 @@ def engine_config(settings: Settings) -> Any:
         max_pinned_blocks_per_tenant=settings.max_pinned_blocks_per_tenant,
         tensor_parallel_size=settings.tensor_parallel_size,
         gpu_memory_utilization=settings.gpu_memory_utilization,
+        decode_yield_min_tokens=settings.decode_yield_min_tokens,
     )
 
 

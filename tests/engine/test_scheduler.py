@@ -114,3 +114,49 @@ def test_fork_children_join_when_the_parent_prefill_completes():
     assert all(c.block_table == parent.block_table for c in children)
     for c in children:
         assert c.parent is parent and c.num_computed_tokens == 10
+
+
+def run_steps(sched: Scheduler, bm: BlockManager, num_steps: int) -> dict[str, int]:
+    """Steps in which each request was scheduled."""
+    counts: dict[str, int] = {}
+    for _ in range(num_steps):
+        out = sched.schedule()
+        for s in out.seqs:
+            counts[s.request_id] = counts.get(s.request_id, 0) + 1
+        complete(out, bm)
+    return counts
+
+
+def test_a_long_decode_yields_every_other_step_to_another_tenants_short_one():
+    bm = BlockManager(400, 16)
+    sched = Scheduler(bm, max_num_batched_tokens=64, max_num_seqs=8, decode_yield_min_tokens=16)
+    long = seq(10, tenant="attacker")
+    sched.add(long)
+    run_steps(sched, bm, 40)  # 40 tokens generated alone: never yields to nobody
+    assert long.num_output_tokens == 40
+    short = seq(10, tenant="victim", first=500)
+    sched.add(short)
+    counts = run_steps(sched, bm, 10)
+    assert counts[short.request_id] == 10  # the short request runs every step
+    # The long one runs in the step the short one is admitted, then every other step: slowed, never starved.
+    assert counts[long.request_id] == 6
+    assert sched.num_yielded_decodes == 4
+
+
+def test_no_yield_within_one_tenant_between_comparable_lengths_or_when_off():
+    for min_tokens, tenants, expected in [(16, ("a", "a"), 10), (0, ("a", "b"), 10)]:
+        bm = BlockManager(400, 16)
+        sched = Scheduler(bm, max_num_batched_tokens=64, max_num_seqs=8, decode_yield_min_tokens=min_tokens)
+        long = seq(10, tenant=tenants[0])
+        sched.add(long)
+        run_steps(sched, bm, 40)
+        sched.add(seq(10, tenant=tenants[1], first=500))
+        assert run_steps(sched, bm, 10)[long.request_id] == expected
+    bm = BlockManager(400, 16)
+    sched = Scheduler(bm, max_num_batched_tokens=64, max_num_seqs=8, decode_yield_min_tokens=16)
+    first, second = seq(10, tenant="a"), seq(10, tenant="b", first=500)
+    sched.add(first)
+    run_steps(sched, bm, 20)
+    sched.add(second)
+    run_steps(sched, bm, 30)  # the second catches up to more than half the first: both run every step
+    assert run_steps(sched, bm, 6) == {first.request_id: 6, second.request_id: 6}
