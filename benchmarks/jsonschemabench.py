@@ -85,8 +85,8 @@ def _branches(schema: Any, root: Any) -> list[dict]:
 def in_schema_order(value: Any, schema: Any, root: Any) -> Any:
     """`value` with each object's keys in the order its schema declares them (unknown keys after).
 
-    JSON objects are unordered; our grammars print properties in schema order, so an instance is
-    compared in that order.
+    JSON objects are unordered; our grammars print the declared properties in schema order, then
+    the required ones no `properties` declares, then any others, so an instance is compared in that order.
     """
     branches = _branches(schema, root)
     if isinstance(value, list):
@@ -98,10 +98,14 @@ def in_schema_order(value: Any, schema: Any, root: Any) -> Any:
     for branch in branches:
         for key, sub in (branch.get("properties") or {}).items():
             declared.setdefault(key, sub)
+    for branch in branches:  # required keys no `properties` declares come next (as the grammars print them)
+        for key in branch.get("required") or []:
+            if isinstance(key, str):
+                declared.setdefault(key, None)
     extra = next((b["additionalProperties"] for b in branches if isinstance(b.get("additionalProperties"), dict)), None)
     position = {key: i for i, key in enumerate(declared)}
     keys = sorted(value, key=lambda k: (k not in position, position.get(k, 0)))
-    return {k: in_schema_order(value[k], declared.get(k, extra), root) for k in keys}
+    return {k: in_schema_order(value[k], declared.get(k) or extra, root) for k in keys}
 
 
 def checked_instances(case: dict[str, Any]) -> list[tuple[str, bool]]:

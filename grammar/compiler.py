@@ -35,6 +35,7 @@ from loraplex.grammar.backend import (
 )
 from loraplex.grammar.closing import ClosingTokens
 from loraplex.grammar.matcher import StructuredGrammar
+from loraplex.grammar.schema_exact import exact_rewrite
 from loraplex.grammar.schema_rewrite import with_disjoint_one_of_as_any_of
 from loraplex.grammar.selection import backend_order
 from loraplex.grammar.spec import GrammarKind, GrammarSpec
@@ -134,7 +135,12 @@ class GrammarCompilerService:
         first_refusal: UnsupportedSchemaError | None = None
         payload = spec.payload
         if spec.kind == GrammarKind.JSON_SCHEMA:
-            payload = with_disjoint_one_of_as_any_of(payload)  # the same language, in words backends know
+            # The same language, in words the backends know.
+            payload = exact_rewrite(with_disjoint_one_of_as_any_of(payload))
+            if payload is False:
+                raise InvalidRequestError(
+                    f"{spec.param} cannot be enforced exactly: keyword 'schema' at # accepts no JSON value "
+                    "(its constraints contradict each other)", param=spec.param)
         for name, exact in backend_order(spec, self.backends, self.limits.backend):
             backend = self.backends[name]
             started = time.perf_counter()

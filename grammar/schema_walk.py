@@ -122,5 +122,23 @@ def first_keyword_outside(schema: Any, allowed: frozenset[str], formats: frozens
     return None
 
 
+def resolve_ref(ref: Any, root: Any) -> Any | None:
+    """The subschema a local `$ref` (`#/a/b`, JSON-pointer escapes) names; None for any other reference."""
+    if not isinstance(ref, str) or not ref.startswith("#"):
+        return None
+    target: Any = root
+    for part in ref[1:].split("/")[1:]:
+        part = part.replace("~1", "/").replace("~0", "~")
+        if isinstance(target, dict):
+            target = target.get(part)
+        elif isinstance(target, list) and part.isdigit() and int(part) < len(target):
+            target = target[int(part)]
+        else:
+            return None
+        if target is None:
+            return None
+    return target
+
+
 def _short(path: str) -> str:
     return path if len(path) <= 120 else path[:60] + "..." + path[-50:]

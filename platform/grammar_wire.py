@@ -27,13 +27,16 @@ class SpecGrammarCodec:
     def encode(self, grammar: CompiledGrammar) -> str:
         gated = isinstance(grammar, ReasoningGatedGrammar)
         spec: GrammarSpec = (grammar.inner if gated else grammar).spec  # type: ignore[attr-defined]
-        return json.dumps({"kind": spec.kind, "payload": spec.payload, "param": spec.param, "gated": gated})
+        return json.dumps({"kind": spec.kind, "payload": spec.payload, "param": spec.param, "strict": spec.strict,
+                           "gated": gated})
 
     def decode(self, text: str, reasoning: ReasoningMarkers | None) -> CompiledGrammar:
         if self.compiler is None:
             raise RuntimeError("this process compiles no grammars")
         data: dict[str, Any] = json.loads(text)
-        compiled = self.compiler.compile_blocking(GrammarSpec(data["kind"], data["payload"], data["param"]))
+        # `strict` crosses too: a strict schema must never come back relaxed (and it keys the cache).
+        spec = GrammarSpec(data["kind"], data["payload"], data["param"], strict=bool(data.get("strict", True)))
+        compiled = self.compiler.compile_blocking(spec)
         if data["gated"] and reasoning is not None:
             return ReasoningGatedGrammar(compiled, reasoning)
         return compiled

@@ -9,6 +9,7 @@ message parser that turns the model's tool-call text into OpenAI `tool_calls`.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from loraplex.engine.core.client import EngineClient
@@ -28,6 +29,17 @@ from loraplex.grammar.validation import ToolRequest, parse_tools, response_forma
 from loraplex.platform.extensions import Extensions, MessageDelta, MessageParser, PreparedRequest
 from loraplex.platform.pipeline import StageAdditions
 from loraplex.platform.settings import Settings
+
+# A non-strict schema that no backend enforces whole is served with what was relaxed named here.
+GRAMMAR_RELAXED_HEADER = "x-loraplex-grammar-relaxed"
+
+
+def relaxation_headers(metadata: Mapping[str, Any]) -> dict[str, str]:
+    """The response headers that document a relaxed grammar (none for an exact one)."""
+    relaxed = metadata.get("grammar_relaxed")
+    if not relaxed:
+        return {}
+    return {GRAMMAR_RELAXED_HEADER: str(relaxed).encode("ascii", "backslashreplace").decode("ascii")[:1000]}
 
 
 class ToolCallMessageParser:
@@ -105,7 +117,9 @@ class StructuredOutputPreparer:
             additions.grammar = grammar if prepared.reasoning is None else ReasoningGatedGrammar(grammar, prepared.reasoning)
             additions.metadata["grammar"] = spec.kind
             if grammar.relaxed:  # a non-strict schema no backend enforces whole: say what was dropped
-                additions.metadata["grammar_relaxed"] = grammar.relaxed
+                if spec.strict:  # never reached: the compiler refuses a strict schema it cannot enforce
+                    raise RuntimeError("a strict schema came back relaxed")
+                additions.metadata["grammar_relaxed"] = grammar.relaxed  # sent as GRAMMAR_RELAXED_HEADER
         return additions
 
     def _prepare_tools(self, prepared: PreparedRequest, tools: ToolRequest, spec: GrammarSpec | None,

@@ -11,6 +11,7 @@ from loraplex.engine.protocol import RequestOutput
 from loraplex.platform.api.generation import ClientDisconnected, Generation, unless_disconnected
 from loraplex.platform.api.keepalive import PrimedOutputs, prime_within
 from loraplex.platform.api.sse import EventStreamResponse
+from loraplex.platform.structured import relaxation_headers
 
 # nginx's code for "client closed the request": nobody reads it, but logs and metrics do.
 CLIENT_CLOSED_REQUEST = 499
@@ -32,7 +33,7 @@ async def respond(request: Request, gen: Generation, *, stream: bool, collect: C
             await gen.close(exc)
             raise
         await gen.close()
-        return JSONResponse(body)
+        return JSONResponse(body, headers=relaxation_headers(gen.prepared.metadata))
     try:
         outputs = await prime_within(request, gen.outputs(), keepalive_s=gen.services.settings.sse_keepalive_s)
         body = streamer(gen, outputs)  # from here on, the body closes the generation
@@ -43,4 +44,6 @@ async def respond(request: Request, gen: Generation, *, stream: bool, collect: C
     except BaseException as exc:
         await gen.close(exc)
         raise
-    return EventStreamResponse(body)
+    response = EventStreamResponse(body)
+    response.headers.update(relaxation_headers(gen.prepared.metadata))
+    return response

@@ -1,0 +1,194 @@
+"""Rewrites a JSON schema into keywords the backends enforce, keeping its language exactly.
+
+Each rewrite is an identity of JSON Schema:
+- a subschema drawn from a finite set becomes the `enum` of the values that
+  validate (`schema_finite`);
+- `not: S` becomes the complement of S (`schema_negate`), when it can be written;
+- `if: I, then: T, else: E` becomes `anyOf: [allOf [I, T], allOf [not I, E]]`;
+- `dependencies` / `dependentRequired` / `dependentSchemas` for property `p`
+  become `anyOf: [{p absent}, S]` (an object without `p` owes nothing);
+- `oneOf: [B1..Bn]` whose branches may overlap becomes
+  `anyOf: [B1 and not B2 .. and not Bn, ...]`.
+A rewrite whose complement cannot be written is not made: the keyword stays,
+and a backend that cannot enforce it refuses it. Sizes are capped (branches,
+dependencies), so a rewrite never multiplies a schema beyond the compile
+limits.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from loraplex.grammar.schema_finite import FiniteValues
+from loraplex.grammar.schema_negate import negate
+from loraplex.grammar.schema_walk import SchemaShapeLimits, shape_problem, subschemas
+
+_MAP_KEYS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+_LIST_KEYS = ("anyOf", "oneOf", "allOf", "prefixItems")
+_VALUE_KEYS = ("items", "additionalItems", "additionalProperties", "not", "if", "then", "else", "contains",
+               "propertyNames", "unevaluatedProperties", "unevaluatedItems")
+_MOVED = frozenset({"not", "if", "then", "else", "dependencies", "dependentRequired", "dependentSchemas", "oneOf",
+                    "anyOf", "allOf"})
+_MAX_ONE_OF = 8
+_MAX_DEPENDENCIES = 8
+_MAX_PASSES = 8
+
+
+def exact_rewrite(schema: Any) -> Any:
+    """`schema` with the rewrites above applied wherever they can be (the input is left alone)."""
+    if not isinstance(schema, dict) or shape_problem(schema, SchemaShapeLimits()) is not None:
+        return schema
+    nodes = [node for _, node, _ in subschemas(schema) if isinstance(node, dict)]
+    if not any(_rewritable(node) for node in nodes):
+        return schema
+    rewriter = _Rewriter(schema)
+    if any(_points_into_rewrites(node.get("$ref")) for node in nodes):
+        # A $ref into a part that a rewrite moves would lose its target: only the whole may become an enum.
+        values = rewriter.finite.filtered(schema)
+        return schema if values is None else {"enum": values} if values else False
+    return rewriter.rewrite(schema, 0)
+
+
+def _points_into_rewrites(ref: Any) -> bool:
+    return isinstance(ref, str) and any(part in _MOVED for part in ref.split("/"))
+
+
+def _rewritable(node: dict) -> bool:
+    return bool(_MOVED & node.keys()) or (("enum" in node or "const" in node) and len(node) > 1)
+
+
+class _Rewriter:
+    def __init__(self, root: dict) -> None:
+        self.root = root
+        self.finite = FiniteValues(root)
+        self.originals = {id(node) for _, node, _ in subschemas(root) if isinstance(node, dict)}
+
+    def rewrite(self, node: Any, depth: int) -> Any:
+        if not isinstance(node, dict) or depth > 200:
+            return node
+        if id(node) in self.originals:
+            values = self.finite.filtered(node)
+            if values is not None:
+                return {"enum": values} if values else False
+        node = dict(node)
+        for _ in range(_MAX_PASSES):
+            rewritten = self._rewrite_once(node)
+            if rewritten is None:
+                break
+            node = rewritten
+            if not isinstance(node, dict):
+                return node
+        return self._rewrite_children(node, depth)
+
+    def _rewrite_once(self, node: dict) -> Any | None:
+        """`node` after one rewrite of its own keywords; None when none applies."""
+        if "not" in node:
+            negated = negate(node["not"], self.root)
+            if negated is not None:
+                return _conjoin({k: v for k, v in node.items() if k != "not"}, negated)
+        if "if" in node:
+            rewritten = self._if_then_else(node)
+            if rewritten is not None:
+                return rewritten
+        for key in ("dependencies", "dependentRequired", "dependentSchemas"):
+            if isinstance(node.get(key), dict):
+                rewritten = _dependencies(node, key)
+                if rewritten is not None:
+                    return rewritten
+        if isinstance(node.get("oneOf"), list) and "anyOf" not in node:
+            return self._one_of(node)
+        return None
+
+    def _if_then_else(self, node: dict) -> Any | None:
+        rest = {k: v for k, v in node.items() if k not in ("if", "then", "else")}
+        condition, then, otherwise = node["if"], node.get("then", True), node.get("else", True)
+        if then is True and otherwise is True:
+            return rest
+        negated = negate(condition, self.root)
+        if negated is None:
+            return None
+        return _conjoin(rest, _any_of([_all_of([condition, then]), _all_of([negated, otherwise])]))
+
+    def _one_of(self, node: dict) -> Any | None:
+        branches = node["oneOf"]
+        if not branches or len(branches) > _MAX_ONE_OF:
+            return None
+        negated = [negate(b, self.root) for b in branches]
+        if any(n is None for n in negated):
+            return None
+        rest = {k: v for k, v in node.items() if k != "oneOf"}
+        exclusive = [_all_of([b] + [n for j, n in enumerate(negated) if j != i]) for i, b in enumerate(branches)]
+        return _conjoin(rest, _any_of(exclusive))
+
+    def _rewrite_children(self, node: dict, depth: int) -> dict:
+        for key in _MAP_KEYS:
+            if isinstance(node.get(key), dict):
+                node[key] = {name: self.rewrite(sub, depth + 1) for name, sub in node[key].items()}
+        for key in _LIST_KEYS:
+            if isinstance(node.get(key), list):
+                node[key] = [self.rewrite(sub, depth + 1) for sub in node[key]]
+        for key in _VALUE_KEYS:
+            if key in node:
+                value = node[key]
+                node[key] = ([self.rewrite(sub, depth + 1) for sub in value] if isinstance(value, list)
+                             else self.rewrite(value, depth + 1))
+        for key in ("allOf", "anyOf"):
+            if isinstance(node.get(key), list):
+                members = node[key]
+                if key == "allOf" and any(m is False for m in members):
+                    return False  # type: ignore[return-value]
+                if key == "anyOf":
+                    members = [m for m in members if m is not False]
+                    if not members:
+                        return False  # type: ignore[return-value]
+                node[key] = [m for m in members if m is not True and m != {}] if key == "allOf" else members
+                if not node[key]:
+                    del node[key]
+        return node
+
+
+def _dependencies(node: dict, key: str) -> Any | None:
+    entries = node[key]
+    if len(entries) > _MAX_DEPENDENCIES:
+        return None
+    clauses = []
+    for name, dependency in entries.items():
+        if isinstance(dependency, list):
+            if not dependency:
+                continue
+            dependency = {"required": dependency}
+        elif dependency is True or dependency == {}:
+            continue
+        elif not isinstance(dependency, dict | bool):
+            return None
+        clauses.append(_any_of([{"properties": {name: False}}, dependency]))
+    rest = {k: v for k, v in node.items() if k != key}
+    return _conjoin(rest, _all_of(clauses))
+
+
+def _conjoin(node: dict, extra: Any) -> Any:
+    if extra is False:
+        return False
+    if extra is True or extra == {}:
+        return node
+    node = dict(node)
+    node["allOf"] = [*node.get("allOf", []), extra]
+    return node
+
+
+def _all_of(members: list[Any]) -> Any:
+    if any(m is False for m in members):
+        return False
+    kept = [m for m in members if m is not True and m != {}]
+    if not kept:
+        return True
+    return kept[0] if len(kept) == 1 else {"allOf": kept}
+
+
+def _any_of(members: list[Any]) -> Any:
+    if any(m is True or m == {} for m in members):
+        return True
+    kept = [m for m in members if m is not False]
+    if not kept:
+        return False
+    return kept[0] if len(kept) == 1 else {"anyOf": kept}

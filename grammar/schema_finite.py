@@ -1,0 +1,111 @@
+"""A subschema whose values come from a finite set, written as the `enum` of the values that validate.
+
+`{"allOf": [{"enum": [1, 2, 3]}, {"not": {"minimum": 2}}]}` accepts a subset of
+`[1, 2, 3]` whatever its other keywords say: the ones a JSON-schema validator
+(`jsonschema`) accepts against the whole subschema. That subset, as an `enum`,
+is the same language, for any keyword the validator knows (`not`, `if`,
+`multipleOf`, `uniqueItems`, ...), and every backend enforces an `enum`.
+
+The finite set comes from an `enum`/`const` of the subschema itself, of one of
+its `allOf` members, or of every branch of its `anyOf`/`oneOf` (local `$ref`s
+followed). A schema that names no draft is checked against both draft 7 and
+2020-12 (a value kept is valid whichever the author meant).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jsonschema
+import referencing
+from loraplex.grammar.schema_walk import VALIDATION_KEYWORDS, resolve_ref
+
+_MAX_VALUES = 512
+_MAX_DEPTH = 8
+_TRIVIAL = frozenset({"enum", "const", "type", "$ref"})  # a subschema of only these has nothing to filter
+_MAX_CHECKS = 2048  # values validated per schema, in all: the compile-time budget of this rewrite
+
+
+class FiniteValues:
+    """Validators over one root schema; `filtered(node)` for any of its subschemas."""
+
+    def __init__(self, root: Any) -> None:
+        self.root = root
+        self._validators: list[Any] | None = None
+        self._num_checks = 0
+
+    def filtered(self, node: Any) -> list[Any] | None:
+        """The values of `node`'s finite set that `node` accepts; None when it has no finite set (or is one)."""
+        if not isinstance(node, dict) or not (set(node) & VALIDATION_KEYWORDS) - _TRIVIAL:
+            return None
+        values = self._candidates(node, 0)
+        if values is None or self._num_checks + len(values) > _MAX_CHECKS:
+            return None
+        self._num_checks += len(values)
+        validators = self._get_validators()
+        if not validators:
+            return None
+        kept: list[Any] = []
+        try:
+            checks = [v.evolve(schema=node) for v in validators]
+            for value in values:
+                if all(check.is_valid(value) for check in checks) and not _contains(kept, value):
+                    kept.append(value)
+        except (jsonschema.SchemaError, referencing.exceptions.Unresolvable, RecursionError, ValueError,
+                TypeError, KeyError, AttributeError):
+            return None
+        return kept
+
+    def _get_validators(self) -> list[Any]:
+        if self._validators is None:
+            declared = isinstance(self.root, dict) and "$schema" in self.root
+            classes = ([jsonschema.validators.validator_for(self.root, default=jsonschema.Draft202012Validator)]
+                       if declared else [jsonschema.Draft7Validator, jsonschema.Draft202012Validator])
+            self._validators = []
+            for cls in classes:
+                try:
+                    cls.check_schema(self.root)
+                except (jsonschema.SchemaError, referencing.exceptions.Unresolvable, RecursionError):
+                    self._validators = []
+                    break
+                # An empty registry: a remote $ref is unresolvable here, never fetched.
+                self._validators.append(cls(self.root, format_checker=cls.FORMAT_CHECKER,
+                                            registry=referencing.Registry()))
+        return self._validators
+
+    def _candidates(self, node: Any, depth: int) -> list[Any] | None:
+        if depth > _MAX_DEPTH or not isinstance(node, dict):
+            return None
+        if "const" in node:
+            return [node["const"]]
+        if isinstance(node.get("enum"), list):
+            return node["enum"] if len(node["enum"]) <= _MAX_VALUES else None
+        if "$ref" in node:
+            found = self._candidates(resolve_ref(node["$ref"], self.root), depth + 1)
+            if found is not None:
+                return found
+        for member in node.get("allOf") or []:
+            found = self._candidates(member, depth + 1)
+            if found is not None:
+                return found
+        for key in ("anyOf", "oneOf"):
+            branches = node.get(key)
+            if isinstance(branches, list) and branches:
+                union: list[Any] = []
+                for branch in branches:
+                    found = self._candidates(branch, depth + 1)
+                    if found is None:
+                        break
+                    union += found
+                else:
+                    return union if len(union) <= _MAX_VALUES else None
+        return None
+
+
+def _contains(values: list[Any], value: Any) -> bool:
+    """JSON equality (1 == 1.0, but true != 1)."""
+    return any(type(v) is type(value) or (_number(v) and _number(value)) for v in values if v == value)
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)

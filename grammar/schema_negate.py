@@ -1,0 +1,205 @@
+"""The complement of a JSON schema (`not`), written without `not`, where that can be done exactly.
+
+A schema is the conjunction of its keywords, so its complement is the union
+(`anyOf`) of each keyword's complement. Most keywords constrain one type
+only: `minimum` fails exactly for numbers below it, so its complement is
+`{"type": "number", "exclusiveMaximum": m}`, and so on for lengths, counts,
+`required`, `properties`, `type`, finite `enum`/`const` sets (strings by a
+regex of every string outside the set, numbers by open intervals) and the
+boolean combinators (De Morgan). A keyword whose complement no backend can
+express (`pattern`, `multipleOf`, `items`, `additionalProperties`, ...) makes
+`negate` return None: the caller keeps the schema as it is, and the backend
+refuses the `not` (never a looser grammar).
+"""
+
+from __future__ import annotations
+
+from itertools import pairwise
+from typing import Any
+
+from loraplex.grammar.schema_walk import ASSERTED_FORMATS, VALIDATION_KEYWORDS, resolve_ref
+
+TYPES = ("array", "boolean", "null", "number", "object", "string")
+_MAX_DEPTH = 12
+_MAX_BRANCHES = 64
+_MAX_ENUM = 256
+
+# keyword -> (the type it constrains, the keyword that is its complement within that type, value map)
+_FLIPPED_BOUNDS = {
+    "minimum": ("number", "exclusiveMaximum"), "maximum": ("number", "exclusiveMinimum"),
+    "exclusiveMinimum": ("number", "maximum"), "exclusiveMaximum": ("number", "minimum"),
+}
+_COUNTS = {  # minX n fails below n; maxX n fails above n
+    "minLength": ("string", "maxLength", -1), "maxLength": ("string", "minLength", 1),
+    "minItems": ("array", "maxItems", -1), "maxItems": ("array", "minItems", 1),
+    "minProperties": ("object", "maxProperties", -1), "maxProperties": ("object", "minProperties", 1),
+}
+
+
+def negate(schema: Any, root: Any, depth: int = 0) -> Any | None:
+    """A schema accepting exactly the JSON values `schema` rejects; None when that cannot be written here."""
+    if depth > _MAX_DEPTH:
+        return None
+    if schema is True or schema == {}:
+        return False
+    if schema is False:
+        return True
+    if not isinstance(schema, dict):
+        return None
+    if "$ref" in schema:
+        target = resolve_ref(schema["$ref"], root)
+        if target is None:
+            return None
+        rest = {k: v for k, v in schema.items() if k != "$ref"}
+        return _union([negate(target, root, depth + 1), negate(rest, root, depth + 1) if rest else False])
+    parts: list[Any] = []
+    for key, value in schema.items():
+        if key not in VALIDATION_KEYWORDS or (key == "format" and value not in ASSERTED_FORMATS):
+            continue  # an annotation or a vendor extension: no instance fails it
+        if key in ("exclusiveMinimum", "exclusiveMaximum") and isinstance(value, bool):
+            return None  # draft 4's boolean form modifies minimum/maximum: not handled here
+        parts.append(_negate_keyword(key, value, schema, root, depth))
+        if parts[-1] is None:
+            return None
+    return _union(parts) if parts else False
+
+
+def _negate_keyword(key: str, value: Any, schema: dict, root: Any, depth: int) -> Any | None:
+    if key in _FLIPPED_BOUNDS and isinstance(value, int | float) and not isinstance(value, bool):
+        if key.startswith(("min", "max")) and isinstance(schema.get("exclusive" + key.title()), bool):
+            return None
+        kind, flipped = _FLIPPED_BOUNDS[key]
+        return {"type": kind, flipped: value}
+    if key in _COUNTS and isinstance(value, int) and not isinstance(value, bool):
+        kind, flipped, step = _COUNTS[key]
+        bound = value + step
+        return False if bound < 0 else {"type": kind, flipped: bound}
+    if key == "type":
+        return _negate_type(value)
+    if key == "required" and isinstance(value, list):
+        return _union([{"type": "object", "properties": {name: False}} for name in value]) if value else False
+    if key == "properties" and isinstance(value, dict):
+        branches = []
+        for name, sub in value.items():
+            negated = negate(sub, root, depth + 1)
+            if negated is None:
+                return None
+            branches.append(False if negated is False else
+                            {"type": "object", "required": [name], "properties": {name: negated}})
+        return _union(branches)
+    if key == "enum" and isinstance(value, list):
+        return _negate_values(value)
+    if key == "const":
+        return _negate_values([value])
+    if key == "not":
+        return value
+    if key == "allOf" and isinstance(value, list):
+        return _union([negate(sub, root, depth + 1) for sub in value])
+    if key == "anyOf" and isinstance(value, list):
+        negated = [negate(sub, root, depth + 1) for sub in value]
+        if any(n is None for n in negated):
+            return None
+        if any(n is False for n in negated):
+            return False
+        return {"allOf": negated} if len(negated) != 1 else negated[0]
+    return None
+
+
+def _union(branches: list[Any | None]) -> Any | None:
+    if any(b is None for b in branches):
+        return None
+    if any(b is True for b in branches):
+        return True
+    kept = [b for b in branches if b is not False]
+    if not kept:
+        return False
+    if len(kept) > _MAX_BRANCHES:
+        return None
+    return kept[0] if len(kept) == 1 else {"anyOf": kept}
+
+
+def _negate_type(value: Any) -> Any | None:
+    declared = {value} if isinstance(value, str) else set(value) if isinstance(value, list) else None
+    if declared is None or not declared <= {*TYPES, "integer"}:
+        return None
+    if "integer" in declared and "number" not in declared:
+        return None  # the numbers that are not integers have no type keyword of their own
+    rest = [t for t in TYPES if t not in declared]
+    return {"type": rest} if rest else False
+
+
+def _negate_values(values: list[Any]) -> Any | None:
+    """Every JSON value outside the finite set `values`."""
+    if len(values) > _MAX_ENUM:
+        return None
+    by_type: dict[str, list[Any]] = {}
+    for v in values:
+        by_type.setdefault(_json_type(v), []).append(v)
+    if {"array", "object"} & by_type.keys():
+        return None
+    branches: list[Any] = [{"type": [t for t in TYPES if t not in by_type]}] if len(by_type) < len(TYPES) else []
+    if "boolean" in by_type:
+        left = [b for b in (False, True) if b not in by_type["boolean"]]
+        if left:
+            branches.append({"const": left[0]})
+    if "string" in by_type:
+        branches.append({"type": "string", "pattern": strings_outside(by_type["string"])})
+    if "number" in by_type:
+        branches += _numbers_outside(by_type["number"])
+    return _union(branches)
+
+
+def _json_type(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int | float):
+        return "number"
+    return {str: "string", list: "array", dict: "object"}[type(value)]
+
+
+def _numbers_outside(numbers: list[Any]) -> list[Any]:
+    points = sorted(set(numbers))
+    branches: list[Any] = [{"type": "number", "exclusiveMaximum": points[0]}]
+    for low, high in pairwise(points):
+        branches.append({"type": "number", "exclusiveMinimum": low, "exclusiveMaximum": high})
+    branches.append({"type": "number", "exclusiveMinimum": points[-1]})
+    return branches
+
+
+def strings_outside(strings: list[str]) -> str:
+    """An anchored regex matching exactly the strings not in `strings` (over a trie of them)."""
+    trie: dict = {}
+    for s in strings:
+        node = trie
+        for ch in s:
+            node = node.setdefault(ch, {})
+        node[""] = {}
+    return f"^(?:{_outside(trie)})$"
+
+
+def _outside(node: dict) -> str:
+    # Iterative post-order over the trie, so a long string cannot exhaust the stack.
+    stack: list[tuple[dict, bool]] = [(node, False)]
+    done: dict[int, str] = {}
+    while stack:
+        current, expanded = stack.pop()
+        children = [ch for ch in current if ch]
+        if not expanded:
+            stack.append((current, True))
+            stack.extend((current[ch], False) for ch in children)
+            continue
+        alternatives = [] if "" in current else [""]
+        if children:
+            excluded = "".join(_char(ch) for ch in sorted(children))
+            alternatives.append(f"[^{excluded}][\\s\\S]*")
+        else:
+            alternatives.append("[\\s\\S]+")
+        alternatives += [f"{_char(ch)}(?:{done[id(current[ch])]})" for ch in sorted(children)]
+        done[id(current)] = "|".join(alternatives)
+    return done[id(node)]
+
+
+def _char(ch: str) -> str:
+    return f"\\u{ord(ch):04x}" if ord(ch) <= 0xFFFF else f"\\u{{{ord(ch):x}}}"

@@ -1,0 +1,97 @@
+"""The exact schema rewrites: each keeps the language, checked with `jsonschema` over a grid of values,
+and the rewritten schema compiles to a grammar that judges the same values the same way."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import jsonschema
+import pytest
+from loraplex.grammar.schema_exact import exact_rewrite
+from loraplex.grammar.schema_negate import negate, strings_outside
+from loraplex.grammar.spec import GrammarKind, GrammarSpec
+
+VALUES = [
+    None, True, False, 0, 1, -3, 2.5, 7, 12, 25, 35, 100, "", "a", "ab", "abc", "linux", "lin", "linuxx", "x y",
+    [], [1], [1, 2], ["a", "b", "c"], {}, {"a": 1}, {"b": 2}, {"a": 1, "b": 2}, {"a": "s", "c": True},
+    {"a": 1, "b": 2, "c": 3}, {"c": None},
+]
+
+NEGATABLE = [
+    {"type": "string"}, {"type": ["object", "null"]}, {"minimum": 7}, {"exclusiveMaximum": 12},
+    {"minLength": 2}, {"maxItems": 1}, {"required": ["a", "b"]}, {"properties": {"a": {"type": "number"}}},
+    {"enum": ["linux", "lin", 7, None, True]}, {"const": 25}, {"allOf": [{"minimum": 2}, {"maximum": 30}]},
+    {"anyOf": [{"type": "string", "maxLength": 1}, {"required": ["c"]}]}, {"not": {"type": "number"}},
+    {"type": "object", "properties": {"a": {"enum": [1, "s"]}}, "required": ["a"]}, {}, True, False,
+]
+
+
+def valid(schema, value) -> bool:
+    return jsonschema.Draft7Validator(schema).is_valid(value)  # draft 7 still has `dependencies`
+
+
+@pytest.mark.parametrize("schema", NEGATABLE, ids=[json.dumps(s) for s in NEGATABLE])
+def test_negation_accepts_exactly_what_the_schema_rejects(schema):
+    negated = negate(schema, schema)
+    assert negated is not None
+    for value in VALUES:
+        assert valid(negated, value) != valid(schema, value), (negated, value)
+
+
+@pytest.mark.parametrize("schema", [{"pattern": "^a"}, {"multipleOf": 3}, {"items": {"type": "string"}},
+                                    {"type": "integer"}, {"enum": [[1]]}, {"uniqueItems": True}])
+def test_what_cannot_be_negated_exactly_is_not_negated(schema):
+    assert negate(schema, schema) is None
+
+
+def test_strings_outside_a_finite_set():
+    words = ["linux", "lin", "", "a]b", "é\\"]
+    pattern = re.compile(strings_outside(words).replace("\\u", "\\u"))
+    for text in [*words, "l", "li", "linu", "linuxx", "b", "a]", "a]bc", "é", "x"]:
+        assert bool(pattern.fullmatch(text)) == (text not in words), text
+
+
+REWRITTEN = [
+    # an enum filtered by everything beside it (what a validator says, for any keyword)
+    {"allOf": [{"enum": [1, 25, 35, "x", {"foo": 1}]}, {"not": {"not": {"allOf": [{"minimum": 20}, {"maximum": 30}]}}}]},
+    {"type": "integer", "enum": [1, 2, 3, 4, 5, 6, 7, 8, 9, 10], "multipleOf": 5, "if": {"maximum": 5},
+     "then": {"minimum": 5}, "else": {"minimum": 9}},
+    # not / if-then-else / dependencies / overlapping oneOf, rewritten into what backends enforce
+    {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}, "c": {}},
+     "not": {"required": ["a", "b"]}},
+    {"type": "object", "properties": {"a": {"type": "string"}, "c": {"type": "boolean"}},
+     "if": {"properties": {"c": {"const": True}}, "required": ["c"]}, "then": {"required": ["a"]},
+     "else": {"properties": {"a": {"maxLength": 1}}}},
+    {"type": "object", "properties": {"a": {}, "b": {}, "c": {}}, "dependencies": {"a": ["b"], "c": {"required": ["a"]}}},
+    {"type": "object", "properties": {"a": {}, "b": {}, "c": {}},
+     "oneOf": [{"required": ["a"]}, {"required": ["b"]}, {"required": ["a", "c"]}]},
+    {"oneOf": [{"enum": ["linux"]}, {"type": "string"}]},
+    {"type": "object", "properties": {"a": {"not": {"type": ["string", "array"]}}}},
+]
+
+
+@pytest.mark.parametrize("schema", REWRITTEN, ids=[json.dumps(s)[:60] for s in REWRITTEN])
+def test_rewrites_keep_the_language_and_compile_exactly(compiler, tokenizer, schema):
+    rewritten = exact_rewrite(schema)
+    text = json.dumps(rewritten)
+    assert '"not"' not in text and '"if"' not in text and '"dependencies"' not in text and '"oneOf"' not in text
+    for value in VALUES:
+        assert valid(rewritten, value) == valid(schema, value), value
+    grammar = compiler.compile_blocking(GrammarSpec(GrammarKind.JSON_SCHEMA, schema, strict=True))
+    assert grammar.backend == "llguidance" and grammar.relaxed is None
+    for value in VALUES:
+        matcher = grammar.new_matcher()
+        ids = tokenizer.encode(json.dumps(value, ensure_ascii=False), add_special_tokens=False)
+        accepted = all(matcher.accept_token(t) for t in ids) and matcher.is_completed()
+        if not valid(schema, value):
+            assert not accepted, value  # never looser than the schema
+    assert exact_rewrite(schema) == rewritten  # deterministic, and the input is left alone
+
+
+def test_an_unsatisfiable_schema_is_a_clear_400(compiler):
+    from loraplex.engine.errors import InvalidRequestError
+
+    schema = {"allOf": [{"enum": [35]}, {"not": {"minimum": 20}}]}
+    with pytest.raises(InvalidRequestError, match="accepts no JSON value"):
+        compiler.compile_blocking(GrammarSpec(GrammarKind.JSON_SCHEMA, schema, param="p", strict=True))
