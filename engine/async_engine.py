@@ -1,10 +1,12 @@
 """AsyncEngine: the engine loop in a thread of this process; the in-process `EngineClient`.
 
 Callers on any asyncio loop submit requests; the engine thread applies
-commands (add / abort / release_session) between steps and pushes each
-request's outputs back onto the caller's loop (one wake-up per loop per step,
-however many streams). Input is validated before anything is queued, so bad
-input raises at once and never hangs.
+commands (add / abort / finish / release_session) between steps and pushes
+each request's token outputs back onto the caller's loop (one wake-up per loop
+per step, however many streams), where `OutputStream` makes their text and
+matches stop strings, as an API server does for the engine-core process.
+Input is validated before anything is queued, so bad input raises at once
+and never hangs.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from loraplex.engine.core.client import AdapterLimits, EngineHealth, read_until_
 from loraplex.engine.errors import DuplicateRequestError, EngineDeadError
 from loraplex.engine.interfaces import AdapterSource
 from loraplex.engine.llm_engine import LLMEngine
+from loraplex.engine.output.text import OutputStream
 from loraplex.engine.protocol import EngineRequest, RequestOutput
 
 logger = logging.getLogger(__name__)
@@ -37,9 +40,10 @@ _MAX_ABANDONED = 4096  # abandoned streams nobody collects are forgotten beyond 
 class _Stream:
     """Delivers one request's outputs from the engine thread to its asyncio loop."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, output: OutputStream) -> None:
         self.loop = loop
-        self.queue: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
+        self.output = output
+        self.queue = output.queue
 
     def put(self, item: RequestOutput | BaseException) -> None:
         _post(self.loop, [(self.queue, item)])
@@ -60,6 +64,7 @@ def _put_all(items: list[tuple[asyncio.Queue, Any]]) -> None:
 class AsyncEngine:
     def __init__(self, engine: LLMEngine, num_threads: int | None = None) -> None:
         self.engine = engine
+        engine.detokenize = False  # each caller's loop makes its own text (OutputStream)
         self.tokenizer = engine.tokenizer
         self.model_config = engine.model_config
         self.max_model_len = engine.max_model_len
@@ -96,7 +101,7 @@ class AsyncEngine:
         if self._dead is not None or not self._thread.is_alive():
             raise EngineDeadError(f"the engine loop has stopped: {self._dead or 'shut down'}")
         self.engine.validate(request)
-        stream = _Stream(asyncio.get_running_loop())
+        stream = _Stream(asyncio.get_running_loop(), OutputStream(request, self.tokenizer))
         with self._lock:
             if request.request_id in self._streams:
                 raise DuplicateRequestError(
@@ -106,14 +111,14 @@ class AsyncEngine:
         self._send("add", request)
         finished = False
         try:
-            while True:
-                item = await stream.queue.get()
-                if isinstance(item, BaseException):
-                    raise item
+            while not finished:
+                item = await stream.output.next()
                 finished = item.finished
+                if stream.output.text.stopped_early:  # a stop string matched here: the engine still runs it
+                    with self._lock:
+                        self._streams.pop(request.request_id, None)
+                    self._send("finish", request.request_id)
                 yield item
-                if finished:
-                    return
         finally:
             if not finished:
                 with self._lock:
@@ -132,7 +137,7 @@ class AsyncEngine:
             stream = self._abandoned.pop(request_id, None)
         if stream is None:
             return []
-        return await read_until_finished(stream.queue, timeout_s)
+        return await read_until_finished(stream.output, timeout_s)
 
     def abort(self, request_id: str) -> None:
         """Free every block of the request at the next loop turn (immediately if idle)."""
@@ -237,6 +242,8 @@ class AsyncEngine:
                 out = self.engine.abort(payload)
                 if out is not None:
                     self._deliver(out)
+            elif kind == "finish":  # its caller has all it needs (a stop string): nobody reads the rest
+                self.engine.stop(payload)
             elif kind == "release_session":
                 self.engine.release_session(payload)
 

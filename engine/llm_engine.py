@@ -21,6 +21,7 @@ from loraplex.engine.kv.host_tier import HostTier
 from loraplex.engine.model.llama import LlamaForCausalLM
 from loraplex.engine.model.loader import load_model, random_model
 from loraplex.engine.output.processor import RequestState
+from loraplex.engine.output.text import RequestText
 from loraplex.engine.parallel.group import SINGLE_RANK
 from loraplex.engine.parallel.sources import ModelSource, PathModelSource, RandomModelSource
 from loraplex.engine.parallel.workers import WorkerGroup, plan_num_blocks
@@ -43,9 +44,11 @@ class LLMEngine:
         lora: LoRAStepBuilder | None = None,
         adapter_ready: Callable[[str], bool] | None = None,
         workers: WorkerGroup | None = None,
+        detokenize: bool = True,
     ) -> None:
         """`model` is rank 0's shard under tensor parallelism, with `workers` running the other
-        ranks (`from_source` starts them)."""
+        ranks (`from_source` starts them). `detokenize`: step() outputs carry text and stop strings end
+        requests here; off where a client does that on its own side (the engine-core process, AsyncEngine)."""
         if engine_config.tensor_parallel_size > 1 and workers is None:
             raise ValueError("tensor_parallel_size > 1 needs its worker processes: build the engine with "
                              "LLMEngine.from_source / from_random / from_model_path")
@@ -76,6 +79,8 @@ class LLMEngine:
         if getattr(tokenizer, "eos_token_id", None) is not None:
             self.eos_token_ids.add(tokenizer.eos_token_id)
         self.requests: dict[str, RequestState] = {}
+        self.detokenize = detokenize
+        self.texts: dict[str, RequestText] = {}  # with `detokenize`: each request's text side
         self.num_prompt_tokens_total = 0
         self.num_generation_tokens_total = 0
         self.num_jump_forward_tokens_total = 0  # appended without a sampling step
@@ -176,9 +181,9 @@ class LLMEngine:
                 seq.reasoning_inside = request.reasoning.starts_inside
             seqs.append(seq)
         seqs[0].wants_prompt_logprobs = sampling.prompt_logprobs is not None
-        self.requests[request.request_id] = RequestState(
-            request, seqs, self.tokenizer, self.eos_token_ids, self.max_model_len
-        )
+        self.requests[request.request_id] = RequestState(request, seqs, self.eos_token_ids, self.max_model_len)
+        if self.detokenize:
+            self.texts[request.request_id] = RequestText(request, self.tokenizer)
         if request.session_id:
             # Offloaded KV back before it is matched (a pinned one becomes the most recently used).
             self.block_manager.restore_pin(request.session_id, request.tenant_id)
@@ -191,6 +196,23 @@ class LLMEngine:
         if state is None:
             return None
         state.finish_all(FinishReason.ABORT)
+        output = self._retire(state)
+        if self.detokenize:
+            processed = self._with_text([output])
+            return processed[0] if processed else output
+        return output
+
+    def stop(self, request_id: str) -> RequestOutput | None:
+        """A stop string ended the request on the caller's side: finish it as stopped, not aborted (a session
+        keeps its KV pinned); returns its final output (None if unknown)."""
+        state = self.requests.get(request_id)
+        if state is None:
+            return None
+        state.finish_all(FinishReason.STOP)
+        for seq in state.seqs:
+            if not seq.is_finished:
+                self._finish_seq(state, seq)
+        self.texts.pop(request_id, None)
         return self._retire(state)
 
     def has_unfinished_requests(self) -> bool:
@@ -210,6 +232,27 @@ class LLMEngine:
 
     # ---- the loop body --------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
+        outputs = self._step()
+        return self._with_text(outputs) if self.detokenize else outputs
+
+    def _with_text(self, outputs: list[RequestOutput]) -> list[RequestOutput]:
+        """Text and stop strings, for callers that read step() directly (tests, benchmarks, tools)."""
+        done = []
+        for output in outputs:
+            text = self.texts.get(output.request_id)
+            if text is None:  # no text side (stopped here already)
+                done.append(output)
+                continue
+            processed = text.process(output)
+            if text.finished:
+                del self.texts[output.request_id]
+            if text.stopped_early:
+                self.stop(output.request_id)
+            if processed is not None:
+                done.append(processed)
+        return done
+
+    def _step(self) -> list[RequestOutput]:
         scheduled = self.scheduler.schedule()
         outputs = self._fail_unready()
         self.last_step_was_idle = scheduled.is_empty and not outputs

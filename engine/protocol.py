@@ -126,13 +126,14 @@ class ChoiceDelta:
     """What one choice produced since the previous RequestOutput."""
 
     index: int
-    text: str = ""                       # new text; never ends in a broken UTF-8 sequence
+    text: str = ""                       # new text (filled on the caller's side); never a broken UTF-8 sequence
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[TokenLogprob] | None = None
     finish_reason: str | None = None     # a FinishReason value once this choice is done
     stop_reason: str | int | None = None # the stop string or token id that ended it
     num_reasoning_tokens: int = 0        # cumulative, inside the reasoning segment
     num_output_tokens: int = 0           # cumulative tokens of this choice
+    hide_last_token: bool = False        # the last token ended the choice (EOS, a stop token id): no text for it
 
 
 @dataclass(slots=True)

@@ -15,6 +15,7 @@ from typing import Any, Protocol
 
 from loraplex.engine.config import ModelConfig
 from loraplex.engine.interfaces import AdapterSource
+from loraplex.engine.output.text import OutputStream
 from loraplex.engine.protocol import EngineRequest, RequestOutput
 
 
@@ -76,19 +77,17 @@ class EngineClient(Protocol):
         """Abort what runs and stop the engine (what this client started)."""
 
 
-async def read_until_finished(queue: asyncio.Queue[Any], timeout_s: float) -> list[RequestOutput]:
+async def read_until_finished(stream: OutputStream, timeout_s: float) -> list[RequestOutput]:
     """A stopped stream's remaining outputs, through its final one (or what came within `timeout_s`):
     billing still needs the final counts of a request whose client went away."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
     outputs: list[RequestOutput] = []
-    while True:
+    while not stream.finished:
         try:
-            item = await asyncio.wait_for(queue.get(), max(deadline - loop.time(), 0.0))
+            outputs.append(await asyncio.wait_for(stream.next(), max(deadline - loop.time(), 0.0)))
         except TimeoutError:
             return outputs
-        if isinstance(item, BaseException):
+        except Exception:  # the engine side failed the request: nothing more will come
             return outputs
-        outputs.append(item)
-        if item.finished:
-            return outputs
+    return outputs

@@ -45,6 +45,7 @@ class EngineCore:
     def __init__(self, engine: LLMEngine, address: str, *, grammar_codec: GrammarCodec | None = None,
                  lora: Any = None, heartbeat_s: float = 0.25, client_timeout_s: float = 30.0) -> None:
         self.engine = engine
+        engine.detokenize = False  # the API servers make the text (engine.output.text)
         self.address = address
         self.grammar_codec = grammar_codec
         self.lora = lora                       # a LoRAManager hooked into `engine`, or None
@@ -102,7 +103,7 @@ class EngineCore:
             self._add(identity, message)
         elif isinstance(message, Abort):
             for request_id in message.request_ids:
-                output = self.engine.abort(request_id)
+                output = self.engine.stop(request_id) if message.stop else self.engine.abort(request_id)
                 if output is not None:
                     self._deliver([output])
         elif isinstance(message, ReleaseSession):

@@ -41,6 +41,7 @@ class Add(msgspec.Struct, tag=True):
 
 class Abort(msgspec.Struct, tag=True):
     request_ids: list[str]
+    stop: bool = False  # a stop string ended them on the client's side: finished as stopped (sessions keep pins)
 
 
 class ReleaseSession(msgspec.Struct, tag=True):

@@ -1,8 +1,10 @@
 """MultiProcessEngineClient: the EngineClient of an API server whose engine runs in the engine-core process.
 
 One DEALER socket, used only on this process's event loop (calls from other
-threads are posted to it). A reader task hands each `Outputs` message to the
-streams it names; a watcher checks that the core process still exists, and the
+threads are posted to it). A reader task hands each `Outputs` message (token
+ids) to the streams it names; each stream makes its text and matches stop
+strings here (`OutputStream`), off the core's loop, and a stop string that
+ends a request stops it in the core. A watcher checks that the core process still exists, and the
 moment it does not, every open stream ends with `EngineDeadError` (a 503) and
 every later call fails the same way, so nothing waits on a dead core.
 """
@@ -41,6 +43,7 @@ from loraplex.engine.core.messages import (
 )
 from loraplex.engine.errors import DuplicateRequestError, EngineDeadError
 from loraplex.engine.interfaces import AdapterSource, GrammarCodec
+from loraplex.engine.output.text import OutputStream
 from loraplex.engine.protocol import EngineRequest, RequestOutput
 
 logger = logging.getLogger(__name__)
@@ -103,8 +106,8 @@ class MultiProcessEngineClient:
         self._socket.setsockopt(zmq.RCVHWM, 0)
         self._socket.setsockopt(zmq.LINGER, 0)
         self._socket.connect(address)
-        self._streams: dict[str, asyncio.Queue[RequestOutput | BaseException]] = {}
-        self._abandoned: OrderedDict[str, asyncio.Queue[RequestOutput | BaseException]] = OrderedDict()
+        self._streams: dict[str, OutputStream] = {}
+        self._abandoned: OrderedDict[str, OutputStream] = OrderedDict()
         self._calls: dict[int, asyncio.Future[Any]] = {}
         self._next_call = 0
         self._stats: dict[str, Any] = {}
@@ -129,22 +132,21 @@ class MultiProcessEngineClient:
             if self.grammar_codec is None:
                 raise EngineDeadError("this API server has no grammar codec for the engine core")
             grammar = self.grammar_codec.encode(request.grammar)
-        queue: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
-        self._streams[request.request_id] = queue
+        stream = OutputStream(request, self.tokenizer)
+        self._streams[request.request_id] = stream
         self._send(Add(to_wire(request, grammar)))
         finished = False
         try:
-            while True:
-                item = await queue.get()
-                if isinstance(item, BaseException):
-                    raise item
+            while not finished:
+                item = await stream.next()
                 finished = item.finished
+                if stream.text.stopped_early:  # a stop string matched here: the core still runs it
+                    self._streams.pop(request.request_id, None)
+                    self._post(Abort([request.request_id], stop=True))
                 yield item
-                if finished:
-                    return
         finally:
             if not finished and request.request_id in self._streams:
-                self._abandoned[request.request_id] = queue
+                self._abandoned[request.request_id] = stream
                 while len(self._abandoned) > _MAX_ABANDONED:
                     self._abandoned.popitem(last=False)
                 self.abort(request.request_id)
@@ -153,10 +155,10 @@ class MultiProcessEngineClient:
         self._post(Abort([request_id]))
 
     async def take_abandoned_outputs(self, request_id: str, timeout_s: float = 10.0) -> list[RequestOutput]:
-        queue = self._abandoned.pop(request_id, None)
-        if queue is None:
+        stream = self._abandoned.pop(request_id, None)
+        if stream is None:
             return []
-        return await read_until_finished(queue, timeout_s)
+        return await read_until_finished(stream, timeout_s)
 
     # ---- sessions and adapters ------------------------------------------------------------
     def release_session(self, key: str) -> None:
@@ -263,15 +265,15 @@ class MultiProcessEngineClient:
         if message.stats is not None:
             self._stats = message.stats
         for output in message.outputs:
-            queue = self._streams.get(output.request_id)
+            stream = self._streams.get(output.request_id)
             if output.finished:
                 self._streams.pop(output.request_id, None)
-            if queue is not None:
-                queue.put_nowait(output)
+            if stream is not None:
+                stream.queue.put_nowait(output)
         for item in message.failures:
-            queue = self._streams.pop(item.request_id, None)
-            if queue is not None:
-                queue.put_nowait(error_of(item))
+            stream = self._streams.pop(item.request_id, None)
+            if stream is not None:
+                stream.queue.put_nowait(error_of(item))
 
     async def _watch(self) -> None:
         last_ping = 0.0
@@ -285,8 +287,8 @@ class MultiProcessEngineClient:
         self._fail_all(self._dead)
 
     def _fail_all(self, reason: str) -> None:
-        for queue in self._streams.values():
-            queue.put_nowait(EngineDeadError(reason))
+        for stream in self._streams.values():
+            stream.queue.put_nowait(EngineDeadError(reason))
         self._streams.clear()
         for future in self._calls.values():
             if not future.done():

@@ -1,17 +1,17 @@
-"""Per-request output state: detokenization, stop conditions, reasoning budget, deltas.
+"""Per-request token state in the engine: stop conditions the engine alone knows, reasoning budget, deltas.
 
 The engine hands every sampled token to `RequestState.add_token`; the
-state decides whether the choice finished and what text is new.
+state decides whether the choice finished (EOS, a stop token id, the
+grammar, the length) and collects the token ids and logprobs of the next
+delta. Text is made on the caller's side (`engine.output.text`): the engine
+loop never detokenizes or matches stop strings.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 from loraplex.engine.interfaces import BudgetedGrammarMatcher
-from loraplex.engine.output.detokenizer import IncrementalDetokenizer
-from loraplex.engine.output.stop_strings import StopStringMatcher
 from loraplex.engine.protocol import ChoiceDelta, EngineRequest, FinishReason, RequestOutput, TokenLogprob
 from loraplex.engine.sequence import Sequence
 
@@ -19,11 +19,9 @@ from loraplex.engine.sequence import Sequence
 @dataclass(slots=True)
 class ChoiceState:
     seq: Sequence
-    detokenizer: IncrementalDetokenizer
-    stop_strings: StopStringMatcher
     finish_reason: str | None = None
     stop_reason: str | int | None = None
-    pending_text: str = ""
+    hide_last_token: bool = False  # the token that ended the choice has no text (EOS, a stop token id)
     pending_token_ids: list[int] = field(default_factory=list)
     pending_logprobs: list[TokenLogprob] = field(default_factory=list)
     has_news: bool = False
@@ -31,19 +29,14 @@ class ChoiceState:
 
 class RequestState:
     def __init__(
-        self, request: EngineRequest, seqs: list[Sequence], tokenizer: Any, eos_token_ids: set[int],
-        max_model_len: int,
+        self, request: EngineRequest, seqs: list[Sequence], eos_token_ids: set[int], max_model_len: int,
     ) -> None:
         self.request = request
         self.eos_token_ids = eos_token_ids
         self.max_model_len = max_model_len
         self.stop_token_ids = set(request.sampling.stop_token_ids)
         sampling = request.sampling
-        self.choices = [
-            ChoiceState(seq, IncrementalDetokenizer(tokenizer, request.prompt_token_ids, sampling.skip_special_tokens),
-                        StopStringMatcher(sampling.stop, include_in_output=sampling.include_stop_str_in_output))
-            for seq in seqs
-        ]
+        self.choices = [ChoiceState(seq) for seq in seqs]
         if sampling.min_tokens:
             ending = set(self.stop_token_ids) if sampling.ignore_eos else self.stop_token_ids | eos_token_ids
             for seq in seqs:
@@ -78,24 +71,20 @@ class RequestState:
         self._track_reasoning(seq)
         if seq.matcher is not None and not seq.matcher.accept_token(token):
             self._finish(choice, FinishReason.ERROR, None)
+            choice.hide_last_token = True
             self.error = f"choice {seq.index}: token {token} rejected by the grammar"
             return True
         if token in self.eos_token_ids and not sampling.ignore_eos:
             self._finish(choice, _grammar_finish(seq), None)
+            choice.hide_last_token = True
         elif token in self.stop_token_ids:
-            if sampling.include_stop_str_in_output:
-                choice.pending_text += choice.stop_strings.flush() + choice.detokenizer.add(token)
             self._finish(choice, FinishReason.STOP, token)
-        else:
-            choice.pending_text += choice.stop_strings.feed(choice.detokenizer.add(token))
-            if choice.stop_strings.matched is not None:
-                self._finish(choice, FinishReason.STOP, choice.stop_strings.matched)
-            elif seq.matcher is not None and seq.matcher.is_terminated():
-                self._finish(choice, _grammar_finish(seq), None)
-            elif seq.num_output_tokens >= sampling.max_tokens or len(seq.token_ids) >= self.max_model_len:
-                self._finish(choice, FinishReason.LENGTH, None)
+            choice.hide_last_token = not sampling.include_stop_str_in_output
+        elif seq.matcher is not None and seq.matcher.is_terminated():
+            self._finish(choice, _grammar_finish(seq), None)
+        elif seq.num_output_tokens >= sampling.max_tokens or len(seq.token_ids) >= self.max_model_len:
+            self._finish(choice, FinishReason.LENGTH, None)
         if choice.finish_reason is not None:
-            choice.pending_text += choice.stop_strings.flush()
             return True
         self._check_reasoning_budget(seq)
         return False
@@ -147,15 +136,15 @@ class RequestState:
                 continue
             deltas.append(ChoiceDelta(
                 index=i,
-                text=choice.pending_text,
                 token_ids=choice.pending_token_ids,
                 logprobs=choice.pending_logprobs if self.request.sampling.logprobs is not None else None,
                 finish_reason=choice.finish_reason,
                 stop_reason=choice.stop_reason,
                 num_reasoning_tokens=choice.seq.num_reasoning_tokens,
                 num_output_tokens=choice.seq.num_output_tokens,
+                hide_last_token=choice.hide_last_token and choice.finish_reason is not None,
             ))
-            choice.pending_text, choice.pending_token_ids, choice.pending_logprobs = "", [], []
+            choice.pending_token_ids, choice.pending_logprobs = [], []
             choice.has_news = False
         if not deltas:
             return None

@@ -1,0 +1,147 @@
+"""The caller's side of a request's outputs: detokenization, stop strings, and merging queued deltas.
+
+The engine sends token ids; `RequestText` (one per request, in the process
+that reads the outputs: an API server, or the in-process client) turns them
+into text and matches stop strings. A stop string ends its choice here: the
+tokens after it are dropped (never delivered, never billed), and the caller
+tells the engine to stop the request once every choice has ended. The engine
+loop itself never detokenizes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Any
+
+from loraplex.engine.output.detokenizer import IncrementalDetokenizer
+from loraplex.engine.output.stop_strings import StopStringMatcher
+from loraplex.engine.protocol import ChoiceDelta, EngineRequest, FinishReason, RequestOutput
+
+
+@dataclass(slots=True)
+class ChoiceText:
+    detokenizer: IncrementalDetokenizer
+    stop_strings: StopStringMatcher
+    finished: bool = False
+
+
+class RequestText:
+    def __init__(self, request: EngineRequest, tokenizer: Any) -> None:
+        sampling = request.sampling
+        self.choices = [
+            ChoiceText(IncrementalDetokenizer(tokenizer, request.prompt_token_ids, sampling.skip_special_tokens),
+                       StopStringMatcher(sampling.stop, include_in_output=sampling.include_stop_str_in_output))
+            for _ in range(sampling.n)
+        ]
+        self.finished = False          # every choice has ended (by the engine or by a stop string here)
+        self.stopped_early = False     # ended here while the engine still runs it: stop it there
+
+    def process(self, output: RequestOutput) -> RequestOutput | None:
+        """`output` with its text filled in and stop strings applied (in place); None if nothing is left."""
+        if self.finished:
+            return None
+        deltas = []
+        for delta in output.choices:
+            choice = self.choices[delta.index]
+            if not choice.finished:
+                _fill(choice, delta)
+                deltas.append(delta)
+        output.choices = deltas
+        self.finished = all(c.finished for c in self.choices)
+        if self.finished and not output.finished:
+            self.stopped_early = True
+            output.finished = True
+        elif output.finished:
+            self.finished = True
+        if not deltas and not output.finished:
+            return None
+        return output
+
+
+def _fill(choice: ChoiceText, delta: ChoiceDelta) -> None:
+    detokenizer, stop_strings = choice.detokenizer, choice.stop_strings
+    ids = delta.token_ids
+    last = len(ids) - 1
+    parts = []
+    for k, token in enumerate(ids):
+        if k == last and delta.finish_reason is not None:
+            if delta.hide_last_token:
+                break
+            if isinstance(delta.stop_reason, int):  # a stop token id kept in the output: not matched on
+                parts.append(stop_strings.flush() + detokenizer.add(token))
+                break
+        parts.append(stop_strings.feed(detokenizer.add(token)))
+        if stop_strings.matched is not None:
+            dropped = last - k
+            if dropped:
+                del ids[k + 1:]
+                if delta.logprobs:
+                    del delta.logprobs[k + 1:]
+                delta.num_output_tokens -= dropped
+            delta.finish_reason, delta.stop_reason, delta.hide_last_token = FinishReason.STOP, stop_strings.matched, False
+            break
+    if delta.finish_reason is not None:
+        parts.append(stop_strings.flush())
+        choice.finished = True
+    delta.text = "".join(parts)
+
+
+def merge(outputs: list[RequestOutput]) -> RequestOutput:
+    """Consecutive outputs of one request as one (what the caller had not read yet: one SSE chunk, not many)."""
+    merged = outputs[0]
+    by_index = {delta.index: delta for delta in merged.choices}
+    for output in outputs[1:]:
+        for delta in output.choices:
+            into = by_index.get(delta.index)
+            if into is None:
+                by_index[delta.index] = delta
+                merged.choices.append(delta)
+                continue
+            into.text += delta.text
+            into.token_ids = into.token_ids + delta.token_ids
+            if delta.logprobs is not None:
+                into.logprobs = (into.logprobs or []) + delta.logprobs
+            into.finish_reason, into.stop_reason = delta.finish_reason, delta.stop_reason
+            into.hide_last_token = delta.hide_last_token
+            into.num_output_tokens, into.num_reasoning_tokens = delta.num_output_tokens, delta.num_reasoning_tokens
+        merged.finished = output.finished
+        merged.num_prompt_tokens, merged.num_cached_tokens = output.num_prompt_tokens, output.num_cached_tokens
+        merged.prompt_logprobs = merged.prompt_logprobs if merged.prompt_logprobs is not None else output.prompt_logprobs
+        merged.error = output.error or merged.error
+    return merged
+
+
+class OutputStream:
+    """One request's outputs as its caller reads them: queued by the engine side as they come, made into text
+    here, and whatever queued up while the caller was busy handed over merged, as one output."""
+
+    def __init__(self, request: EngineRequest, tokenizer: Any) -> None:
+        self.queue: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
+        self.text = RequestText(request, tokenizer)
+        self._error: BaseException | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.text.finished
+
+    async def next(self) -> RequestOutput:
+        """The next output to deliver; raises the engine side's error once the outputs before it are read."""
+        while True:
+            if self._error is not None:
+                raise self._error
+            items = [await self.queue.get()]
+            while not self.queue.empty():
+                items.append(self.queue.get_nowait())
+            outputs = []
+            for item in items:
+                if isinstance(item, BaseException):
+                    self._error = item
+                    break
+                output = self.text.process(item)
+                if output is not None:
+                    outputs.append(output)
+                if self.text.finished:
+                    break
+            if outputs:
+                return outputs[0] if len(outputs) == 1 else merge(outputs)
