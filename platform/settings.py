@@ -106,6 +106,10 @@ class Settings(BaseSettings):
     grammar_max_schema_depth: int = Field(default=64, ge=1)
     grammar_max_schema_nodes: int = Field(default=20000, ge=1)
     grammar_max_tools: int = Field(default=128, ge=1)
+    # Grammar compilations one tenant may have running at once (per API server; 0: no cap); a request past
+    # it waits this long for one of them to finish, then 429 tenant_compile_limit. Cached schemas skip it.
+    grammar_compiles_per_tenant: int = Field(default=1, ge=0)
+    grammar_compile_wait_s: float = Field(default=10.0, ge=0)
     session_ttl_s: int = 3600
     session_max_ttl_s: int = 7 * 86400
     session_lease_s: float = 600.0      # a turn's hold on its session; a crashed turn frees it after this

@@ -26,6 +26,7 @@ from loraplex.grammar.tools import (
     tool_call_spec,
 )
 from loraplex.grammar.validation import ToolRequest, parse_tools, response_format_spec
+from loraplex.platform.api.compile_slots import TenantCompileSlots
 from loraplex.platform.extensions import Extensions, MessageDelta, MessageParser, PreparedRequest
 from loraplex.platform.pipeline import StageAdditions
 from loraplex.platform.settings import Settings
@@ -95,8 +96,10 @@ class ReasoningMessageParser:
 class StructuredOutputPreparer:
     """pipeline.Stage for response_format and tools (chat and completions)."""
 
-    def __init__(self, compiler: GrammarCompilerService, chat_template: str | None) -> None:
+    def __init__(self, compiler: GrammarCompilerService, chat_template: str | None,
+                 slots: TenantCompileSlots | None = None) -> None:
         self.compiler = compiler
+        self.slots = slots or TenantCompileSlots(0, 0.0)
         self.template_has_tools = template_supports_tools(chat_template)
 
     async def __call__(self, prepared: PreparedRequest) -> StageAdditions | None:
@@ -111,7 +114,8 @@ class StructuredOutputPreparer:
             if tools is not None:
                 spec = self._prepare_tools(prepared, tools, spec, additions)
         if spec is not None:
-            grammar = await self.compiler.compile(spec)
+            async with self.slots.hold(prepared.tenant_id, spec):
+                grammar = await self.compiler.compile(spec)
             # A reasoning model thinks freely first; the grammar constrains its answer.
             # (prepared.reasoning comes from the reasoning stage, which runs before this one.)
             additions.grammar = grammar if prepared.reasoning is None else ReasoningGatedGrammar(grammar, prepared.reasoning)
@@ -143,6 +147,7 @@ def install_structured_output(extensions: Extensions, settings: Settings, *, eng
         max_schema_nodes=settings.grammar_max_schema_nodes, max_tools=settings.grammar_max_tools,
     )
     preparer = build_structured_output(engine.tokenizer, engine.model_config.vocab_size, limits)
+    preparer.slots = TenantCompileSlots(settings.grammar_compiles_per_tenant, settings.grammar_compile_wait_s)
     extensions.stages["structured_output"] = preparer
 
     async def close() -> None:
