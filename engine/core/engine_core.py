@@ -4,7 +4,10 @@ API servers connect DEALER sockets; each message from one carries its
 identity, which is how the core knows where a request's outputs go. Between
 steps the core drains its socket without blocking; when it has nothing to
 run it blocks on the socket (up to the heartbeat interval). Each step's
-outputs leave as ONE `Outputs` message per client. A `Stats` message to every
+outputs (token ids: the API servers make the text) leave as ONE `Outputs`
+message per client. A request's grammar is rebuilt from its text in a small
+thread pool, never on the loop (a cache miss compiles); the request joins the
+engine when its grammar is ready. A `Stats` message to every
 known client, a few times a second, is both the counters and the heartbeat.
 """
 
@@ -14,6 +17,7 @@ import logging
 import os
 import time
 from collections import defaultdict
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import zmq
@@ -31,14 +35,18 @@ from loraplex.engine.core.messages import (
     Reply,
     Shutdown,
     Stats,
+    WireRequest,
     failure,
     from_wire,
 )
-from loraplex.engine.interfaces import GrammarCodec
+from loraplex.engine.errors import DuplicateRequestError
+from loraplex.engine.interfaces import CompiledGrammar, GrammarCodec
 from loraplex.engine.llm_engine import LLMEngine
 from loraplex.engine.protocol import RequestOutput
 
 logger = logging.getLogger(__name__)
+
+_COMPILE_POLL_MS = 2  # how soon an idle core notices a grammar finished compiling
 
 
 class EngineCore:
@@ -57,6 +65,9 @@ class EngineCore:
         self._pending: dict[bytes, tuple[list[RequestOutput], list[Failure]]] = defaultdict(lambda: ([], []))
         self._last_stats = 0.0
         self._running = True
+        # request id -> (client, request, its grammar being rebuilt off the loop)
+        self._compiling: dict[str, tuple[bytes, WireRequest, Future[CompiledGrammar]]] = {}
+        self._compile_pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="loraplex-grammar")
 
     def run(self) -> None:
         context = zmq.Context()
@@ -70,7 +81,9 @@ class EngineCore:
         try:
             while self._running:
                 busy = self.engine.has_unfinished_requests()
-                self._receive(timeout_ms=0 if busy else int(self.heartbeat_s * 1000))
+                idle_ms = _COMPILE_POLL_MS if self._compiling else int(self.heartbeat_s * 1000)
+                self._receive(timeout_ms=0 if busy else idle_ms)
+                self._admit_compiled()
                 if self._running and self.engine.has_unfinished_requests():
                     self._deliver(self.engine.step())
                     if self.engine.last_step_was_idle:  # adapters loading: don't spin
@@ -78,6 +91,7 @@ class EngineCore:
                 self._flush()
                 self._heartbeat()
         finally:
+            self._compile_pool.shutdown(wait=False, cancel_futures=True)
             socket.close(linger=1000)
             context.term()
 
@@ -103,6 +117,9 @@ class EngineCore:
             self._add(identity, message)
         elif isinstance(message, Abort):
             for request_id in message.request_ids:
+                if request_id in self._compiling:
+                    self._drop_compiling(request_id)
+                    continue
                 output = self.engine.stop(request_id) if message.stop else self.engine.abort(request_id)
                 if output is not None:
                     self._deliver([output])
@@ -116,6 +133,8 @@ class EngineCore:
             self._send(identity, Ready(os.getpid(), self.engine.max_model_len, self.engine.num_blocks))
             self._send(identity, Stats(self.engine.stats()))
         elif isinstance(message, Shutdown):
+            for request_id in list(self._compiling):
+                self._drop_compiling(request_id)
             for request_id in list(self.engine.requests):
                 output = self.engine.abort(request_id)
                 if output is not None:
@@ -124,17 +143,43 @@ class EngineCore:
 
     def _add(self, identity: bytes, message: Add) -> None:
         wire = message.request
+        if wire.grammar is None:
+            self._admit(identity, wire, None)
+        elif wire.request_id in self._compiling:
+            self._pending[identity][1].append(failure(wire.request_id, DuplicateRequestError(
+                f"request id {wire.request_id!r} is already running", param="request_id")))
+        elif self.grammar_codec is None:
+            self._pending[identity][1].append(failure(wire.request_id, ValueError("this engine core serves no grammars")))
+        else:
+            future = self._compile_pool.submit(self.grammar_codec.decode, wire.grammar, wire.reasoning)
+            self._compiling[wire.request_id] = (identity, wire, future)
+
+    def _admit(self, identity: bytes, wire: WireRequest, grammar: CompiledGrammar | None) -> None:
         try:
-            grammar = None
-            if wire.grammar is not None:
-                if self.grammar_codec is None:
-                    raise ValueError("this engine core serves no grammars")
-                grammar = self.grammar_codec.decode(wire.grammar, wire.reasoning)
             self.engine.add_request(from_wire(wire, grammar))
         except Exception as exc:
             self._pending[identity][1].append(failure(wire.request_id, exc))
             return
         self._owner[wire.request_id] = identity
+
+    def _admit_compiled(self) -> None:
+        """Requests whose grammar is ready join the engine (in arrival order); a failed compile fails its request."""
+        for request_id, (identity, wire, future) in list(self._compiling.items()):
+            if not future.done():
+                continue
+            del self._compiling[request_id]
+            try:
+                grammar = future.result()
+            except Exception as exc:
+                self._pending[identity][1].append(failure(request_id, exc))
+                continue
+            self._admit(identity, wire, grammar)
+
+    def _drop_compiling(self, request_id: str) -> None:
+        """Aborted before its grammar was ready: it ends with an empty final output, as any abort does."""
+        identity, wire, future = self._compiling.pop(request_id)
+        future.cancel()
+        self._pending[identity][0].append(RequestOutput(request_id, [], True, len(wire.prompt_token_ids), 0))
 
     def _call(self, call: Call) -> Reply:
         try:
