@@ -21,7 +21,13 @@ from typing import Any
 
 from loraplex.grammar.schema_finite import FiniteValues
 from loraplex.grammar.schema_negate import negate
-from loraplex.grammar.schema_walk import SchemaShapeLimits, shape_problem, subschemas
+from loraplex.grammar.schema_walk import (
+    VALIDATION_KEYWORDS,
+    SchemaShapeLimits,
+    resolve_ref,
+    shape_problem,
+    subschemas,
+)
 
 _MAP_KEYS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
 _LIST_KEYS = ("anyOf", "oneOf", "allOf", "prefixItems")
@@ -29,6 +35,7 @@ _VALUE_KEYS = ("items", "additionalItems", "additionalProperties", "not", "if", 
                "propertyNames", "unevaluatedProperties", "unevaluatedItems")
 _MOVED = frozenset({"not", "if", "then", "else", "dependencies", "dependentRequired", "dependentSchemas", "oneOf",
                     "anyOf", "allOf"})
+_KEPT_BESIDE_REF = frozenset({"$defs", "definitions", "$id", "id", "$schema", "$anchor"})
 _MAX_ONE_OF = 8
 _MAX_DEPENDENCIES = 8
 _MAX_PASSES = 8
@@ -46,7 +53,32 @@ def exact_rewrite(schema: Any) -> Any:
         # A $ref into a part that a rewrite moves would lose its target: only the whole may become an enum.
         values = rewriter.finite.filtered(schema)
         return schema if values is None else {"enum": values} if values else False
-    return rewriter.rewrite(schema, 0)
+    return _inline_boolean_refs(rewriter.rewrite(schema, 0))
+
+
+def _inline_boolean_refs(schema: Any) -> Any:
+    """A bare `$ref` to a subschema that became `true`/`false` is that boolean (backends want it inline)."""
+    refs = {node["$ref"] for _, node, _ in subschemas(schema) if isinstance(node, dict) and set(node) == {"$ref"}}
+    booleans = {ref: target for ref in refs if isinstance(target := resolve_ref(ref, schema), bool)}
+    return _replace_refs(schema, booleans, 0) if booleans else schema
+
+
+def _replace_refs(node: Any, booleans: dict[str, bool], depth: int) -> Any:
+    if not isinstance(node, dict) or depth > 200:
+        return node
+    if set(node) == {"$ref"} and node["$ref"] in booleans:
+        return booleans[node["$ref"]]
+    node = dict(node)
+    for key in _MAP_KEYS:
+        if isinstance(node.get(key), dict):
+            node[key] = {name: _replace_refs(sub, booleans, depth + 1) for name, sub in node[key].items()}
+    for key in (*_LIST_KEYS, *_VALUE_KEYS):
+        value = node.get(key)
+        if isinstance(value, list):
+            node[key] = [_replace_refs(sub, booleans, depth + 1) for sub in value]
+        elif isinstance(value, dict):
+            node[key] = _replace_refs(value, booleans, depth + 1)
+    return node
 
 
 def _points_into_rewrites(ref: Any) -> bool:
@@ -71,6 +103,8 @@ class _Rewriter:
             if values is not None:
                 return {"enum": values} if values else False
         node = dict(node)
+        if "$ref" in node:  # annotations beside a $ref validate nothing, and some backends refuse them there
+            node = {k: v for k, v in node.items() if k in VALIDATION_KEYWORDS or k in _KEPT_BESIDE_REF}
         for _ in range(_MAX_PASSES):
             rewritten = self._rewrite_once(node)
             if rewritten is None:

@@ -6,7 +6,7 @@ only: `minimum` fails exactly for numbers below it, so its complement is
 `{"type": "number", "exclusiveMaximum": m}`, and so on for lengths, counts,
 `required`, `properties`, `type`, finite `enum`/`const` sets (strings by a
 regex of every string outside the set, numbers by open intervals) and the
-boolean combinators (De Morgan). A keyword whose complement no backend can
+combinators (De Morgan; `oneOf` fails when no branch or two branches match). A keyword whose complement no backend can
 express (`pattern`, `multipleOf`, `items`, `additionalProperties`, ...) makes
 `negate` return None: the caller keeps the schema as it is, and the backend
 refuses the `not` (never a looser grammar).
@@ -23,6 +23,7 @@ TYPES = ("array", "boolean", "null", "number", "object", "string")
 _MAX_DEPTH = 12
 _MAX_BRANCHES = 64
 _MAX_ENUM = 256
+_MAX_ONE_OF = 6
 
 # keyword -> (the type it constrains, the keyword that is its complement within that type, value map)
 _FLIPPED_BOUNDS = {
@@ -102,6 +103,14 @@ def _negate_keyword(key: str, value: Any, schema: dict, root: Any, depth: int) -
         if any(n is False for n in negated):
             return False
         return {"allOf": negated} if len(negated) != 1 else negated[0]
+    if key == "oneOf" and isinstance(value, list) and 0 < len(value) <= _MAX_ONE_OF:
+        # Not exactly one: none matches, or some two match.
+        negated = [negate(sub, root, depth + 1) for sub in value]
+        if any(n is None for n in negated):
+            return None
+        none = False if any(n is False for n in negated) else {"allOf": negated} if len(negated) > 1 else negated[0]
+        pairs = [{"allOf": [a, b]} for i, a in enumerate(value) for b in value[i + 1:]]
+        return _union([none, *pairs])
     return None
 
 

@@ -56,6 +56,6 @@ def test_schema_is_enforced_exactly_or_refused(compiler, tokenizer, case):
         return
     wrong = []
     for text, valid in bench.checked_instances(case):
-        if bench.accepts(grammar, tokenizer.encode(text, add_special_tokens=False), None) != valid:
+        if bench.judge(grammar, text, tokenizer, None) != valid:
             wrong.append(("valid, rejected" if valid else "INVALID, ACCEPTED", text[:200]))
     assert not wrong, wrong
