@@ -88,7 +88,8 @@ def load_report(path: Path) -> dict:
 
 
 def save(report: dict, path: Path) -> None:
-    report["checked"] = bool(report["checks"]) and all(c["ok"] for c in report["checks"].values())
+    report["checked"] = bool(report["checks"]) and all(c["ok"] for c in report["checks"].values()) and any(
+        name.endswith("equals_single_gpu_fp32") for name in report["checks"])
     text = json.dumps(report, indent=2)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)
@@ -109,37 +110,34 @@ def kv_bytes_per_rank(config: ModelConfig, tp: int, tokens: float) -> float:
     return 2 * config.num_hidden_layers * kv_heads * config.head_dim * 2 * tokens
 
 
-def check_against_single_gpu(report: dict, sizes: list[int]) -> None:
-    """Greedy tokens (float32, CUDA graphs on) of every tensor-parallel size equal one GPU's on the
-    same weights, for prompts of mixed lengths decoded together; one-shot all-reduce as configured."""
+def check_against_single_gpu(report: dict, tp: int) -> None:
+    """Greedy tokens (float32, CUDA graphs on) of a tensor-parallel size equal one GPU's on the same
+    weights, for prompts of mixed lengths decoded together; one-shot all-reduce as configured. One
+    size per call (per process: see `run_leg`); TP 1 records the reference tokens in the report."""
     config = ModelConfig.from_hf_dict(CHECK_CONFIG)
     source = RandomModelSource(config, seed=3, whole=True, lm_head_scale=10.0)
     prompts = [p[:n] for p, n in zip(random_prompts(6, 200, config.vocab_size, seed=11), (200, 7, 64, 130, 31, 96),
                                       strict=True)]
     sampling = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
-    tokens: dict[int, dict[str, list[int]]] = {}
-    for tp in sizes:
-        engine = build_engine(config, tp, source, dtype="float32", num_blocks=512)
-        engine.runner.capture_decode_graphs()
-        for i, p in enumerate(prompts):
-            engine.add_request(EngineRequest(f"s{i}", p, sampling))
-        produced: dict[str, list[int]] = {}
-        while engine.has_unfinished_requests():
-            for out in engine.step():
-                produced.setdefault(out.request_id, []).extend(t for c in out.choices for t in c.token_ids)
-        one_shot = engine.runner.model.embed_tokens.tp.one_shot is not None if tp > 1 else None
-        tokens[tp] = produced
-        report.setdefault("checks", {})
-        engine.close()
-        del engine
-        gc.collect()
-        torch.cuda.empty_cache()
-        if tp > 1:
-            equal = sum(produced[k] == tokens[sizes[0]][k] for k in produced)
-            check = {"ok": equal == len(prompts) and all(len(t) == 24 for t in produced.values()),
-                     "requests_equal": equal, "requests": len(prompts), "one_shot_all_reduce": one_shot}
-            report["checks"][f"tp{tp}_greedy_equals_single_gpu_fp32"] = check
-            print(f"  check tp{tp} vs single GPU: {check}", flush=True)
+    engine = build_engine(config, tp, source, dtype="float32", num_blocks=512)
+    engine.runner.capture_decode_graphs()
+    for i, p in enumerate(prompts):
+        engine.add_request(EngineRequest(f"s{i}", p, sampling))
+    produced: dict[str, list[int]] = {}
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            produced.setdefault(out.request_id, []).extend(t for c in out.choices for t in c.token_ids)
+    one_shot = engine.runner.model.embed_tokens.tp.one_shot is not None if tp > 1 else None
+    engine.close()
+    if tp == 1:
+        report["reference_tokens"] = produced
+        return
+    reference = report.get("reference_tokens", {})
+    equal = sum(produced[k] == reference.get(k) for k in produced)
+    check = {"ok": equal == len(prompts) and all(len(t) == 24 for t in produced.values()),
+             "requests_equal": equal, "requests": len(prompts), "one_shot_all_reduce": one_shot}
+    report["checks"][f"tp{tp}_greedy_equals_single_gpu_fp32"] = check
+    print(f"  check tp{tp} vs single GPU: {check}", flush=True)
 
 
 def check_greedy(engine: LLMEngine, config: ModelConfig) -> dict:
@@ -299,42 +297,70 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="CPU: tiny model over gloo")
     parser.add_argument("--tp", type=int, choices=sorted(PLANS), default=2, help="the machine's GPU count plan")
     parser.add_argument("--output", type=Path, default=RESULTS)
-    parser.add_argument("--only", nargs="*", help="legs to run, as MODEL:TP[_nccl] (default: the plan's all)")
+    parser.add_argument("--leg", help="run one leg and merge it into the results: checkN (N = TP size) or "
+                                      "MODEL:TP[_nccl] from the plan; default: a fresh report, then every leg "
+                                      "(each engine in this process)")
     options = parser.parse_args()
     if options.quick or not torch.cuda.is_available():
         quick()
         return
-    report = load_report(options.output)
     kind = card_kind()
+    if options.leg is None:
+        report = new_report(kind)
+        sizes = [1, 2, 4][: {2: 2, 4: 3}[options.tp]]
+        legs = [f"check{n}" for n in sizes] + [f"{name}:{tp}{suffix}" for name, tp, _, suffix in PLANS[options.tp]]
+    else:
+        report = load_report(options.output)
+        if kind not in report.get("machines", {}):
+            report = new_report(kind)
+        legs = [options.leg]
+    for leg in legs:
+        run_leg(report, leg, options.tp, kind, options.output)
+    print(json.dumps({k: v for k, v in report["metrics"].items() if not isinstance(v, dict)}, indent=1))
+
+
+def new_report(kind: str) -> dict:
+    """A results file for this machine alone: every baseline comes from the same machine."""
     props = torch.cuda.get_device_properties(0)
-    report["date"] = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-    report["machines"] = {}  # one machine per results file: the same run holds every baseline
-    report["machines"][kind] = {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
-                                "gpu": props.name, "gpus": torch.cuda.device_count(),
-                                "gpu_memory_gib": round(props.total_memory / 2**30, 1),
-                                "torch": torch.__version__, "triton": triton.__version__,
-                                "nccl_nvls_enable": os.environ.get("NCCL_NVLS_ENABLE")}
+    machine = {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(), "gpu": props.name,
+               "gpus": torch.cuda.device_count(), "gpu_memory_gib": round(props.total_memory / 2**30, 1),
+               "torch": torch.__version__, "triton": triton.__version__,
+               "nccl_nvls_enable": os.environ.get("NCCL_NVLS_ENABLE"),
+               "torch_symm_mem_disable_multicast": os.environ.get("TORCH_SYMM_MEM_DISABLE_MULTICAST")}
+    report = {"benchmark": "gpu_tp", "date": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+              "machine": machine | {"gpu": kind}, "machines": {kind: machine}, "metrics": {}, "targets": TARGETS,
+              "checks": {}, "checked": False}
     report["config"] = {
         "models": "Llama-3.1-8B and Llama-3.1-70B shapes, random bf16 weights (std 0.02), each rank drawing its shard",
         "decode": "engine step wall time (host work included), CUDA graphs on, max_num_seqs 64; floors = one rank's "
                   "weight shard (embedding excluded) [+ its KV heads' cache at b64] / measured copy bandwidth",
+        "all_reduce": "one-shot over symmetric memory (no multicast) for messages <= 2 MiB, NCCL above; legs "
+                      "suffixed _nccl use NCCL for every all-reduce (the same run's baseline)",
+        "check": "greedy tokens of TP 2 and 4 equal TP 1's, float32, same weights drawn whole (4 layers, "
+                 "hidden 2048), 6 prompts of mixed lengths x 24 tokens, CUDA graphs on",
         "lora": "rank 16 on q,k,v,o,gate,up,down, 8 distinct adapters round-robin over 64 sequences at context ~1k",
         "offline": "256 requests x (512 prompt, exactly 128 new tokens), all admitted at once",
     }
-    report["machine"] = report["machines"][kind] | {"gpu": kind}
-    report["checks"] = {}
-    report.pop("notes", None)
-    copy_gbps = copy_bandwidth_gbps()
-    report["metrics"] = {f"copy_bandwidth_gbps_{kind}": copy_gbps}
-    print("== check: every tensor-parallel size against one GPU", flush=True)
-    check_against_single_gpu(report, [1, 2, 4][: {2: 2, 4: 3}[options.tp]])
-    save(report, options.output)
-    for name, tp, overrides, suffix in PLANS[options.tp]:
-        if options.only and f"{name}:{tp}{suffix}" not in options.only:
-            continue
-        measure(report, name, tp, copy_gbps, kind, with_lora=tp == 4 and "70B" in name and not suffix,
-                path=options.output, overrides=overrides, suffix=suffix)
-    print(json.dumps({k: v for k, v in report["metrics"].items() if not isinstance(v, dict)}, indent=1))
+    report["metrics"][f"copy_bandwidth_gbps_{kind}"] = copy_bandwidth_gbps()
+    return report
+
+
+def run_leg(report: dict, leg: str, plan: int, kind: str, path: Path) -> None:
+    """One leg. Symmetric memory is set up once per process, so a leg that should use the one-shot
+    all-reduce after another TP engine in the same process runs with NCCL (run legs as processes)."""
+    if leg.startswith("check"):
+        print(f"== {leg}: TP {leg[5:]} against one GPU", flush=True)
+        check_against_single_gpu(report, int(leg[5:]))
+    else:
+        for name, tp, overrides, suffix in PLANS[plan]:
+            if leg == f"{name}:{tp}{suffix}":
+                copy_gbps = report["metrics"][f"copy_bandwidth_gbps_{kind}"]
+                measure(report, name, tp, copy_gbps, kind, with_lora=tp == 4 and "70B" in name and not suffix,
+                        path=path, overrides=overrides, suffix=suffix)
+                break
+        else:
+            raise SystemExit(f"no leg {leg!r} in the {plan}-GPU plan")
+    save(report, path)
 
 
 if __name__ == "__main__":

@@ -35,8 +35,6 @@ class OneShotAllReduce:
         import torch.distributed._symmetric_memory as symm_mem
 
         self.group_name = process_group.group_name
-        if hasattr(symm_mem, "enable_symm_mem_for_group"):
-            symm_mem.enable_symm_mem_for_group(self.group_name)
         self.dtype = dtype
         self.buffer = symm_mem.empty(max_bytes // dtype.itemsize, dtype=dtype, device=device)
         self.handle = symm_mem.rendezvous(self.buffer, self.group_name)  # collective: every rank at once
@@ -58,9 +56,22 @@ class OneShotAllReduce:
         return tensor
 
 
+_symmetric_memory_used = False
+
+
+def symmetric_memory_reusable() -> bool:
+    """Whether this process may set up symmetric memory for a new process group. Once per process:
+    a later group reuses the first one's name, and the rendezvous then waited forever on the
+    first group's state (seen on an H200 x4 machine: a second engine in one process hung at start).
+    Rank 0 decides, before its workers start, so that every rank agrees."""
+    return not _symmetric_memory_used
+
+
 def one_shot_all_reduce(process_group: Any, dtype: torch.dtype, device: torch.device) -> OneShotAllReduce | None:
     """The one-shot all-reduce if this machine supports it and it sums correctly; else None
     (NCCL then carries every all-reduce). Collective: every rank calls it at the same point."""
+    global _symmetric_memory_used
+    _symmetric_memory_used = True
     try:
         fast = OneShotAllReduce(process_group, dtype, device)
         probe = torch.randn(4096, dtype=torch.float32, device=device).to(dtype)

@@ -31,7 +31,7 @@ from loraplex.engine.config import EngineConfig, ModelConfig
 from loraplex.engine.lora.slot_pool import LoRASlotPool
 from loraplex.engine.lora.step import LORA_BATCHES
 from loraplex.engine.model.llama import LlamaForCausalLM
-from loraplex.engine.parallel.group import TensorParallelGroup, one_shot_all_reduce
+from loraplex.engine.parallel.group import TensorParallelGroup, one_shot_all_reduce, symmetric_memory_reusable
 from loraplex.engine.parallel.sources import ModelSource
 
 logger = logging.getLogger(__name__)
@@ -61,13 +61,15 @@ class WorkerGroup:
             raise ValueError(f"tensor_parallel_size {world_size} needs {world_size} GPUs; "
                              f"{torch.cuda.device_count()} visible")
         address = f"tcp://127.0.0.1:{_free_port()}"
+        one_shot = device.type == "cuda" and engine_config.tp_one_shot_all_reduce and symmetric_memory_reusable()
         context = mp.get_context("spawn")  # CUDA cannot be forked; the workers inherit the environment
         conns, processes = [], []
         for rank in range(1, world_size):
             parent, child = context.Pipe()
             process = context.Process(
                 target=worker_main, name=f"loraplex-tp{rank}", daemon=True,
-                args=(rank, world_size, backend, address, source, engine_config, torch.get_num_threads(), child),
+                args=(rank, world_size, backend, address, source, engine_config, one_shot, torch.get_num_threads(),
+                      child),
             )
             process.start()
             child.close()
@@ -75,7 +77,7 @@ class WorkerGroup:
             processes.append(process)
         group = cls(conns, processes)
         try:
-            tp = _join(0, world_size, backend, address, engine_config)
+            tp = _join(0, world_size, backend, address, engine_config, one_shot)
             model_config = source.model_config()
             model = source.build(engine_config.resolve_max_model_len(model_config), engine_config.torch_dtype,
                                  _rank_device(device, 0), tp)
@@ -229,11 +231,11 @@ class Worker:
 
 
 def worker_main(rank: int, world_size: int, backend: str, address: str, source: ModelSource,
-                engine_config: EngineConfig, num_threads: int, conn: Any) -> None:
+                engine_config: EngineConfig, one_shot: bool, num_threads: int, conn: Any) -> None:
     torch.set_num_threads(num_threads)
     device = torch.device(engine_config.device)
     try:
-        tp = _join(rank, world_size, backend, address, engine_config)
+        tp = _join(rank, world_size, backend, address, engine_config, one_shot)
         model_config = source.model_config()
         model = source.build(engine_config.resolve_max_model_len(model_config), engine_config.torch_dtype,
                              _rank_device(device, rank), tp)
@@ -259,8 +261,8 @@ def _teardown_process_group(timeout_s: float = 30.0) -> None:
         logger.warning("tensor-parallel process group teardown did not finish in %.0f s; left behind", timeout_s)
 
 
-def _join(rank: int, world_size: int, backend: str, address: str, engine_config: EngineConfig
-          ) -> TensorParallelGroup:
+def _join(rank: int, world_size: int, backend: str, address: str, engine_config: EngineConfig,
+          use_one_shot: bool) -> TensorParallelGroup:
     device = torch.device(engine_config.device)
     if device.type == "cuda":
         torch.cuda.set_device(rank)  # "cuda" now means this rank's GPU everywhere in the process
@@ -269,7 +271,7 @@ def _join(rank: int, world_size: int, backend: str, address: str, engine_config:
     dist.init_process_group(backend, init_method=address, rank=rank, world_size=world_size, timeout=timeout)
     group = dist.group.WORLD
     one_shot = None
-    if device.type == "cuda" and engine_config.tp_one_shot_all_reduce:
+    if use_one_shot:
         one_shot = one_shot_all_reduce(group, engine_config.torch_dtype, torch.device("cuda", rank))
     return TensorParallelGroup(rank, world_size, group, one_shot)
 
