@@ -21,7 +21,12 @@ from loraplex.engine import errors as engine_errors
 from loraplex.engine.errors import EngineError
 from loraplex.platform.api.retry_hints import retry_headers
 from loraplex.platform.request_context import REQUEST_ID_HEADER
-from loraplex.sessions.errors import SessionBusyError, SessionConflictError, SessionNotFoundError
+from loraplex.sessions.errors import (
+    SessionBusyError,
+    SessionConflictError,
+    SessionLimitError,
+    SessionNotFoundError,
+)
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 log = logging.getLogger(__name__)
@@ -51,6 +56,7 @@ ERROR_TABLE: dict[type[Exception], int] = {
     SessionNotFoundError: 404,
     SessionBusyError: 409,
     SessionConflictError: 409,
+    SessionLimitError: 429,
     adapter_errors.AdapterRejectedError: 422,
     adapter_errors.UnsafeUploadError: 400,
     adapter_errors.UploadTooLargeError: 413,

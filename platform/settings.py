@@ -112,6 +112,10 @@ class Settings(BaseSettings):
     grammar_compile_wait_s: float = Field(default=10.0, ge=0)
     session_ttl_s: int = 3600
     session_max_ttl_s: int = 7 * 86400
+    # Sessions per tenant alive at once (0: no cap; past it 429 session_limit_exceeded), and the largest
+    # `system` prompt a session may keep (400 naming `system`); its tools obey the grammar_* limits.
+    max_sessions_per_tenant: int = Field(default=1000, ge=0)
+    max_session_system_chars: int = Field(default=32 * 1024, ge=1)
     session_lease_s: float = 600.0      # a turn's hold on its session; a crashed turn frees it after this
     session_busy_wait_s: float = 1.0    # a turn waits this long for the previous one to finish before 409
     session_sweep_interval_s: float = 5.0  # how often expired sessions' pinned KV is released

@@ -31,6 +31,18 @@ class SessionBusyError(EngineError):
         )
 
 
+class SessionLimitError(EngineError):
+    """The tenant already holds as many live sessions as it may; deleting one (or letting one expire) frees room."""
+
+    code = "session_limit_exceeded"
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(
+            f"this tenant already has {limit} live sessions (max_sessions_per_tenant); delete one with "
+            "DELETE /v1/sessions/{id} or let one expire, then retry",
+        )
+
+
 class SessionConflictError(EngineError):
     """The turn's lease was lost (it ran past the lease time) and the session moved on without it."""
 

@@ -6,7 +6,12 @@ import threading
 import time
 from collections.abc import Callable
 
-from loraplex.sessions.errors import SessionBusyError, SessionConflictError, SessionNotFoundError
+from loraplex.sessions.errors import (
+    SessionBusyError,
+    SessionConflictError,
+    SessionLimitError,
+    SessionNotFoundError,
+)
 from loraplex.sessions.store import KVState, SessionPage, SessionRecord, TurnLease, TurnResult, apply_turn
 
 
@@ -18,8 +23,13 @@ class MemorySessionStore:
         self._expired: list[str] = []
         self._lock = threading.Lock()
 
-    def create(self, record: SessionRecord) -> SessionRecord:
+    def create(self, record: SessionRecord, *, max_per_tenant: int = 0) -> SessionRecord:
+        """`max_per_tenant`: refuse (SessionLimitError) when the tenant already has that many live; 0: no cap."""
         with self._lock:
+            if max_per_tenant:
+                self._expire()
+                if sum(r.tenant_id == record.tenant_id for r in self._records.values()) >= max_per_tenant:
+                    raise SessionLimitError(max_per_tenant)
             record.expires_at = self._clock() + record.ttl_seconds
             self._records[record.id] = _copy(record)
         return record

@@ -15,8 +15,32 @@ import secrets
 import time
 from typing import Any
 
-from loraplex.sessions.errors import SessionBusyError, SessionConflictError, SessionNotFoundError
+from loraplex.sessions.errors import (
+    SessionBusyError,
+    SessionConflictError,
+    SessionLimitError,
+    SessionNotFoundError,
+)
 from loraplex.sessions.store import KVState, SessionPage, SessionRecord, TurnLease, TurnResult, apply_turn
+
+# Count the tenant's live sessions (dropping expired ids from its index) and create only under the cap.
+_CREATE = """
+local max = tonumber(ARGV[9])
+if max > 0 then
+  local live = 0
+  for _, id in ipairs(redis.call('ZRANGE', KEYS[2], 0, -1)) do
+    if redis.call('EXISTS', ARGV[10] .. id) == 1 then live = live + 1 else redis.call('ZREM', KEYS[2], id) end
+  end
+  if live >= max then return 0 end
+end
+redis.call('HSET', KEYS[1], 'tenant_id', ARGV[1], 'version', ARGV[2], 'data', ARGV[3], 'kv_state', ARGV[4],
+           'ttl_seconds', ARGV[5])
+redis.call('EXPIRE', KEYS[1], ARGV[5])
+redis.call('ZADD', KEYS[2], ARGV[6], ARGV[8])
+redis.call('ZADD', KEYS[3], ARGV[7], ARGV[8])
+redis.call('HSET', KEYS[4], ARGV[8], ARGV[1])
+return 1
+"""
 
 _BEGIN = """
 local tenant = redis.call('HGET', KEYS[1], 'tenant_id')
@@ -71,24 +95,20 @@ class RedisSessionStore:
     def __init__(self, client: Any, *, key_prefix: str = "lpx:") -> None:
         self._redis = client
         self._prefix = key_prefix
+        self._create = client.register_script(_CREATE)
         self._begin = client.register_script(_BEGIN)
         self._complete = client.register_script(_COMPLETE)
         self._abort = client.register_script(_ABORT)
         self._delete = client.register_script(_DELETE)
         self._set_kv_state = client.register_script(_SET_KV_STATE)
 
-    def create(self, record: SessionRecord) -> SessionRecord:
+    def create(self, record: SessionRecord, *, max_per_tenant: int = 0) -> SessionRecord:
         record.expires_at = time.time() + record.ttl_seconds
-        pipe = self._redis.pipeline(transaction=True)
-        pipe.hset(self._key(record.id), mapping={
-            "tenant_id": record.tenant_id, "version": record.version, "data": record.to_json(),
-            "kv_state": record.kv_state, "ttl_seconds": record.ttl_seconds,
-        })
-        pipe.expire(self._key(record.id), record.ttl_seconds)
-        pipe.zadd(self._tenant_key(record.tenant_id), {record.id: record.created_at})
-        pipe.zadd(self._expiry_key, {record.id: record.expires_at})
-        pipe.hset(self._owner_key, record.id, record.tenant_id)
-        pipe.execute()
+        keys = [self._key(record.id), self._tenant_key(record.tenant_id), self._expiry_key, self._owner_key]
+        args = [record.tenant_id, record.version, record.to_json(), record.kv_state, record.ttl_seconds,
+                record.created_at, record.expires_at, record.id, max_per_tenant, self._key("")]
+        if not self._create(keys=keys, args=args):
+            raise SessionLimitError(max_per_tenant)
         return record
 
     def get(self, tenant_id: str, session_id: str) -> SessionRecord:

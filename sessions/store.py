@@ -127,8 +127,9 @@ def apply_turn(record: SessionRecord, result: TurnResult, *, now: float) -> Sess
 
 
 class SessionStore(Protocol):
-    def create(self, record: SessionRecord) -> SessionRecord:
-        """Store a new session (its TTL starts now)."""
+    def create(self, record: SessionRecord, *, max_per_tenant: int = 0) -> SessionRecord:
+        """Store a new session (its TTL starts now); SessionLimitError if its tenant already has
+        `max_per_tenant` live sessions (0: no cap). Counting and storing are one atomic step."""
 
     def get(self, tenant_id: str, session_id: str) -> SessionRecord:
         """Raise SessionNotFoundError for unknown, expired or other tenants' sessions."""

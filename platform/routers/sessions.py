@@ -11,6 +11,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query
 from loraplex.engine.errors import InvalidRequestError
 from loraplex.platform.deps import AppServices, InferenceKey
+from loraplex.sessions.limits import SessionLimits, check_session_create
 from loraplex.sessions.store import KVState, SessionRecord, new_session_id
 from loraplex.sessions.turns import SessionTurns
 from pydantic import BaseModel, ConfigDict
@@ -64,13 +65,16 @@ async def create_session(body: SessionCreate, key: InferenceKey, services: AppSe
     ttl = settings.session_ttl_s if body.ttl_seconds is None else body.ttl_seconds
     if not 1 <= ttl <= settings.session_max_ttl_s:
         raise InvalidRequestError(f"ttl_seconds must be in [1, {settings.session_max_ttl_s}]", param="ttl_seconds")
+    limits = SessionLimits.from_settings(settings)
+    await asyncio.to_thread(check_session_create, body.system, body.tools, body.tool_choice, body.response_format,
+                            limits)
     model = await services.extensions.model_resolver.resolve(key.tenant_id, body.model)
     record = SessionRecord(
         id=new_session_id(), tenant_id=key.tenant_id, model=model.id, adapter_id=model.adapter_id,
         system=body.system, tools=body.tools, tool_choice=body.tool_choice, response_format=body.response_format,
         ttl_seconds=ttl,
     )
-    await asyncio.to_thread(_turns(services).store.create, record)
+    await asyncio.to_thread(_turns(services).store.create, record, max_per_tenant=settings.max_sessions_per_tenant)
     return session_public(record)
 
 

@@ -236,3 +236,32 @@ def test_a_stopped_server_leaves_no_pins_in_an_engine_that_outlives_it(start_ser
         pins = short_lived.services.engine.engine.block_manager.pins
         assert session["id"] in pins
     _wait(lambda: session["id"] not in pins)
+
+
+def test_session_limits_are_4xx_naming_the_field(start_server):
+    with start_server(max_sessions_per_tenant=2, max_session_system_chars=100, grammar_max_tools=3) as server:
+        def post(label: str = "all", **body) -> httpx.Response:
+            return httpx.post(f"{server.base_url}/v1/sessions", json={"model": MODEL, **body},
+                              headers=_auth(server, label), timeout=30)
+
+        tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+        deep: dict = {"type": "string"}
+        for _ in range(400):
+            deep = {"type": "array", "items": deep}
+        for body, param in [({"system": "x" * 101}, "system"),
+                            ({"tools": [tool] * 4}, "tools"),
+                            ({"tools": [tool, tool]}, "tools"),  # duplicate names: checked at creation
+                            ({"response_format": {"type": "json_schema",
+                                                  "json_schema": {"name": "d", "schema": deep}}}, "response_format")]:
+            reply = post(**body)
+            assert reply.status_code == 400, reply.text
+            assert reply.json()["error"]["param"].startswith(param)
+        first = post(system="x" * 100, tools=[tool])
+        assert first.status_code == 200, first.text
+        assert post().status_code == 200
+        refused = post()
+        assert refused.status_code == 429
+        assert refused.json()["error"]["code"] == "session_limit_exceeded"
+        assert post("globex").status_code == 200  # another tenant's sessions are its own
+        httpx.delete(f"{server.base_url}/v1/sessions/{first.json()['id']}", headers=_auth(server), timeout=30)
+        assert post().status_code == 200

@@ -157,3 +157,42 @@ def test_kv_state_updates(store):
     store.set_kv_state("sess_gone", KVState.DROPPED)  # a gone session: nothing to do
     with pytest.raises(ValueError):
         store.set_kv_state(session.id, "melted")
+
+
+def test_live_sessions_per_tenant_are_capped_atomically_and_expired_or_deleted_ones_free_room(store):
+    from loraplex.sessions.errors import SessionLimitError
+
+    def create(tenant: str, ttl: int = 3600) -> SessionRecord:
+        return store.create(SessionRecord(id=new_session_id(), tenant_id=tenant, model="smollm2", ttl_seconds=ttl),
+                            max_per_tenant=3)
+
+    short = create("ten_cap", ttl=1)
+    kept = [create("ten_cap"), create("ten_cap")]
+    with pytest.raises(SessionLimitError) as raised:
+        create("ten_cap")
+    assert status_for(raised.value) == 429 and raised.value.code == "session_limit_exceeded"
+    assert "max_sessions_per_tenant" in str(raised.value)
+    create("ten_other")  # another tenant's count is its own
+    store.delete("ten_cap", kept[0].id)
+    create("ten_cap")  # a deleted session frees its place
+    time.sleep(1.2)
+    create("ten_cap")  # so does an expired one
+    assert short.id not in {r.id for r in store.list("ten_cap", limit=10).data}
+
+    outcomes: list[str] = []
+    barrier = threading.Barrier(6)
+
+    def attempt() -> None:
+        barrier.wait()
+        try:
+            create("ten_race")
+            outcomes.append("created")
+        except SessionLimitError:
+            outcomes.append("refused")
+
+    threads = [threading.Thread(target=attempt) for _ in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sorted(outcomes) == ["created"] * 3 + ["refused"] * 3
