@@ -292,10 +292,9 @@ class LLMEngine:
         return failed
 
     def _update(self, scheduled: SchedulerOutput, result: StepResult) -> list[RequestOutput]:
+        self.scheduler.update_from_output(scheduled)
         touched: dict[str, RequestState] = {}
-        for seq, num_new in zip(scheduled.seqs, scheduled.num_new_tokens, strict=True):
-            seq.num_computed_tokens += num_new
-            seq.parent = None
+        for seq in scheduled.seqs:
             state = self.requests[seq.request_id]
             if seq.is_finished:
                 continue

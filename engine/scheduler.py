@@ -127,6 +127,13 @@ class Scheduler:
             self._admit(budget, out)
         return out
 
+    def update_from_output(self, scheduled: SchedulerOutput) -> None:
+        """Token progress after the step ran: every scheduled sequence computed the tokens it was given, and a
+        forked child now owns its blocks."""
+        for seq, num_new in zip(scheduled.seqs, scheduled.num_new_tokens, strict=True):
+            seq.num_computed_tokens += num_new
+            seq.parent = None
+
     def _yielding_decodes(self) -> set[int]:
         """Ids of long decodes that sit out this step for a shorter running sequence of another tenant."""
         if not self.decode_yield_min_tokens or len(self.running) < 2:

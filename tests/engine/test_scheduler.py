@@ -160,3 +160,15 @@ def test_no_yield_within_one_tenant_between_comparable_lengths_or_when_off():
     sched.add(second)
     run_steps(sched, bm, 30)  # the second catches up to more than half the first: both run every step
     assert run_steps(sched, bm, 6) == {first.request_id: 6, second.request_id: 6}
+
+
+def test_update_from_output_owns_token_progress():
+    bm = BlockManager(50, 16)
+    sched = Scheduler(bm, max_num_batched_tokens=16, max_num_seqs=8)
+    long = seq(40)
+    sched.add(long)
+    for want in (16, 32, 40):  # chunked prefill: each step's tokens count once the step ran
+        out = sched.schedule()
+        assert long.num_computed_tokens == want - out.num_new_tokens[0]
+        sched.update_from_output(out)
+        assert long.num_computed_tokens == want
