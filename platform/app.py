@@ -8,6 +8,7 @@ from typing import Any
 
 from fastapi import FastAPI
 from loraplex.platform.api.cors import install_cors
+from loraplex.platform.api.request_limits import RequestLimits
 from loraplex.platform.body_limit import BodyLimitMiddleware
 from loraplex.platform.errors import install_error_handlers
 from loraplex.platform.metrics import Metrics, RequestMetricsMiddleware
@@ -43,7 +44,8 @@ def create_app(settings: Settings | None = None, engine: Any | None = None) -> F
         app.include_router(router)
     app.include_router(build_portal_router())  # the tenant portal: /portal pages and /portal/static
     app.add_middleware(BodyLimitMiddleware, max_body_bytes=settings.max_request_body_bytes,
-                       max_upload_bytes=settings.max_upload_request_bytes)
+                       max_upload_bytes=settings.max_upload_request_bytes,
+                       request_limits=RequestLimits.from_settings(settings), max_tools=settings.grammar_max_tools)
     app.add_middleware(RequestMetricsMiddleware, metrics=metrics)
     app.add_middleware(SlowReaderMiddleware, timeout_s=settings.stream_send_timeout_s)
     app.add_middleware(RequestIdMiddleware)
