@@ -67,7 +67,9 @@ class Timing:
 
     @property
     def inter_token_s(self) -> float | None:
-        if len(self.token_times) < 2:
+        """Time per output token after the first (TPOT): a server that is behind sends several tokens per chunk
+        (as vLLM's stream interval does), so chunks are not counted, tokens are."""
+        if not self.token_times or self.num_tokens < 2:
             return None
         return (self.token_times[-1] - self.token_times[0]) / (self.num_tokens - 1)
 
@@ -451,8 +453,8 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
                 rounds.append({
                     "inprocess_latency_ms": 1000 * p50([t.latency_s for t in inp]),
                     "http_latency_ms": 1000 * p50([t.latency_s for t in whole]),
-                    "inprocess_inter_token_ms": 1000 * p50([t.inter_token_s for t in inp if t.inter_token_s]),
-                    "http_inter_token_ms": 1000 * p50([t.inter_token_s for t in streamed if t.inter_token_s]),
+                    "inprocess_inter_token_ms": 1000 * p50([t.inter_token_s for t in inp if t.inter_token_s is not None]),
+                    "http_inter_token_ms": 1000 * p50([t.inter_token_s for t in streamed if t.inter_token_s is not None]),
                 })
 
             def med(name: str, rounds: list[dict[str, float]] = rounds) -> float:
