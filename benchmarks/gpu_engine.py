@@ -44,14 +44,15 @@ from loraplex.engine.cuda.random_weights import (
 from loraplex.engine.llm_engine import LLMEngine
 from loraplex.engine.lora.manager import LoRAManager
 from loraplex.engine.protocol import EngineRequest, SamplingParams
+from loraplex.engine.step_overlap import StepOverlap
 
 RESULTS = Path(__file__).parent / "results" / "gpu_engine.json"
 MODEL = "Llama-3.1-8B"
 TARGETS = {
-    "decode_b1_fraction_of_roofline": {"op": ">=", "value": 0.80},
-    "decode_b64_fraction_of_roofline": {"op": ">=", "value": 0.70},
+    "decode_b1_fraction_of_roofline": {"op": ">=", "value": 0.85},
+    "decode_b64_fraction_of_roofline": {"op": ">=", "value": 0.80},
     "throughput_ratio_vs_transformers": {"op": ">=", "value": 10.0},
-    "lora_8_adapters_step_ratio": {"op": "<=", "value": 1.10},
+    "lora_8_adapters_step_ratio": {"op": "<=", "value": 1.05},
     "attention_bw_fraction": {"op": ">=", "value": 0.70},
 }
 
@@ -140,7 +141,8 @@ class HostSplit:
     """Median wall time per step of the engine's parts (schedule, runner execute, output update):
     where the host time between graph replays goes. Wraps the instance's methods while active."""
 
-    PARTS = (("scheduler", "schedule"), ("runner", "execute"), (None, "_update"))
+    PARTS = (("scheduler", "schedule"), ("runner", "execute"), ("runner", "launch"), ("runner", "collect"),
+             (None, "_update"))
 
     def __init__(self, engine: LLMEngine) -> None:
         self.engine = engine
@@ -184,6 +186,36 @@ def graph_replay_ms(engine: LLMEngine, batch: int, repeats: int = 20) -> float |
     end.record()
     end.synchronize()
     return start.elapsed_time(end) / repeats
+
+
+def set_overlap(engine: LLMEngine, on: bool) -> None:
+    """Switch overlapped scheduling on the live engine (its in-flight step finished first)."""
+    if engine.overlap is not None:
+        engine.overlap.drain()
+    engine.overlap = StepOverlap(engine) if on else None
+
+
+def check_overlap(report: Report, engine: LLMEngine, config) -> None:
+    """Greedy tokens with overlapped scheduling on equal those with it off: 8 requests decoded
+    together, two of them ending 5 steps before the rest (their rows are dropped a step later)."""
+    prompts = random_prompts(8, 64, config.vocab_size, seed=12)
+    runs = []
+    for on in (False, True):
+        set_overlap(engine, on)
+        for i, p in enumerate(prompts):
+            sampling = SamplingParams(max_tokens=24 - 5 * (i < 2), temperature=0.0, ignore_eos=True)
+            engine.add_request(EngineRequest(f"v{int(on)}_{i}", p, sampling))
+        tokens: dict[str, list[int]] = {}
+        ahead = engine.overlap.num_steps_ahead if on else 0
+        while engine.has_unfinished_requests():
+            for out in engine.step():
+                key = out.request_id.split("_")[1]
+                tokens.setdefault(key, []).extend(t for c in out.choices for t in c.token_ids)
+        runs.append(tokens)
+    ahead = engine.overlap.num_steps_ahead - ahead
+    same = sum(runs[0][k] == runs[1].get(k) for k in runs[0])
+    report.check("overlap_greedy_tokens_on_equal_off", same == len(prompts) and ahead > 10,
+                 {"requests_equal": same, "requests": len(prompts), "steps_launched_ahead": ahead})
 
 
 def weight_bytes(model) -> int:
@@ -306,9 +338,10 @@ def run_transformers(report: Report, hf, config, num_batches: int) -> None:
 
 
 def run_offline(report: Report, model, config, max_num_seqs: int, max_num_batched_tokens: int,
-                suffix: str = "") -> None:
+                suffix: str = "", overlap: bool = True) -> None:
     engine = engine_for(model, config, num_blocks=None, gpu_memory_utilization=0.9, max_num_seqs=max_num_seqs,
-                        max_model_len=1024, max_num_batched_tokens=max_num_batched_tokens)
+                        max_model_len=1024, max_num_batched_tokens=max_num_batched_tokens,
+                        overlap_scheduling=overlap)
     report.add(**{f"offline_num_blocks{suffix}": engine.num_blocks,
                   f"offline_config{suffix}": {"max_num_seqs": max_num_seqs,
                                               "max_num_batched_tokens": max_num_batched_tokens}})
@@ -394,26 +427,38 @@ def main() -> None:
     check_against_transformers(report, model, hf, config)
 
     engine = engine_for(model, config, num_blocks=64 * 72 + 64)
-    b1 = decode_steps_ms(engine, lora_requests(random_prompts(1, 128, config.vocab_size, 9), [None], 100), 60)
-    floor_b1 = weights / copy_gbps / 1e6
-    report.add(decode_b1_step_ms=b1["step_ms"], decode_b1_graph_replay_ms=b1["graph_replay_ms"],
-               decode_b1_tokens_per_s=1e3 / b1["step_ms"], decode_b1_floor_ms=floor_b1,
-               decode_b1_fraction_of_roofline=floor_b1 / b1["step_ms"], decode_b1_detail=b1)
+    check_overlap(report, engine, config)
+    prompts1 = random_prompts(1, 128, config.vocab_size, 9)
     prompts64 = random_prompts(64, 1024, config.vocab_size, 10)
-    b64 = decode_steps_ms(engine, lora_requests(prompts64, [None], 40), 20)
-    floor_b64 = (weights + kv_bytes(config, 64 * b64["mean_context"])) / copy_gbps / 1e6
-    report.add(decode_b64_step_ms=b64["step_ms"], decode_b64_graph_replay_ms=b64["graph_replay_ms"],
-               decode_b64_floor_ms=floor_b64, decode_b64_fraction_of_roofline=floor_b64 / b64["step_ms"],
-               decode_b64_detail=b64)
+    floor_b1 = weights / copy_gbps / 1e6
+    # Every decode figure twice, overlapped scheduling off then on (the headline keys: on)
+    for overlap, suffix in ((False, "_no_overlap"), (True, "")):
+        set_overlap(engine, overlap)
+        b1 = decode_steps_ms(engine, lora_requests(prompts1, [None], 100), 60)
+        report.add(**{f"decode_b1_step_ms{suffix}": b1["step_ms"],
+                      f"decode_b1_graph_replay_ms{suffix}": b1["graph_replay_ms"],
+                      f"decode_b1_tokens_per_s{suffix}": 1e3 / b1["step_ms"], "decode_b1_floor_ms": floor_b1,
+                      f"decode_b1_fraction_of_roofline{suffix}": floor_b1 / b1["step_ms"],
+                      f"decode_b1_detail{suffix}": b1})
+        b64 = decode_steps_ms(engine, lora_requests(prompts64, [None], 40), 20)
+        floor_b64 = (weights + kv_bytes(config, 64 * b64["mean_context"])) / copy_gbps / 1e6
+        report.add(**{f"decode_b64_step_ms{suffix}": b64["step_ms"],
+                      f"decode_b64_graph_replay_ms{suffix}": b64["graph_replay_ms"], "decode_b64_floor_ms": floor_b64,
+                      f"decode_b64_fraction_of_roofline{suffix}": floor_b64 / b64["step_ms"],
+                      f"decode_b64_detail{suffix}": b64})
 
     source = RandomAdapterSource(config, rank=16, dtype=torch.bfloat16, device="cuda", std=0.01)
     manager = LoRAManager.for_engine(engine, source, max_loras=64, max_cpu_loras=64, max_lora_rank=16)
     preload(manager, [f"a{i}" for i in range(64)])
-    base = decode_steps_ms(engine, lora_requests(prompts64, [None], 40), 20)
-    eight = decode_steps_ms(engine, lora_requests(prompts64, [f"a{i}" for i in range(8)], 40), 20)
-    report.add(lora_base_step_ms=base["step_ms"], lora_8_step_ms=eight["step_ms"],
-               lora_8_adapters_step_ratio=eight["step_ms"] / base["step_ms"],
-               lora_8_graph_replay_ratio=(eight["graph_replay_ms"] or 0) / (base["graph_replay_ms"] or 1))
+    for overlap, suffix in ((False, "_no_overlap"), (True, "")):
+        set_overlap(engine, overlap)
+        base = decode_steps_ms(engine, lora_requests(prompts64, [None], 40), 20)
+        eight = decode_steps_ms(engine, lora_requests(prompts64, [f"a{i}" for i in range(8)], 40), 20)
+        report.add(**{f"lora_base_step_ms{suffix}": base["step_ms"], f"lora_8_step_ms{suffix}": eight["step_ms"],
+                      f"lora_8_adapters_step_ratio{suffix}": eight["step_ms"] / base["step_ms"],
+                      f"lora_8_graph_replay_ratio{suffix}": (eight["graph_replay_ms"] or 0)
+                      / (base["graph_replay_ms"] or 1),
+                      f"lora_8_host_split_ms{suffix}": eight["host_split_ms"]})
     many = decode_steps_ms(engine, lora_requests(prompts64, [f"a{i}" for i in range(64)], 40), 20)
     floor_64 = (weights + kv_bytes(config, 64 * many["mean_context"]) + 64 * source.num_bytes()) / copy_gbps / 1e6
     report.add(lora_64_step_ms=many["step_ms"], lora_64_floor_ms=floor_64, lora_64_fraction_of_roofline=floor_64 / many["step_ms"],
@@ -426,13 +471,13 @@ def main() -> None:
     del hf
     gc.collect()
     torch.cuda.empty_cache()
-    # The headline: every request admitted at once (max_num_seqs 512, 16k-token steps); then the
-    # vLLM-like default of 256 sequences and 8k-token steps, for comparison.
+    # The headline: every request admitted at once (max_num_seqs 512, 16k-token steps), overlapped
+    # scheduling on; then the same with it off.
     run_offline(report, model, config, 512, 16384)
     metrics = report.data["metrics"]
     report.add(throughput_ratio_vs_transformers=metrics["ours_tokens_per_s"] / metrics["transformers_tokens_per_s"])
-    run_offline(report, model, config, 256, 8192, suffix="_seqs256")
-    report.add(throughput_ratio_vs_transformers_seqs256=metrics["ours_tokens_per_s_seqs256"]
+    run_offline(report, model, config, 512, 16384, suffix="_no_overlap", overlap=False)
+    report.add(throughput_ratio_vs_transformers_no_overlap=metrics["ours_tokens_per_s_no_overlap"]
                / metrics["transformers_tokens_per_s"])
     print(json.dumps({k: v for k, v in metrics.items() if not isinstance(v, dict)}, indent=1))
 

@@ -30,6 +30,7 @@ from loraplex.engine.runner import StepResult, runner_class_for
 from loraplex.engine.sampler import new_generator
 from loraplex.engine.scheduler import Scheduler, SchedulerOutput
 from loraplex.engine.sequence import Sequence
+from loraplex.engine.step_overlap import StepOverlap
 
 logger = logging.getLogger(__name__)
 
@@ -86,6 +87,7 @@ class LLMEngine:
         self.num_jump_forward_tokens_total = 0  # appended without a sampling step
         self.num_reasoning_tokens_total = 0  # of those, inside a reasoning segment (billed as thinking)
         self.last_step_was_idle = False  # work is waiting but nothing could run (e.g. adapters loading)
+        self.overlap = StepOverlap.for_engine(self)  # launch decode steps ahead (engine/step_overlap.py)
 
     # ---- constructors ---------------------------------------------------------------------
     @classmethod
@@ -253,6 +255,8 @@ class LLMEngine:
         return done
 
     def _step(self) -> list[RequestOutput]:
+        if self.overlap is not None:
+            return self.overlap.step()
         scheduled = self.scheduler.schedule()
         outputs = self._fail_unready()
         self.last_step_was_idle = scheduled.is_empty and not outputs

@@ -24,6 +24,7 @@ from loraplex.engine.model.llama import LlamaForCausalLM
 from loraplex.engine.protocol import TokenLogprob
 from loraplex.engine.sampler import Sampler
 from loraplex.engine.scheduler import SchedulerOutput
+from loraplex.engine.sequence import Sequence
 
 
 @dataclass(slots=True)
@@ -41,6 +42,19 @@ class StepResult:
     logprobs: dict[int, TokenLogprob] = field(default_factory=dict)       # seq_id -> entry
     prompt_logprobs: dict[int, list[TokenLogprob]] = field(default_factory=dict)  # seq_id -> this chunk's
     errors: dict[int, Exception] = field(default_factory=dict)            # seq_id -> per-request failure
+
+
+@dataclass(slots=True)
+class PendingStep:
+    """A step launched and not yet read back (overlapped scheduling, engine/step_overlap.py)."""
+
+    scheduled: SchedulerOutput
+    seqs: list[Sequence]                  # the sampled rows, in row order
+    row_of: dict[int, int]                # seq_id -> its row in `tokens`
+    tokens: Any                           # the sampled tokens where the device holds them
+    result: StepResult | None = None      # filled at once where the step ran synchronously (CPU)
+    host_tokens: torch.Tensor | None = None  # pinned copy of `tokens`, landed once `ready` has
+    ready: Any = None                     # CUDA event recorded after that copy
 
 
 class ModelRunner:
@@ -104,6 +118,25 @@ class ModelRunner:
             self.sampler.sample(out.logits, rows.sampled + rows.forks, result)
         self._prompt_logprobs(out.hidden, rows, batch, result)
         return result
+
+    def can_launch(self, step: SchedulerOutput) -> bool:
+        """Whether `launch` may run this step ahead of the previous one's tokens."""
+        return True
+
+    def launch(self, step: SchedulerOutput, feed: PendingStep | None = None) -> PendingStep:
+        """Run a decode step whose sequences' last tokens may still be `feed`'s sampled tokens (each
+        such sequence carries a placeholder for it). Here the host has them: they are written over
+        the placeholders and the step runs at once."""
+        if feed is not None:
+            for seq in step.seqs:
+                token = feed.result.sampled.get(seq.seq_id)
+                if token is not None:
+                    seq.token_ids[seq.num_computed_tokens] = token
+        result = self.execute(step)
+        return PendingStep(step, [], {}, None, result=result)
+
+    def collect(self, pending: PendingStep) -> StepResult:
+        return pending.result
 
     def forward_batch(self, batch: InputBatch, lora: LoRAStepContext | None) -> ForwardOutput:
         """The device work of a step, the same on every tensor-parallel rank: the forward, then

@@ -29,7 +29,7 @@ from loraplex.engine.input_batch import InputBatch, StepRows, build_input_batch
 from loraplex.engine.kernels.paged_attention_decode import choose_num_splits
 from loraplex.engine.kernels.token_bitmask import apply_token_bitmask
 from loraplex.engine.model.llama import LlamaForCausalLM
-from loraplex.engine.runner import ForwardOutput, ModelRunner, StepResult
+from loraplex.engine.runner import ForwardOutput, ModelRunner, PendingStep, StepResult
 from loraplex.engine.scheduler import SchedulerOutput
 from loraplex.engine.sequence import Sequence
 
@@ -66,7 +66,15 @@ class CudaModelRunner(ModelRunner):
         self.ladder = batch_ladder(engine_config.max_num_seqs)
         self.use_graphs = engine_config.enable_cuda_graphs and self.device.type == "cuda"
         seqs, tokens = engine_config.max_num_seqs, engine_config.max_num_batched_tokens
-        self.staging = PinnedStaging(3 * tokens + 4 * seqs + seqs * self.max_blocks_per_seq + 2, self.device)
+        capacity = 3 * tokens + 4 * seqs + seqs * self.max_blocks_per_seq + 2
+        self.staging = PinnedStaging(capacity, self.device)
+        # Overlapped steps alternate two pinned input buffers and two pinned token buffers: a buffer
+        # is refilled only after the step before the previous one was read back (its copies are done).
+        self._launch_stagings = [self.staging, PinnedStaging(seqs * (4 + self.max_blocks_per_seq) + 2, self.device)]
+        pin = self.device.type == "cuda"
+        self._launch_tokens = [torch.empty(max(self.ladder[-1], seqs), dtype=torch.int64, pin_memory=pin)
+                               for _ in range(2)]
+        self._num_launched = 0
         self.masks = GrammarMaskBuffers(max(self.ladder[-1], seqs), model_config.vocab_size,
                                         self.sampler.tokenizer_vocab_size, self.device)
         self.graphs: dict[tuple[int, str | None], DecodeGraph] = {}  # (padded size, "lora" or None)
@@ -100,6 +108,53 @@ class CudaModelRunner(ModelRunner):
         if out.logits is not None:
             self._sample(out.logits, rows.sampled + rows.forks, result, out.graph)
         self._prompt_logprobs(out.hidden, rows, batch, result)
+        return result
+
+    # ---- overlapped steps (engine/step_overlap.py) ----------------------------------------
+    def can_launch(self, step: SchedulerOutput) -> bool:
+        """A decode-graph step whose every row samples greedily on the GPU without a grammar."""
+        if not self.use_graphs or self.workers is not None or step.blocks_to_copy:
+            return False
+        rows = StepRows.of(step)
+        return (rows.is_plain_decode and len(rows.decodes) <= self.ladder[-1]
+                and not any(needs_host_sampler(s) or s.matcher is not None or s.forced_token_ids
+                            for s in rows.decodes))
+
+    @torch.inference_mode()
+    def launch(self, step: SchedulerOutput, feed: PendingStep | None = None) -> PendingStep:
+        """Replay the decode graphs and start the tokens' copy to the host; return without waiting.
+        A sequence in `feed` (the step still in flight) takes its input id from `feed`'s sampled
+        tokens on the GPU: the host sends the row to read instead of the token."""
+        rows = StepRows.of(step)
+        size = self.padded_size(len(rows.decodes))
+        which = self._num_launched % 2
+        self._num_launched += 1
+        batch = build_input_batch(rows, self.block_size, table_width=self.max_blocks_per_seq, pad_to=size)
+        batch.use_graph = True
+        lora = self._lora_for(rows.decodes + [_PADDING_SEQ] * (size - len(rows.decodes)), [1] * size, batch)
+        feed_tokens = None
+        if feed is not None:
+            batch.input_ids[:] = 0
+            batch.input_ids[: len(rows.decodes)] = [feed.row_of[s.seq_id] for s in rows.decodes]
+            feed_tokens = feed.tokens
+        graph = self._replay_decode(batch, lora, staging=self._launch_stagings[which], feed_tokens=feed_tokens)
+        errors: dict[int, Exception] = {}
+        self.masks.upload(self.masks.fill(rows.sampled, errors))  # no grammar rows: clears the indices
+        graph.sample.replay()
+        count = len(rows.sampled)
+        host = self._launch_tokens[which]
+        host[:count].copy_(graph.tokens[:count], non_blocking=True)
+        ready = torch.cuda.Event()
+        ready.record()
+        return PendingStep(step, rows.sampled, {s.seq_id: i for i, s in enumerate(rows.sampled)}, graph.tokens,
+                           host_tokens=host, ready=ready)
+
+    def collect(self, pending: PendingStep) -> StepResult:
+        pending.ready.synchronize()
+        result = StepResult()
+        tokens = pending.host_tokens[: len(pending.seqs)].tolist()
+        for seq, token in zip(pending.seqs, tokens, strict=True):
+            result.sampled[seq.seq_id] = token
         return result
 
     def forward_batch(self, batch: InputBatch, lora: Any | None) -> ForwardOutput:
@@ -150,14 +205,19 @@ class CudaModelRunner(ModelRunner):
     def padded_size(self, num_seqs: int) -> int:
         return next(size for size in self.ladder if size >= num_seqs)
 
-    def _replay_decode(self, batch: InputBatch, lora: Any | None) -> DecodeGraph:
+    def _replay_decode(self, batch: InputBatch, lora: Any | None, staging: PinnedStaging | None = None,
+                       feed_tokens: torch.Tensor | None = None) -> DecodeGraph:
+        """`feed_tokens`: `batch.input_ids` are rows of this device tensor, gathered into the ids."""
         size = batch.block_tables.shape[0]
         key = (size, None if lora is None else "lora")  # one LoRA graph per size: the stacks are fixed
         graph = self.graphs.get(key)
         if graph is None:
             graph = self.graphs[key] = self._capture(size, lora)
-        self.staging.upload([batch.input_ids, batch.positions, batch.slot_mapping, batch.seq_lens,
-                             batch.block_tables], target=graph.inputs)
+        (staging or self.staging).upload([batch.input_ids, batch.positions, batch.slot_mapping, batch.seq_lens,
+                                          batch.block_tables], target=graph.inputs)
+        if feed_tokens is not None:
+            ids = graph.inputs[:size]
+            ids.copy_(feed_tokens.index_select(0, ids.long()))
         graph.replay_forward(lora)
         self.num_graph_steps += 1
         self.last_graph = graph

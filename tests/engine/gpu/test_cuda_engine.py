@@ -181,3 +181,21 @@ def test_kv_pool_is_sized_from_the_memory_fraction() -> None:
     assert engine.num_blocks > 1000
     assert pool <= 0.05 * total
     assert generate(engine, plain_requests(4))["r0"]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_overlapped_steps_give_the_same_tokens_as_steps_one_at_a_time(dtype: str) -> None:
+    """Decode steps launched ahead of the previous step's tokens (the ids gathered on the GPU):
+    the workload of tests/engine/test_step_overlap.py (requests finishing at different steps, one
+    admitted and one aborted mid-run, one sampled on the host, one at the context limit)."""
+    from test_step_overlap import make_engine as overlap_engine
+    from test_step_overlap import workload
+
+    expected = workload(overlap_engine(False, device=GPU_DEVICE, dtype=dtype))
+    engine = overlap_engine(True, device=GPU_DEVICE, dtype=dtype)
+    got = workload(engine)
+    doomed, doomed_expected = got.pop("doomed"), expected.pop("doomed")
+    assert doomed == doomed_expected[: len(doomed)]
+    assert got == expected
+    assert engine.overlap.num_steps_ahead > 10 and engine.overlap.num_rows_dropped > 0
+    assert engine.runner.num_graph_steps > 10

@@ -1,0 +1,175 @@
+"""Overlapped scheduling: the host schedules and launches step N+1 while the device runs step N.
+
+Without it, each engine step is schedule -> build inputs -> run -> read the tokens back ->
+update outputs, and the device idles through every part but the run. With it, a step that
+only decodes plain greedy sequences is left in flight: the next `step()` call schedules the
+following step *ahead* of it, launches that step (whose input ids the device takes from the
+in-flight step's sampled tokens, never crossing to the host), and only then waits for the
+in-flight step's tokens and updates the outputs, while the device already computes.
+
+Scheduling ahead: each in-flight sequence gets a placeholder token for the token the device
+is sampling (and one more computed token), so the scheduler sees what it would see after the
+update; the placeholders are taken back once the next step is launched, before the real
+update. Outputs are unchanged: every sequence gets the same tokens. A sequence that finishes
+at step N has already been scheduled into step N+1; that row is computed and dropped (its
+blocks are freed by then, and anything that reuses them runs later on the same stream).
+
+Run ahead only when nothing can change under the placeholders: every running sequence
+decodes greedily on the device (no grammar, forced tokens, reasoning budget, logprobs,
+penalties or min_tokens), there are blocks for one more token each (no preemption, no pin
+eviction), no forks are pending and the runner has one device (no tensor-parallel workers).
+Otherwise the in-flight step is finished first and the step runs as before.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from loraplex.engine.protocol import RequestOutput
+from loraplex.engine.scheduler import SchedulerOutput
+from loraplex.engine.sequence import Sequence
+
+if TYPE_CHECKING:
+    from loraplex.engine.llm_engine import LLMEngine
+
+logger = logging.getLogger(__name__)
+
+PLACEHOLDER_TOKEN = 0  # stands for a token still on the device; never read as an input id
+
+
+class StepOverlap:
+    def __init__(self, engine: LLMEngine) -> None:
+        self.engine = engine
+        self.pending: Any = None  # the runner's in-flight step (PendingStep)
+        self.num_steps_ahead = 0  # steps launched ahead of the previous one's tokens
+        self.num_rows_dropped = 0  # rows computed for a sequence that finished the step before
+
+    @classmethod
+    def for_engine(cls, engine: LLMEngine) -> StepOverlap | None:
+        if not engine.config.overlap_scheduling or engine.runner.workers is not None:
+            return None
+        return cls(engine)
+
+    # ---- the loop body --------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        engine = self.engine
+        outputs: list[RequestOutput] = []
+        pending, self.pending = self.pending, None
+        if pending is not None and not self._can_run_ahead(pending):
+            outputs += self._complete(pending)
+            pending = None
+        advanced = self._advance(pending) if pending is not None else []
+        try:
+            scheduled = engine.scheduler.schedule()
+        except BaseException:
+            self._retreat(advanced)
+            raise
+        outputs += engine._fail_unready()
+        if scheduled.is_empty or (pending is None and not self._launchable(scheduled)):
+            self._retreat(advanced)
+            if pending is not None:
+                outputs += self._complete(pending)
+            engine.last_step_was_idle = scheduled.is_empty and not outputs
+            return outputs + (self._run_now(scheduled) if not scheduled.is_empty else [])
+        engine.last_step_was_idle = False
+        if pending is not None and not self._launchable(scheduled):
+            # Ahead of the in-flight step the scheduler admitted new work: finish that step, then run
+            # this one as usual (the placeholders it was scheduled on are the real tokens by then).
+            self._retreat(advanced)
+            outputs += self._complete(pending)
+            return outputs + self._run_now(self._live(scheduled))
+        try:
+            launched = engine.runner.launch(scheduled, feed=pending)
+        except Exception as exc:
+            self._retreat(advanced)
+            logger.exception("model step failed; failing the requests of this batch")
+            if pending is not None:
+                outputs += self._complete(pending)
+            return outputs + engine._fail_batch(self._live(scheduled), exc)
+        self._retreat(advanced)
+        if pending is not None:
+            self.num_steps_ahead += 1
+            outputs += self._complete(pending)
+        self.pending = launched
+        return outputs
+
+    def drain(self) -> list[RequestOutput]:
+        """Finish the in-flight step, if any (before anything that needs every token on the host)."""
+        pending, self.pending = self.pending, None
+        return self._complete(pending) if pending is not None else []
+
+    # ---- pieces ---------------------------------------------------------------------------
+    def _run_now(self, scheduled: SchedulerOutput) -> list[RequestOutput]:
+        """A step run start to finish (prefill chunks, mixed steps, host-sampled rows)."""
+        engine = self.engine
+        if scheduled.is_empty:
+            return []
+        try:
+            if engine.host_tier is not None:
+                engine.runner.swap_kv(engine.host_tier.take_swaps())
+            result = engine.runner.execute(scheduled)
+        except Exception as exc:
+            logger.exception("model step failed; failing the requests of this batch")
+            return engine._fail_batch(scheduled, exc)
+        return engine._update(scheduled, result)
+
+    def _complete(self, pending: Any) -> list[RequestOutput]:
+        engine = self.engine
+        result = engine.runner.collect(pending)
+        live = self._live(pending.scheduled)
+        self.num_rows_dropped += len(pending.scheduled.seqs) - len(live.seqs)
+        return engine._update(live, result)
+
+    def _live(self, scheduled: SchedulerOutput) -> SchedulerOutput:
+        """The step's rows whose request is still alive and whose sequence has not finished (a row
+        scheduled ahead for a sequence that finished meanwhile, or one aborted, is dropped)."""
+        requests = self.engine.requests
+        keep = [(s, n) for s, n in zip(scheduled.seqs, scheduled.num_new_tokens, strict=True)
+                if s.request_id in requests and not s.is_finished]
+        if len(keep) == len(scheduled.seqs):
+            return scheduled
+        return SchedulerOutput([s for s, _ in keep], [n for _, n in keep], scheduled.blocks_to_copy,
+                               scheduled.num_preempted)
+
+    def _launchable(self, scheduled: SchedulerOutput) -> bool:
+        return (all(n == 1 for n in scheduled.num_new_tokens) and not scheduled.num_preempted
+                and all(self._plain(s) for s in scheduled.seqs)
+                and self.engine.runner.can_launch(scheduled))
+
+    def _can_run_ahead(self, pending: Any) -> bool:
+        engine = self.engine
+        scheduler = engine.scheduler
+        running = scheduler.running
+        if (scheduler.pending_forks or engine.block_manager.num_free_blocks < len(running)
+                or (engine.host_tier is not None and engine.host_tier.swaps)):
+            return False
+        in_flight = {s.seq_id for s in pending.scheduled.seqs}
+        return all(s.seq_id in in_flight and self._plain(s)
+                   and len(s.token_ids) + 2 <= engine.max_model_len for s in running)
+
+    def _plain(self, seq: Sequence) -> bool:
+        """Decodes greedily on the device, and nothing about its next token depends on the last one."""
+        state = self.engine.requests.get(seq.request_id)
+        sampling = seq.sampling
+        return (state is not None and len(state.choices) == 1 and seq.matcher is None and not seq.forced_token_ids
+                and state.request.reasoning is None and not seq.wants_prompt_logprobs
+                and not seq.min_tokens_ban_ids and sampling.logprobs is None
+                and (sampling.temperature == 0 or sampling.top_k == 1)
+                and not (sampling.presence_penalty or sampling.frequency_penalty or sampling.logit_bias)
+                and sampling.repetition_penalty == 1.0)
+
+    @staticmethod
+    def _advance(pending: Any) -> list[Sequence]:
+        """Give every in-flight sequence the token its step is sampling, as a placeholder."""
+        advanced = [s for s in pending.scheduled.seqs if not s.is_finished]
+        for seq in advanced:
+            seq.token_ids.append(PLACEHOLDER_TOKEN)
+            seq.num_computed_tokens += 1
+        return advanced
+
+    @staticmethod
+    def _retreat(advanced: list[Sequence]) -> None:
+        for seq in advanced:
+            seq.token_ids.pop()
+            seq.num_computed_tokens -= 1

@@ -1,0 +1,119 @@
+"""Overlapped scheduling (engine/step_overlap.py): the same tokens with it on and off.
+
+The CPU runner runs each launched step at once, so these tests check the engine's bookkeeping:
+placeholders given and taken back, rows of sequences that finished meanwhile dropped, requests
+admitted or aborted while a step is in flight, steps that cannot run ahead (sampling on the
+host, a grammar, prefill chunks, preemption, the context limit) finishing the in-flight step
+first. tests/engine/gpu/test_cuda_engine.py runs the same workload on the CUDA runner, whose
+steps really are in flight.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from enginecore_helpers import tiny_random_config
+from loraplex.engine.config import EngineConfig
+from loraplex.engine.cuda.random_weights import SyntheticTokenizer
+from loraplex.engine.llm_engine import LLMEngine
+from loraplex.engine.protocol import EngineRequest, SamplingParams
+
+VOCAB = 1000
+CONFIG = tiny_random_config(vocab_size=VOCAB)
+
+
+def make_engine(overlap: bool, device: str = "cpu", **overrides: Any) -> LLMEngine:
+    settings = {"num_blocks": 96, "block_size": 16, "max_model_len": 128, "max_num_batched_tokens": 64,
+                "max_num_seqs": 8, "device": device, "overlap_scheduling": overlap} | overrides
+    return LLMEngine.from_random(CONFIG, EngineConfig(**settings), SyntheticTokenizer(VOCAB), seed=0)
+
+
+def prompt(seed: int, length: int) -> list[int]:
+    return torch.randint(3, VOCAB, (length,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+def workload(engine: LLMEngine) -> dict[str, list[int]]:
+    """Greedy requests finishing at different steps, one admitted and one aborted mid-run, one
+    sampled on the host with a seed, one reaching the context limit."""
+    def greedy(n: int, **kw: Any) -> SamplingParams:
+        return SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True, **kw)
+
+    requests = [EngineRequest(f"g{i}", prompt(i, 5 + 7 * i), greedy(6 + 5 * i)) for i in range(4)]
+    requests.append(EngineRequest("edge", prompt(9, 100), greedy(28)))  # ends at max_model_len 128
+    late = EngineRequest("late", prompt(7, 40), greedy(9))
+    seeded = EngineRequest("seeded", prompt(8, 12), SamplingParams(max_tokens=8, temperature=0.8, seed=5,
+                                                                    ignore_eos=True))
+    doomed = EngineRequest("doomed", prompt(10, 9), greedy(50))
+    for request in [*requests, doomed]:
+        engine.add_request(request)
+    tokens: dict[str, list[int]] = {}
+    for step in range(400):
+        if step == 4:
+            engine.add_request(late)
+        if step == 9:
+            engine.abort("doomed")
+        if step == 14:
+            engine.add_request(seeded)
+        for out in engine.step():
+            tokens.setdefault(out.request_id, []).extend(t for c in out.choices for t in c.token_ids)
+        if step > 14 and not engine.has_unfinished_requests():
+            break
+    assert not engine.has_unfinished_requests()
+    return tokens
+
+
+def test_overlap_gives_the_same_tokens_and_runs_ahead() -> None:
+    expected = workload(make_engine(overlap=False))
+    engine = make_engine(overlap=True)
+    got = workload(engine)
+    # an aborted request keeps what it got so far: one step fewer, since a step's tokens reach the
+    # caller one step() call later with overlap on
+    doomed, doomed_expected = got.pop("doomed"), expected.pop("doomed")
+    assert 0 < len(doomed) < len(doomed_expected) < 50 and doomed == doomed_expected[: len(doomed)]
+    assert got == expected
+    assert len(got["g3"]) == 21 and len(got["late"]) == 9 and len(got["edge"]) == 28
+    assert engine.overlap.num_steps_ahead > 10  # most decode steps were launched ahead
+    assert engine.overlap.num_rows_dropped > 0  # rows of sequences that had finished one step before
+    assert engine.overlap.pending is None or all(s.is_finished for s in engine.overlap.pending.scheduled.seqs)
+
+
+def test_placeholders_never_outlive_a_step() -> None:
+    engine = make_engine(overlap=True)
+    for i in range(3):
+        engine.add_request(EngineRequest(f"r{i}", prompt(i, 6), SamplingParams(max_tokens=20, temperature=0.0,
+                                                                                 ignore_eos=True)))
+    seen = 0
+    while engine.has_unfinished_requests():
+        engine.step()
+        for seq in engine.scheduler.running:
+            # between steps each sequence holds its real tokens: the in-flight step's token is not
+            # appended yet, and everything but that token is computed
+            assert seq.num_computed_tokens == len(seq.token_ids) - 1
+            assert len(seq.token_ids) - seq.num_prompt_tokens <= 20
+            seen += 1
+    assert seen > 0 and engine.overlap.num_steps_ahead > 0
+
+
+def test_preemption_and_tiny_pools_fall_back_with_the_same_tokens() -> None:
+    # 12 blocks of 16 for 4 sequences growing to ~60 tokens: blocks run out and sequences are preempted
+    def run(overlap: bool) -> tuple[dict[str, list[int]], int]:
+        engine = make_engine(overlap, num_blocks=12)
+        for i in range(4):
+            engine.add_request(EngineRequest(f"p{i}", prompt(20 + i, 20), SamplingParams(
+                max_tokens=40, temperature=0.0, ignore_eos=True)))
+        tokens: dict[str, list[int]] = {}
+        while engine.has_unfinished_requests():
+            for out in engine.step():
+                tokens.setdefault(out.request_id, []).extend(t for c in out.choices for t in c.token_ids)
+        return tokens, engine.scheduler.num_preemptions
+
+    expected, preemptions = run(False)
+    got, _ = run(True)
+    assert preemptions > 0
+    assert got == expected
+
+
+def test_off_by_default_and_never_with_tensor_parallel_workers() -> None:
+    assert EngineConfig().overlap_scheduling is False
+    assert make_engine(overlap=False).overlap is None
