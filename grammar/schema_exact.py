@@ -8,7 +8,9 @@ Each rewrite is an identity of JSON Schema:
 - `dependencies` / `dependentRequired` / `dependentSchemas` for property `p`
   become `anyOf: [{p absent}, S]` (an object without `p` owes nothing);
 - `oneOf: [B1..Bn]` whose branches may overlap becomes
-  `anyOf: [B1 and not B2 .. and not Bn, ...]`.
+  `anyOf: [B1 and not B2 .. and not Bn, ...]`;
+- `minProperties: 1` beside optional `properties` becomes "one of them is
+  required, or none is present and some other key is".
 A rewrite whose complement cannot be written is not made: the keyword stays,
 and a backend that cannot enforce it refuses it. Sizes are capped (branches,
 dependencies), so a rewrite never multiplies a schema beyond the compile
@@ -86,7 +88,8 @@ def _points_into_rewrites(ref: Any) -> bool:
 
 
 def _rewritable(node: dict) -> bool:
-    return bool(_MOVED & node.keys()) or (("enum" in node or "const" in node) and len(node) > 1)
+    return (bool(_MOVED & node.keys()) or (("enum" in node or "const" in node) and len(node) > 1)
+            or node.get("minProperties") == 1)
 
 
 class _Rewriter:
@@ -129,6 +132,9 @@ class _Rewriter:
                 rewritten = _dependencies(node, key)
                 if rewritten is not None:
                     return rewritten
+        if node.get("minProperties") == 1 and isinstance(node.get("properties"), dict) and any(
+                sub is not False for sub in node["properties"].values()):
+            return _at_least_one_property(node)
         if isinstance(node.get("oneOf"), list) and "anyOf" not in node:
             return self._one_of(node)
         return None
@@ -181,6 +187,16 @@ class _Rewriter:
         return node
 
 
+def _at_least_one_property(node: dict) -> Any:
+    """`minProperties: 1` beside optional `properties`: one of them is present, or none is and another key is."""
+    declared = list(node["properties"])
+    branches: list[Any] = [{"required": [name]} for name in declared]
+    if node.get("additionalProperties") is not False or node.get("patternProperties"):
+        branches.append({"properties": dict.fromkeys(declared, False), "minProperties": 1})
+    rest = {k: v for k, v in node.items() if k != "minProperties"}
+    return _conjoin(rest, _any_of(branches))
+
+
 def _dependencies(node: dict, key: str) -> Any | None:
     entries = node[key]
     if len(entries) > _MAX_DEPENDENCIES:
@@ -206,7 +222,10 @@ def _conjoin(node: dict, extra: Any) -> Any:
     if extra is True or extra == {}:
         return node
     node = dict(node)
-    node["allOf"] = [*node.get("allOf", []), extra]
+    if isinstance(extra, dict) and set(extra) == {"anyOf"} and "anyOf" not in node:
+        node["anyOf"] = extra["anyOf"]  # the same conjunction; backends merge a sibling anyOf more readily
+    else:
+        node["allOf"] = [*node.get("allOf", []), extra]
     return node
 
 

@@ -68,6 +68,8 @@ REWRITTEN = [
      "oneOf": [{"required": ["a"]}, {"required": ["b"]}, {"required": ["a", "c"]}]},
     {"oneOf": [{"enum": ["linux"]}, {"type": "string"}]},
     {"type": "object", "properties": {"a": {"not": {"type": ["string", "array"]}}}},
+    {"type": "object", "properties": {"a": {"type": "integer"}, "b": {}}, "minProperties": 1},
+    {"type": "object", "properties": {"a": {}, "c": {}}, "additionalProperties": False, "minProperties": 1},
 ]
 
 
