@@ -158,7 +158,7 @@ class EngineConfig:
     # Launch each plain greedy decode step before the previous one's tokens are read back, so the
     # host schedules and updates outputs while the GPU runs (engine/step_overlap.py); same outputs
     overlap_scheduling: bool = False
-    # A long decode sits out every other step for a much shorter sequence of another tenant
+    # A long decode sits out two steps of three for a much shorter sequence of another tenant
     # (engine/scheduler.py); None: on (16 tokens) on the CPU, where a step's cost grows with its batch,
     # off on CUDA, where it barely does; 0: off.
     decode_yield_min_tokens: int | None = None

@@ -40,8 +40,8 @@ class Settings(BaseSettings):
     kv_block_size: int = 16
     enable_prefix_caching: bool = True
     max_num_seqs: int = 64
-    # A decode this many tokens long (and twice as long as another tenant's running one) sits out every
-    # other step for it; None: 16 on the CPU (where a step's cost grows with its batch), off on CUDA; 0: off
+    # A decode this many tokens long (and twice as long as another tenant's running one) sits out two steps
+    # of three for it; None: 16 on the CPU (where a step's cost grows with its batch), off on CUDA; 0: off
     decode_yield_min_tokens: int | None = Field(default=None, ge=0)
     max_num_batched_tokens: int = 512
     max_model_len: int = 2048
