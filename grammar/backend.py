@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
+from loraplex.grammar.disk_cache import GrammarDiskCache
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +89,7 @@ class TokenizerContext:
 
     tokenizer: Any  # a Hugging Face fast tokenizer
     vocab_size: int  # the model's logits width (bitmask width), >= the tokenizer's vocabulary
+    disk_cache: GrammarDiskCache | None = None  # compiled grammars shared with the host's other processes
 
 
 BackendFactory = Callable[[TokenizerContext], GrammarBackend]

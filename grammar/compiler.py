@@ -34,6 +34,7 @@ from loraplex.grammar.backend import (
     UnsupportedSchemaError,
 )
 from loraplex.grammar.closing import ClosingTokens
+from loraplex.grammar.disk_cache import GrammarDiskCache
 from loraplex.grammar.matcher import StructuredGrammar
 from loraplex.grammar.schema_exact import exact_rewrite
 from loraplex.grammar.schema_rewrite import with_disjoint_one_of_as_any_of
@@ -54,6 +55,7 @@ class GrammarLimits:
     max_schema_nodes: int = 20000               # subschemas in one JSON schema
     max_tools: int = 128                        # `tools` entries in one request
     backend: str = "auto"                       # auto, or a registered backend name for every spec
+    cache_dir: str | None = None                # compiled grammars shared across processes (GrammarDiskCache)
 
 
 class GrammarCompilerService:
@@ -62,7 +64,8 @@ class GrammarCompilerService:
     def __init__(self, tokenizer: Any, vocab_size: int, limits: GrammarLimits | None = None) -> None:
         self.limits = limits or GrammarLimits()
         self.vocab_size = vocab_size
-        context = TokenizerContext(tokenizer, vocab_size)
+        disk_cache = GrammarDiskCache(self.limits.cache_dir) if self.limits.cache_dir else None
+        context = TokenizerContext(tokenizer, vocab_size, disk_cache)
         if self.limits.backend != "auto" and self.limits.backend not in GRAMMAR_BACKENDS:
             raise ValueError(f"unknown grammar backend {self.limits.backend!r}; known: {sorted(GRAMMAR_BACKENDS)}")
         self.backends: dict[str, GrammarBackend] = {name: make(context) for name, make in GRAMMAR_BACKENDS.items()}

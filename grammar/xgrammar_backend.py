@@ -9,6 +9,9 @@ implement, so `unsupported` names any keyword outside the set it enforces.
 
 from __future__ import annotations
 
+import hashlib
+import importlib.metadata
+import json
 import re
 from collections.abc import Callable
 from typing import Any
@@ -30,6 +33,7 @@ XGRAMMAR_EXACT_KEYWORDS = frozenset({
 XGRAMMAR_EXACT_FORMATS = frozenset({
     "date", "time", "date-time", "duration", "email", "ipv4", "ipv6", "uuid", "uri", "uri-reference",
 })
+_XGRAMMAR_VERSION = importlib.metadata.version("xgrammar")  # keys the disk cache: another version recompiles
 _LOG_PREFIX = re.compile(r"^\s*\[[\d:]+\]\s+\S+:\d+:\s*")
 
 
@@ -79,7 +83,9 @@ class XGrammarBackend:
     def __init__(self, context: TokenizerContext, num_workers: int = 1, queue_timeout_s: float = 60.0) -> None:
         self.context = context
         self.tokenizer_info = xgr.TokenizerInfo.from_huggingface(context.tokenizer, vocab_size=context.vocab_size)
-        self._pool = ProcessCompilePool(worker_setup, (self.tokenizer_info.serialize_json(),),
+        info_json = self.tokenizer_info.serialize_json()
+        self._tokenizer_fingerprint = hashlib.sha256(info_json.encode("utf-8")).hexdigest()
+        self._pool = ProcessCompilePool(worker_setup, (info_json,),
                                         num_workers=num_workers, queue_timeout_s=queue_timeout_s)
         words = (context.vocab_size + 31) // 32
         stop_bits = torch.zeros(words, dtype=torch.int32)
@@ -98,8 +104,18 @@ class XGrammarBackend:
             problem = self.unsupported(payload)
             if problem is not None:
                 raise UnsupportedSchemaError(problem)
+        cache = self.context.disk_cache
+        key = cache.key(self.name, _XGRAMMAR_VERSION, self._tokenizer_fingerprint, kind,
+                        json.dumps(payload, sort_keys=True, separators=(",", ":"), ensure_ascii=False)) if cache else ""
+        if cache is not None and (stored := cache.get(key)) is not None:
+            try:
+                return XGrammarGrammar(xgr.CompiledGrammar.deserialize_json(stored, self.tokenizer_info), self)
+            except Exception:  # a damaged entry is a miss: compile it and overwrite the entry
+                pass
         serialized = self._pool.run((kind, payload), timeout_s)
         compiled = xgr.CompiledGrammar.deserialize_json(serialized, self.tokenizer_info)
+        if cache is not None:
+            cache.put(key, serialized)
         return XGrammarGrammar(compiled, self)
 
     def close(self) -> None:

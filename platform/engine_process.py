@@ -68,7 +68,8 @@ def run_engine_core(settings: Settings, address: str) -> None:
     lora = LoRAManager.for_engine(engine, source, max_loras=settings.max_loras, max_cpu_loras=settings.max_cpu_loras,
                                   max_lora_rank=settings.max_lora_rank)
     limits = GrammarLimits(compile_timeout_s=settings.grammar_compile_timeout_s,
-                           max_spec_bytes=settings.grammar_max_spec_bytes)
+                           max_spec_bytes=settings.grammar_max_spec_bytes, backend=settings.grammar_backend,
+                           cache_dir=settings.grammar_cache_dir)
     compiler = GrammarCompilerService(engine.tokenizer, engine.model_config.vocab_size, limits)
     try:
         EngineCore(engine, address, grammar_codec=SpecGrammarCodec(compiler), lora=lora).run()

@@ -106,6 +106,7 @@ class Settings(BaseSettings):
     grammar_max_schema_depth: int = Field(default=64, ge=1)
     grammar_max_schema_nodes: int = Field(default=20000, ge=1)
     grammar_max_tools: int = Field(default=128, ge=1)
+    grammar_cache_dir: str | None = None  # compiled grammars shared by this host's processes; None: per process
     # Grammar compilations one tenant may have running at once (per API server; 0: no cap); a request past
     # it waits this long for one of them to finish, then 429 tenant_compile_limit. Cached schemas skip it.
     grammar_compiles_per_tenant: int = Field(default=1, ge=0)
