@@ -138,10 +138,11 @@ class Scheduler:
             seq.parent = None
 
     def _yielding_decodes(self) -> set[int]:
-        """Ids of long decodes that sit out this step for a shorter running sequence of another tenant."""
-        if not self.decode_yield_min_tokens or len(self.running) < 2:
+        """Ids of long decodes that sit out this step for a shorter sequence of another tenant: a running one,
+        or one waiting to be admitted (its first chunk then runs without them)."""
+        if not self.decode_yield_min_tokens or not self.running:
             return set()
-        shortest: dict[str, int] = {}
+        shortest: dict[str, int] = dict.fromkeys((t for t, queue in self.waiting.items() if queue), 0)
         for seq in self.running:
             shortest[seq.tenant_id] = min(shortest.get(seq.tenant_id, seq.num_output_tokens), seq.num_output_tokens)
         if len(shortest) < 2:
