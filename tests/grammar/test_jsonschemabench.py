@@ -12,6 +12,7 @@ Instances are serialized and checked as benchmarks/jsonschemabench.py does
 from __future__ import annotations
 
 import importlib.util
+import json
 import re
 from pathlib import Path
 
@@ -59,3 +60,23 @@ def test_schema_is_enforced_exactly_or_refused(compiler, tokenizer, case):
         if bench.judge(grammar, text, tokenizer, None) != valid:
             wrong.append(("valid, rejected" if valid else "INVALID, ACCEPTED", text[:200]))
     assert not wrong, wrong
+
+
+SYNTHESIZED = [c for c in bench.load_cases(quick=False) if c["group"] == "Synthesized"]
+
+
+@pytest.mark.parametrize("case", SYNTHESIZED, ids=[c["name"] for c in SYNTHESIZED])
+def test_synthesized_schemas_accept_exactly_their_valid_enum_values(compiler, tokenizer, case):
+    """This group has no instances: its schemas pin a value set (`allOf: [{enum}, ...]`), so every listed
+    value is an instance, labelled by jsonschema (valid under draft 7 and 2020-12 alike, or not)."""
+    import jsonschema
+
+    values = next(m["enum"] for m in case["schema"]["allOf"] if "enum" in m)
+    grammar = compiler.compile_blocking(GrammarSpec(GrammarKind.JSON_SCHEMA, case["schema"], param="p", strict=True))
+    for value in values:
+        valid = all(cls(case["schema"], format_checker=cls.FORMAT_CHECKER).is_valid(value)
+                    for cls in (jsonschema.Draft7Validator, jsonschema.Draft202012Validator))
+        # 1.0 and 1 are one JSON number; the grammars print an integral number without a fraction.
+        printed = int(value) if isinstance(value, float) and value.is_integer() else value
+        text = json.dumps(printed, ensure_ascii=False)
+        assert bench.judge(grammar, text, tokenizer, None) == valid, (text, valid)
