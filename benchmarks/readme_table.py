@@ -38,7 +38,8 @@ HEADLINE_KEYS: dict[str, list[str]] = {
     "jsonschemabench": ["coverage_auto", "invalid_accepted_auto", "valid_accepted_fraction_auto",
                         "compile_ms_p99_auto", "mask_us_p99_auto"],
     "noisy_neighbor": ["victim_p95_ratio_worst", "victim_p95_ratio_stop_strings", "victim_p95_ratio_big_body",
-                       "victim_p95_ratio_upload_bomb"],
+                       "victim_p95_ratio_upload_bomb", "victim_p95_ratio_prompt_list", "victim_p95_ratio_many_tools",
+                       "victim_p95_ratio_deep_schema", "victim_p95_ratio_logit_bias"],
     "responses": ["turn10_ttft_speedup_vs_stateless", "turn10_ttft_speedup_vs_prefix_cached",
                   "turn10_ttft_speedup_vs_prefix_cached_quiet"],
 }
