@@ -131,6 +131,25 @@ def test_non_strict_schema_is_enforced_too(openai_client):
     assert check_json_answer(answer.choices[0].message.content, answer.choices[0].finish_reason, schema)
 
 
+def test_relaxed_schema_says_what_was_relaxed_and_a_strict_one_says_nothing(openai_client):
+    relaxed = {"type": "array", "items": {"type": "integer"}, "uniqueItems": True, "maxItems": 3}
+    raw = openai_client.chat.completions.with_raw_response.create(
+        model=MODEL, messages=ask("Three small numbers."), max_tokens=24, temperature=0,
+        response_format=schema_format("numbers", relaxed, strict=False),
+    )
+    assert "uniqueItems" in raw.headers["x-loraplex-grammar-relaxed"]
+    answer = raw.parse()
+    assert isinstance(json.loads(answer.choices[0].message.content), list)  # the rest is enforced
+    exact = {"type": "object", "properties": {"n": {"not": {"type": "string"}}}, "required": ["n"]}
+    raw = openai_client.chat.completions.with_raw_response.create(
+        model=MODEL, messages=ask("A number n."), max_tokens=24, temperature=0,
+        response_format=schema_format("n", exact, strict=True),  # `not` rewritten exactly: nothing relaxed
+    )
+    assert "x-loraplex-grammar-relaxed" not in raw.headers
+    choice = raw.parse().choices[0]
+    assert check_json_answer(choice.message.content, choice.finish_reason, exact)
+
+
 @pytest.mark.parametrize(
     ("response_format", "prompt", "check"),
     [
