@@ -6,7 +6,7 @@ found greedily on the real matcher (accept, then roll back), preferring at
 each step the tokens that close what is open (`"`, `]`, `}`), then `,`
 (when a minimum count forces another item), then the smallest values (`1`
 before `0`, so digits inside dates and times make real ones, `""`, `[]`,
-`{}`, `null`, ...), and otherwise the longest allowed token (forced keys and
+`{}`, `null`, ...; `Z` ends a time, `@` an email's local part), and otherwise the longest allowed token (forced keys and
 enum values go fastest that way).
 """
 
@@ -54,6 +54,10 @@ class ClosingTokens:
         for text in (b"Z", b'Z"'):
             if text in by_text:
                 preferred.insert(0 if text == b'Z"' else len(preferred), by_text[text])
+        # Ends an email's local part, where `}`, `]`, letters and digits are allowed forever; outside a string it
+        # is never allowed, so it may come right after the tokens that close a string.
+        if b"@" in by_text:
+            preferred.insert(sum(1 for quoted, *_ in closers if not quoted), by_text[b"@"])
         for text in _PREFERRED_AFTER_CLOSERS:
             if text in by_text:
                 preferred.append(by_text[text])

@@ -109,3 +109,20 @@ def test_the_closing_plan_ends_a_date_time_inside_its_fraction_of_a_second(compi
         assert plan is not None, prefix
         text = prefix + tokenizer.decode(plan)
         assert json.loads(text)["timestamp"].startswith("2023-08-11T15:50:17"), text
+
+
+def test_the_closing_plan_ends_an_email_cut_before_its_at_sign(compiler, tokenizer):
+    """An email's local part admits letters, digits and brackets forever: the plan must reach `@` and close."""
+    import jsonschema
+    from loraplex.grammar.closing import plan_completion
+
+    schema = {"type": "object", "properties": {"name": {"type": "string"}, "email": {"type": "string", "format": "email"}},
+              "required": ["name", "email"], "additionalProperties": False}
+    grammar = compiler.compile_blocking(GrammarSpec(GrammarKind.JSON_SCHEMA, schema, strict=True))
+    for prefix in ('{"name": "Al", "email": "', '{"name": "Al", "email": "alice.smith', '{"name": "Al", "email": "a@b.'):
+        matcher, ok = feed(grammar, tokenizer, prefix)
+        assert ok
+        plan = plan_completion(matcher._inner, matcher._tokens, limit=16)
+        assert plan is not None, prefix
+        text = prefix + tokenizer.decode(plan)
+        jsonschema.validate(json.loads(text), schema, format_checker=jsonschema.FormatChecker())
