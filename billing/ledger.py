@@ -17,12 +17,12 @@ from typing import Any
 from loraplex.billing.events import UsageEvent
 from loraplex.billing.models import RolledUpDayRow, UsageEventRow
 from loraplex.billing.pricing import Price, PriceBook, select_price
+from loraplex.billing.unavailable import UNAVAILABLE_ERRORS
 from sqlalchemy import delete, exc
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session, sessionmaker
 
 # Errors that mean "the database cannot be reached right now": spool and retry later.
-UNAVAILABLE_ERRORS = (exc.OperationalError, exc.InterfaceError, exc.DisconnectionError, exc.TimeoutError)
 
 
 class LedgerUnavailableError(Exception):

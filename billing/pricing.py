@@ -6,6 +6,7 @@ in pico-USD is exactly sum(tokens × price) with no rounding anywhere.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from dataclasses import dataclass
@@ -14,9 +15,12 @@ from decimal import Decimal, InvalidOperation
 
 from loraplex.billing.events import UsageEvent
 from loraplex.billing.models import PriceRow
+from loraplex.billing.unavailable import UNAVAILABLE_ERRORS
 from loraplex.engine.errors import InvalidRequestError
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
+
+log = logging.getLogger(__name__)
 
 ANY_MODEL = "*"
 PICO_PER_USD = 10**12
@@ -111,6 +115,7 @@ class PriceBook:
         self._ttl_s = ttl_s
         self._prices: list[Price] = []
         self._loaded_at = -float("inf")
+        self._ever_loaded = False
         self._lock = threading.Lock()
 
     def invalidate(self) -> None:
@@ -119,15 +124,22 @@ class PriceBook:
     def prices(self) -> list[Price]:
         """The book as of at most `ttl_s` ago."""
         if time.monotonic() - self._loaded_at > self._ttl_s:
-            with self._session_factory() as session:
-                return self.load(session)
+            try:
+                with self._session_factory() as session:
+                    return self.load(session)
+            except UNAVAILABLE_ERRORS:
+                # The database being down must not stop inference: admission prices its reservation with the
+                # book last read (the ledger prices each event again when it stores it, once the database is back).
+                if not self._ever_loaded:
+                    raise
+                log.warning("price book unavailable; using the one last read")
         return self._prices
 
     def load(self, session: Session) -> list[Price]:
         """The book as stored now, read in the caller's transaction (and cached for `prices()`)."""
         prices = [Price.from_row(row) for row in session.scalars(select(PriceRow))]
         with self._lock:
-            self._prices, self._loaded_at = prices, time.monotonic()
+            self._prices, self._loaded_at, self._ever_loaded = prices, time.monotonic(), True
         return prices
 
 

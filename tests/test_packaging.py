@@ -5,6 +5,7 @@ A default editable install finds these next to the source tree, so only a real w
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -18,10 +19,16 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("wheel")
-    subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(out), str(ROOT)],
-        check=True, capture_output=True, text=True, timeout=300,
-    )
+    # setuptools builds in the source tree's build/; leave the checkout as the test found it.
+    had_build = (ROOT / "build").exists()
+    try:
+        subprocess.run(
+            [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(out), str(ROOT)],
+            check=True, capture_output=True, text=True, timeout=300,
+        )
+    finally:
+        if not had_build:
+            shutil.rmtree(ROOT / "build", ignore_errors=True)
     (built,) = out.glob("loraplex-*.whl")
     return built
 

@@ -107,3 +107,20 @@ def test_unreachable_database_raises_unavailable(make_event, refusing_engine):
     ledger = Ledger(sessionmaker(refusing_engine))
     with pytest.raises(LedgerUnavailableError):
         ledger.write([make_event()])
+
+
+def test_price_book_serves_its_last_read_through_a_database_outage(session_factory, refusing_engine):
+    """Admission prices each reservation from the book; an expired cache during an outage must not turn
+    every request into a 500. A book never read has nothing to fall back on and says so."""
+    with session_factory() as session, session.begin():
+        add_price(session, model="*", input_usd_per_mtok="1", output_usd_per_mtok="2",
+                  effective_from=datetime(2026, 1, 1, tzinfo=UTC))
+    current = [session_factory]
+    book = PriceBook(lambda: current[0](), ttl_s=0.0)
+    read = book.prices()
+    assert [p.model for p in read] == ["*"]
+    current[0] = sessionmaker(bind=refusing_engine)
+    assert book.prices() == read
+    with pytest.raises(Exception) as raised:
+        PriceBook(sessionmaker(bind=refusing_engine)).prices()
+    assert "OperationalError" in type(raised.value).__name__
