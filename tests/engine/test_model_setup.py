@@ -95,3 +95,19 @@ def test_half_written_cache_is_rebuilt(tmp_path: Path):
     assert path == broken
     assert json.loads((path / "config.json").read_text())["model_type"] == "llama"
     assert [p.name for p in tmp_path.iterdir()] == [DEFAULT_MODEL_NAME]  # no staging dirs left
+
+
+def test_cpu_head_for_a_few_rows_equals_the_plain_product_and_keeps_the_argmax() -> None:
+    """The CPU LM head takes W @ x.T for small batches (the fast GEMM path); same logits to rounding."""
+    from loraplex.engine.model.layers import VocabParallelHead
+
+    torch.manual_seed(0)
+    head = VocabParallelHead(64, 1000)
+    torch.nn.init.normal_(head.weight)
+    for rows in (1, 2, 5, 96, 97, 200):
+        hidden = torch.randn(rows, 64)
+        logits = head(hidden)
+        plain = torch.nn.functional.linear(hidden, head.weight)
+        assert logits.shape == (rows, 1000) and logits.is_contiguous()
+        torch.testing.assert_close(logits, plain, rtol=1e-5, atol=1e-4)
+        assert torch.equal(logits.argmax(-1), plain.argmax(-1))
