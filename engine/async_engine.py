@@ -117,7 +117,7 @@ class AsyncEngine:
                 if stream.output.text.stopped_early:  # a stop string matched here: the engine still runs it
                     with self._lock:
                         self._streams.pop(request.request_id, None)
-                    self._send("finish", request.request_id)
+                    self._send("finish", (request.request_id, stream.output.text.kept_token_counts()))
                 yield item
         finally:
             if not finished:
@@ -243,7 +243,7 @@ class AsyncEngine:
                 if out is not None:
                     self._deliver(out)
             elif kind == "finish":  # its caller has all it needs (a stop string): nobody reads the rest
-                self.engine.stop(payload)
+                self.engine.stop(*payload)
             elif kind == "release_session":
                 self.engine.release_session(payload)
 

@@ -84,6 +84,7 @@ class LLMEngine:
         self.texts: dict[str, RequestText] = {}  # with `detokenize`: each request's text side
         self.num_prompt_tokens_total = 0
         self.num_generation_tokens_total = 0
+        self.num_discarded_tokens_total = 0  # generated past a stop string the caller matched: never delivered
         self.num_jump_forward_tokens_total = 0  # appended without a sampling step
         self.num_reasoning_tokens_total = 0  # of those, inside a reasoning segment (billed as thinking)
         self.last_step_was_idle = False  # work is waiting but nothing could run (e.g. adapters loading)
@@ -204,12 +205,15 @@ class LLMEngine:
             return processed[0] if processed else output
         return output
 
-    def stop(self, request_id: str) -> RequestOutput | None:
+    def stop(self, request_id: str, kept_tokens: list[int] | None = None) -> RequestOutput | None:
         """A stop string ended the request on the caller's side: finish it as stopped, not aborted (a session
-        keeps its KV pinned); returns its final output (None if unknown)."""
+        keeps its KV pinned); returns its final output (None if unknown). `kept_tokens`: output tokens each
+        choice delivered; what was generated past them is counted as discarded (generated, never billed)."""
         state = self.requests.get(request_id)
         if state is None:
             return None
+        for seq, kept in zip(state.seqs, kept_tokens or [], strict=False):
+            self.num_discarded_tokens_total += max(0, seq.num_output_tokens - kept)
         state.finish_all(FinishReason.STOP)
         for seq in state.seqs:
             if not seq.is_finished:
@@ -249,7 +253,7 @@ class LLMEngine:
             if text.finished:
                 del self.texts[output.request_id]
             if text.stopped_early:
-                self.stop(output.request_id)
+                self.stop(output.request_id, text.kept_token_counts())
             if processed is not None:
                 done.append(processed)
         return done
@@ -399,6 +403,7 @@ class LLMEngine:
             "prefix_cache_hits": bm.num_prefix_hits,
             "prompt_tokens_total": self.num_prompt_tokens_total,
             "generation_tokens_total": self.num_generation_tokens_total,
+            "discarded_tokens_total": self.num_discarded_tokens_total,
             "reasoning_tokens_total": self.num_reasoning_tokens_total,
             "num_preemptions": self.scheduler.num_preemptions,
             "num_pins_evicted": bm.num_pins_evicted,

@@ -110,7 +110,7 @@ class Settings(BaseSettings):
     # Grammar compilations one tenant may have running at once (per API server; 0: no cap); a request past
     # it waits this long for one of them to finish, then 429 tenant_compile_limit. Cached schemas skip it.
     grammar_compiles_per_tenant: int = Field(default=1, ge=0)
-    grammar_compile_wait_s: float = Field(default=10.0, ge=0)
+    grammar_compile_wait_s: float = Field(default=30.0, ge=0)
     session_ttl_s: int = 3600
     session_max_ttl_s: int = 7 * 86400
     # Sessions per tenant alive at once (0: no cap; past it 429 session_limit_exceeded), and the largest

@@ -120,7 +120,8 @@ class EngineCore:
                 if request_id in self._compiling:
                     self._drop_compiling(request_id)
                     continue
-                output = self.engine.stop(request_id) if message.stop else self.engine.abort(request_id)
+                output = (self.engine.stop(request_id, message.kept_tokens) if message.stop
+                          else self.engine.abort(request_id))
                 if output is not None:
                     self._deliver([output])
         elif isinstance(message, ReleaseSession):

@@ -42,6 +42,7 @@ class Add(msgspec.Struct, tag=True):
 class Abort(msgspec.Struct, tag=True):
     request_ids: list[str]
     stop: bool = False  # a stop string ended them on the client's side: finished as stopped (sessions keep pins)
+    kept_tokens: list[int] = []  # with stop, one request: output tokens each choice delivered
 
 
 class ReleaseSession(msgspec.Struct, tag=True):

@@ -142,7 +142,7 @@ class MultiProcessEngineClient:
                 finished = item.finished
                 if stream.text.stopped_early:  # a stop string matched here: the core still runs it
                     self._streams.pop(request.request_id, None)
-                    self._post(Abort([request.request_id], stop=True))
+                    self._post(Abort([request.request_id], stop=True, kept_tokens=stream.text.kept_token_counts()))
                 yield item
         finally:
             if not finished and request.request_id in self._streams:

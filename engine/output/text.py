@@ -24,6 +24,7 @@ class ChoiceText:
     detokenizer: IncrementalDetokenizer
     stop_strings: StopStringMatcher
     finished: bool = False
+    num_kept_tokens: int = 0  # the choice's output tokens as delivered (those after a stop string cut off)
 
 
 class RequestText:
@@ -36,6 +37,10 @@ class RequestText:
         ]
         self.finished = False          # every choice has ended (by the engine or by a stop string here)
         self.stopped_early = False     # ended here while the engine still runs it: stop it there
+
+    def kept_token_counts(self) -> list[int]:
+        """Output tokens each choice delivered: the engine counts what it generated past them as discarded."""
+        return [choice.num_kept_tokens for choice in self.choices]
 
     def process(self, output: RequestOutput) -> RequestOutput | None:
         """`output` with its text filled in and stop strings applied (in place); None if nothing is left."""
@@ -81,6 +86,7 @@ def _fill(choice: ChoiceText, delta: ChoiceDelta) -> None:
                 delta.num_output_tokens -= dropped
             delta.finish_reason, delta.stop_reason, delta.hide_last_token = FinishReason.STOP, stop_strings.matched, False
             break
+    choice.num_kept_tokens = delta.num_output_tokens
     if delta.finish_reason is not None:
         parts.append(stop_strings.flush())
         choice.finished = True

@@ -33,6 +33,7 @@ def test_a_stop_string_inside_a_multi_token_delta_drops_the_tokens_after_it(smol
     assert delta.text == " two" and delta.finish_reason == FinishReason.STOP and delta.stop_reason == " three"
     kept = ids.index(tok.encode(" three", add_special_tokens=False)[0]) + 1
     assert delta.token_ids == ids[1:kept] and delta.num_output_tokens == kept  # billed: what was delivered
+    assert text.kept_token_counts() == [kept]  # what the engine is told, so it counts the rest as discarded
     assert text.process(_output("r", ids[:1], len(ids) + 1)) is None  # anything later is dropped
 
 
@@ -88,6 +89,7 @@ async def test_a_stop_string_through_the_async_engine_stops_the_request_and_coun
     full = [o async for o in smollm_engine.generate(EngineRequest("full-t", prompt, greedy(40)))]
     text = "".join(c.text for o in full for c in o.choices)
     stop = text.split()[3]
+    before = smollm_engine.engine.stats()
     outs = [o async for o in smollm_engine.generate(EngineRequest(
         "stop-t", prompt, greedy(40, stop=[stop]), session_id="stop-session", tenant_id="t-stop"))]
     last = outs[-1].choices[-1]
@@ -101,4 +103,8 @@ async def test_a_stop_string_through_the_async_engine_stops_the_request_and_coun
         await asyncio.sleep(0.02)
     assert "stop-t" not in smollm_engine.engine.requests
     assert smollm_engine.engine.session_state("stop-session") == "pinned"
+    after = smollm_engine.engine.stats()
+    generated = after["generation_tokens_total"] - before["generation_tokens_total"]
+    discarded = after["discarded_tokens_total"] - before["discarded_tokens_total"]
+    assert generated - discarded == len(delivered)  # the engine's counts reconcile with what was billed
     smollm_engine.release_session("stop-session")

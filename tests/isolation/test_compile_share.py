@@ -56,8 +56,12 @@ async def test_one_tenants_slow_compilations_never_hold_another_tenants(tokenize
         assert not slow.done()
         assert grammar.new_matcher().accept_token(tokenizer.encode("4", add_special_tokens=False)[0])
 
-        with pytest.raises(InvalidRequestError, match="longer than"):
-            await slow  # stopped at its time limit, and its slot returns
+        # Under `auto` a regex may compile in llguidance (bounded by its fuel, not stopped at the wall-clock
+        # limit) or in xgrammar's worker (killed at the limit): either way it ends, and its slot returns.
+        try:
+            await slow
+        except InvalidRequestError as exc:
+            assert "longer than" in str(exc)
         assert slots.num_in_flight("attacker") == 0
         await asyncio.wait_for(compile_as("attacker", GrammarSpec(GrammarKind.REGEX, "[0-9]{2,5}")), 10.0)
     finally:
