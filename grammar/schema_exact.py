@@ -10,7 +10,18 @@ Each rewrite is an identity of JSON Schema:
 - `oneOf: [B1..Bn]` whose branches may overlap becomes
   `anyOf: [B1 and not B2 .. and not Bn, ...]`;
 - `minProperties: 1` beside optional `properties` becomes "one of them is
-  required, or none is present and some other key is".
+  required, or none is present and some other key is";
+- `minProperties`/`maxProperties` of a closed object (`additionalProperties:
+  false`, no `patternProperties`) become the `anyOf` of the sets of its
+  declared keys whose sizes are within the bounds (each set: those keys
+  required, the others absent);
+- `propertyNames` becomes the keys it allows: a finite set (`enum`/`const`)
+  becomes those `properties` and no others; the complement of a finite set
+  (`not: {enum}`) becomes `patternProperties` over the strings outside it and
+  the declared keys; a `pattern` on an object without declared keys becomes
+  `patternProperties: {pattern: additionalProperties}` (or on one whose other
+  keys are free, the declared keys that do not match become `false`);
+- an object that requires a key it does not allow accepts nothing (`false`).
 A rewrite whose complement cannot be written is not made: the keyword stays,
 and a backend that cannot enforce it refuses it. Sizes are capped (branches,
 dependencies), so a rewrite never multiplies a schema beyond the compile
@@ -19,10 +30,13 @@ limits.
 
 from __future__ import annotations
 
+import re
+from itertools import combinations
+from math import comb
 from typing import Any
 
 from loraplex.grammar.schema_finite import FiniteValues
-from loraplex.grammar.schema_negate import negate
+from loraplex.grammar.schema_negate import negate, strings_outside
 from loraplex.grammar.schema_walk import (
     VALIDATION_KEYWORDS,
     SchemaShapeLimits,
@@ -41,6 +55,8 @@ _KEPT_BESIDE_REF = frozenset({"$defs", "definitions", "$id", "id", "$schema", "$
 _MAX_ONE_OF = 8
 _MAX_DEPENDENCIES = 8
 _MAX_PASSES = 8
+_MAX_KEY_SETS = 64   # branches of a min/maxProperties rewrite
+_MAX_NAMES = 256     # keys of a finite propertyNames
 
 
 def exact_rewrite(schema: Any) -> Any:
@@ -89,7 +105,8 @@ def _points_into_rewrites(ref: Any) -> bool:
 
 def _rewritable(node: dict) -> bool:
     return (bool(_MOVED & node.keys()) or (("enum" in node or "const" in node) and len(node) > 1)
-            or node.get("minProperties") == 1)
+            or node.get("minProperties") == 1 or "propertyNames" in node or _requires_forbidden_key(node)
+            or (("minProperties" in node or "maxProperties" in node) and node.get("additionalProperties") is False))
 
 
 class _Rewriter:
@@ -132,6 +149,16 @@ class _Rewriter:
                 rewritten = _dependencies(node, key)
                 if rewritten is not None:
                     return rewritten
+        if _requires_forbidden_key(node):
+            return False
+        if "propertyNames" in node:
+            rewritten = _property_names(node)
+            if rewritten is not None:
+                return rewritten
+        if ("minProperties" in node or "maxProperties" in node) and node.get("additionalProperties") is False:
+            rewritten = _property_count(node)
+            if rewritten is not None:
+                return rewritten
         if node.get("minProperties") == 1 and isinstance(node.get("properties"), dict) and any(
                 sub is not False for sub in node["properties"].values()):
             return _at_least_one_property(node)
@@ -195,6 +222,108 @@ def _at_least_one_property(node: dict) -> Any:
         branches.append({"properties": dict.fromkeys(declared, False), "minProperties": 1})
     rest = {k: v for k, v in node.items() if k != "minProperties"}
     return _conjoin(rest, _any_of(branches))
+
+
+def _requires_forbidden_key(node: dict) -> bool:
+    """An object-only schema requiring a key that its `properties`/`additionalProperties` forbid."""
+    required = node.get("required")
+    if node.get("type") != "object" or not isinstance(required, list) or not required:
+        return False
+    properties = node.get("properties") if isinstance(node.get("properties"), dict) else {}
+    closed = node.get("additionalProperties") is False and not node.get("patternProperties")
+    return any(isinstance(key, str) and (properties.get(key) is False or (closed and key not in properties))
+               for key in required)
+
+
+def _property_count(node: dict) -> Any | None:
+    """min/maxProperties of a closed object: the anyOf of its allowed key sets (sizes within the bounds)."""
+    properties = node.get("properties", {})
+    low, high = node.get("minProperties", 0), node.get("maxProperties")
+    if (node.get("patternProperties") or not isinstance(properties, dict) or not isinstance(low, int)
+            or not (high is None or isinstance(high, int)) or isinstance(low, bool) or isinstance(high, bool)):
+        return None
+    required = node.get("required", [])
+    if not isinstance(required, list) or not all(isinstance(k, str) for k in required):
+        return None
+    declared = [k for k, sub in properties.items() if sub is not False]
+    if any(k not in declared for k in required):
+        return False
+    optional = [k for k in declared if k not in required]
+    high = len(declared) if high is None else min(high, len(declared))
+    sizes = range(max(low - len(required), 0), high - len(required) + 1)
+    if high == len(declared) and sizes:
+        sizes = sizes[:1]  # no upper bound: "these keys at least" for each smallest set, the others free
+    if sum(comb(len(optional), n) for n in sizes) > _MAX_KEY_SETS:
+        return None
+    rest = {k: v for k, v in node.items() if k not in ("minProperties", "maxProperties")}
+    branches: list[Any] = []
+    for n in sizes:
+        for chosen in combinations(optional, n):
+            absent = {} if high == len(declared) else {k: False for k in optional if k not in chosen}
+            branch: dict[str, Any] = {"required": [k for k in declared if k in chosen or k in required]}
+            if absent:
+                branch["properties"] = absent
+            branches.append(branch)
+    if not branches:
+        return False
+    return _conjoin(rest, _any_of(branches))
+
+
+def _property_names(node: dict) -> Any | None:
+    """`propertyNames` written as the keys it allows (see the module's docstring); None when it cannot be."""
+    names = node["propertyNames"]
+    rest = {k: v for k, v in node.items() if k != "propertyNames"}
+    if names is True or names == {}:
+        return rest
+    properties = node.get("properties", {})
+    if not isinstance(names, dict) or not isinstance(properties, dict) or node.get("patternProperties"):
+        return None
+    if names is False:
+        return {**rest, "properties": {k: False for k in properties}, "additionalProperties": False}
+    extra = node.get("additionalProperties", True)
+    allowed = _finite_strings(names)
+    if allowed is not None:
+        kept = {k: properties.get(k, extra) for k in allowed}
+        return {**rest, "properties": kept, "additionalProperties": False}
+    if set(names) == {"not"} and isinstance(names["not"], dict):
+        excluded = _finite_strings(names["not"])
+        if excluded is None:
+            return None
+        kept = {k: (False if k in excluded else sub) for k, sub in properties.items()}
+        out = {**rest, "properties": kept, "additionalProperties": False}
+        if extra is not False:
+            out["patternProperties"] = {strings_outside(sorted({*excluded, *properties})): extra}
+        return out
+    if set(names) - {"type"} == {"pattern"} and names.get("type", "string") == "string" and isinstance(
+            names["pattern"], str):
+        pattern = names["pattern"]
+        if not properties:
+            if extra is False:
+                return rest
+            return {**rest, "patternProperties": {pattern: extra}, "additionalProperties": False}
+        if extra is True or extra == {}:
+            try:
+                compiled = re.compile(pattern)
+            except re.error:
+                return None
+            if not all(k.isascii() for k in properties) or not pattern.isascii():
+                return None  # where Python's regex and ECMA-262 may differ (Unicode classes)
+            kept = {k: (sub if compiled.search(k) else False) for k, sub in properties.items()}
+            return {**rest, "properties": kept, "patternProperties": {pattern: {}}, "additionalProperties": False}
+    return None
+
+
+def _finite_strings(schema: dict) -> list[str] | None:
+    """The strings of an `enum`/`const`-only schema (other types dropped: keys are strings)."""
+    if set(schema) - {"type"} == {"const"} and schema.get("type", "string") == "string":
+        values = [schema["const"]]
+    elif set(schema) - {"type"} == {"enum"} and schema.get("type", "string") == "string" and isinstance(
+            schema["enum"], list):
+        values = schema["enum"]
+    else:
+        return None
+    strings = list(dict.fromkeys(v for v in values if isinstance(v, str)))
+    return strings if len(strings) <= _MAX_NAMES else None
 
 
 def _dependencies(node: dict, key: str) -> Any | None:

@@ -15,7 +15,7 @@ from loraplex.grammar.spec import GrammarKind, GrammarSpec
 VALUES = [
     None, True, False, 0, 1, -3, 2.5, 7, 12, 25, 35, 100, "", "a", "ab", "abc", "linux", "lin", "linuxx", "x y",
     [], [1], [1, 2], ["a", "b", "c"], {}, {"a": 1}, {"b": 2}, {"a": 1, "b": 2}, {"a": "s", "c": True},
-    {"a": 1, "b": 2, "c": 3}, {"c": None},
+    {"a": 1, "b": 2, "c": 3}, {"c": None}, {"c": True}, {"b": 2, "c": 3}, {"ab": 1}, {"a": 1, "ba": 2},
 ]
 
 NEGATABLE = [
@@ -70,6 +70,22 @@ REWRITTEN = [
     {"type": "object", "properties": {"a": {"not": {"type": ["string", "array"]}}}},
     {"type": "object", "properties": {"a": {"type": "integer"}, "b": {}}, "minProperties": 1},
     {"type": "object", "properties": {"a": {}, "c": {}}, "additionalProperties": False, "minProperties": 1},
+    # the key counts of a closed object, as the sets of keys allowed
+    {"type": "object", "properties": {"a": {}, "b": {}, "c": {}}, "additionalProperties": False,
+     "minProperties": 1, "maxProperties": 2},
+    {"type": "object", "properties": {"a": {"type": "integer"}, "b": {}, "c": {}}, "additionalProperties": False,
+     "minProperties": 2},
+    {"type": "object", "properties": {"a": {"type": "integer"}, "b": {}}, "required": ["a"],
+     "additionalProperties": False, "maxProperties": 1},
+    # propertyNames, as the keys it allows
+    {"type": "object", "propertyNames": {"enum": ["a", "c"]}, "additionalProperties": {"type": "integer"}},
+    {"type": "object", "properties": {"a": {"type": "integer"}}, "propertyNames": {"not": {"enum": ["b", "ab"]}},
+     "additionalProperties": {"type": "boolean"}},
+    {"type": "object", "propertyNames": {"pattern": "^[ab]$"}, "additionalProperties": {"type": "integer"}},
+    {"type": "object", "properties": {"a": {"type": "integer"}, "c": {}}, "propertyNames": {"pattern": "^[ab]"}},
+    # an object requiring a key it forbids accepts nothing
+    {"anyOf": [{"type": "object", "properties": {"a": {}}, "required": ["b"], "additionalProperties": False},
+               {"type": "string"}]},
 ]
 
 
