@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 from loraplex.engine.context import StepContext
-from loraplex.engine.cuda.fused_ops import rotary_
+from loraplex.engine.cuda.fused_ops import rotary_, rotary_write_kv_
 from loraplex.engine.kernels.paged_attention_decode import paged_decode_attention
 from loraplex.engine.kernels.paged_attention_kv_write import write_kv_cache
 from loraplex.engine.kernels.paged_attention_prefill import paged_prefill_attention
@@ -29,6 +29,8 @@ class TritonAttentionMetadata:
 
 
 class TritonPagedAttention:
+    fuse_rotary_kv_write = True  # one kernel for rotary and the cache write (False: two, for comparison)
+
     def forward(
         self,
         q: torch.Tensor,
@@ -39,12 +41,15 @@ class TritonPagedAttention:
         scale: float,
     ) -> torch.Tensor:
         meta: TritonAttentionMetadata = ctx.attention
-        rotary_(q, k, ctx.cos, ctx.sin)
         # The pool is flat [slots, kv_heads, D] (shared with the CPU path's block copies and
         # host swaps); the kernels read it as [blocks, block_size, kv_heads, D].
         key_cache = kv_cache[0].view(-1, meta.block_size, *kv_cache[0].shape[1:])
         value_cache = kv_cache[1].view(-1, meta.block_size, *kv_cache[1].shape[1:])
-        write_kv_cache(k, v, key_cache, value_cache, meta.slot_mapping)
+        if self.fuse_rotary_kv_write:
+            rotary_write_kv_(q, k, v, ctx.cos, ctx.sin, key_cache, value_cache, meta.slot_mapping)
+        else:
+            rotary_(q, k, ctx.cos, ctx.sin)
+            write_kv_cache(k, v, key_cache, value_cache, meta.slot_mapping)
         out = q.new_empty(q.shape)
         if meta.cu_seqlens_q is None:
             paged_decode_attention(q, key_cache, value_cache, meta.block_tables, meta.seq_lens, scale,

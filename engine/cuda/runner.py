@@ -21,7 +21,7 @@ import torch
 from loraplex.engine.config import EngineConfig, ModelConfig
 from loraplex.engine.context import StepContext
 from loraplex.engine.cuda.attention import TritonAttentionMetadata
-from loraplex.engine.cuda.fused_ops import fuse_norms
+from loraplex.engine.cuda.fused_ops import fuse_model
 from loraplex.engine.cuda.graphs import DecodeGraph, batch_ladder, capture_decode_graph
 from loraplex.engine.cuda.memory import profile_num_blocks
 from loraplex.engine.cuda.staging import GrammarMaskBuffers, PinnedStaging
@@ -53,12 +53,12 @@ class CudaModelRunner(ModelRunner):
 
     @classmethod
     def plan_num_blocks(cls, model: LlamaForCausalLM, model_config: ModelConfig, engine_config: EngineConfig) -> int:
-        fuse_norms(model)
+        fuse_model(model)
         return profile_num_blocks(model, model_config, engine_config)
 
     def __init__(self, model: LlamaForCausalLM, model_config: ModelConfig, engine_config: EngineConfig,
                  *args: Any, **kwargs: Any) -> None:
-        fuse_norms(model)
+        fuse_model(model)
         super().__init__(model, model_config, engine_config, *args, **kwargs)
         self.num_kv_heads = model.plan.num_kv_heads
         max_model_len = engine_config.resolve_max_model_len(model_config)

@@ -20,13 +20,29 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
+        """RMSNorm(x); with `residual`: s = x + residual (rounded to the dtype, as `hidden + out`
+        would be), returns (RMSNorm(s), s). The CUDA runner's twin does the pair in one kernel."""
+        if residual is not None:
+            total = x + residual
+            return self._norm(total), total
+        return self._norm(x)
+
+    def _norm(self, x: torch.Tensor) -> torch.Tensor:
         if x.dtype == torch.float32:  # one fused op; the same arithmetic as below without casts
             return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
         dtype = x.dtype
         x = x.float()
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * x.to(dtype)
+
+
+class SiluAndMul(nn.Module):
+    """[T, 2n] (gate columns, then up) -> silu(gate) * up; the CUDA runner swaps in one kernel."""
+
+    def forward(self, gate_up: torch.Tensor) -> torch.Tensor:
+        gate, up = gate_up.chunk(2, dim=-1)
+        return F.silu(gate) * up
 
 
 class RotaryEmbedding(nn.Module):
@@ -100,8 +116,11 @@ class LoRALinear(nn.Module):
         self.weight = nn.Parameter(torch.empty(start, in_features))
         self.bias = nn.Parameter(torch.zeros(start)) if bias else None
 
+    # y = x @ W.T (+ b); the CUDA runner installs a batch-1 GEMV (`engine/cuda/gemv.py`) per instance
+    matmul = staticmethod(F.linear)
+
     def forward(self, x: torch.Tensor, ctx: StepContext) -> torch.Tensor:
-        y = F.linear(x, self.weight, self.bias)
+        y = self.matmul(x, self.weight, self.bias)
         if ctx.lora is not None:
             ctx.lora.apply(x, y, self.layer_index, self.slices)
         if self.parallel == "row":
@@ -158,10 +177,12 @@ class VocabParallelHead(nn.Module):
         self.vocab_size = vocab_size
         self.weight = nn.Parameter(torch.empty(-(-vocab_size // tp.world_size), hidden_size))
 
+    matmul = staticmethod(F.linear)  # as LoRALinear.matmul
+
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         logits = _cpu_small_batch_head(hidden, self.weight)
         if logits is None:
-            logits = F.linear(hidden, self.weight)
+            logits = self.matmul(hidden, self.weight, None)
         if not self.tp.is_parallel:
             return logits
         return self.tp.all_gather_last(logits)[..., : self.vocab_size]

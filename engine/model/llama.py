@@ -9,13 +9,13 @@ Built for one tensor-parallel rank (`tp`), every layer holds that rank's shard
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from loraplex.engine.config import ModelConfig, rope_inv_freq
 from loraplex.engine.context import StepContext
 from loraplex.engine.model.layers import (
     LoRALinear,
     RMSNorm,
     RotaryEmbedding,
+    SiluAndMul,
     VocabParallelEmbedding,
     VocabParallelHead,
 )
@@ -73,12 +73,12 @@ class MLP(nn.Module):
             parallel="column",
             tp=tp,
         )
+        self.act = SiluAndMul()
         self.down_proj = LoRALinear(self.intermediate, [("down_proj", config.hidden_size)], layer_index,
                                     parallel="row", tp=tp)
 
     def forward(self, x: torch.Tensor, ctx: StepContext) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x, ctx).split([self.intermediate, self.intermediate], dim=-1)
-        return self.down_proj(F.silu(gate) * up, ctx)
+        return self.down_proj(self.act(self.gate_up_proj(x, ctx)), ctx)
 
 
 class DecoderLayer(nn.Module):
@@ -90,10 +90,19 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
     def forward(
-        self, hidden: torch.Tensor, ctx: StepContext, kv_cache: tuple[torch.Tensor, torch.Tensor]
-    ) -> torch.Tensor:
-        hidden = hidden + self.self_attn(self.input_layernorm(hidden), ctx, kv_cache)
-        return hidden + self.mlp(self.post_attention_layernorm(hidden), ctx)
+        self, hidden: torch.Tensor, ctx: StepContext, kv_cache: tuple[torch.Tensor, torch.Tensor],
+        residual: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The residual stream is carried separately: this layer's input is `hidden + residual`
+        (just `hidden` for the first layer), its output the pair (MLP out, residual so far),
+        so each residual add is fused into the RMSNorm that follows it."""
+        if residual is None:
+            residual = hidden
+            x = self.input_layernorm(hidden)
+        else:
+            x, residual = self.input_layernorm(hidden, residual)
+        x, residual = self.post_attention_layernorm(self.self_attn(x, ctx, kv_cache), residual)
+        return self.mlp(x, ctx), residual
 
 
 class LlamaForCausalLM(nn.Module):
@@ -119,9 +128,12 @@ class LlamaForCausalLM(nn.Module):
     ) -> torch.Tensor:
         """[T] token ids -> [T, hidden] final hidden states (normed)."""
         hidden = self.embed_tokens(input_ids)
+        residual = None
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
-            hidden = layer(hidden, ctx, kv_cache)
-        return self.norm(hidden)
+            hidden, residual = layer(hidden, ctx, kv_cache, residual)
+        if residual is None:
+            return self.norm(hidden)
+        return self.norm(hidden, residual)[0]
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden)

@@ -1,0 +1,278 @@
+"""Where a decode step's GPU time goes, and which fused variant removes it (H100, 8B shapes).
+
+One call: (1) the batch-1 GEMV sweep, cuBLAS `F.linear` against Triton `gemv` block shapes, on
+each 8B projection shape, timed as back-to-back calls over 8 distinct weight copies in a CUDA
+graph (as a decode step reads its layers), after a check against float64; (2) the engine's
+decode graph replay at batch 1 and 64 for three variants: unfused, fused elementwise ops
+(add+RMSNorm, SiLU x mul, rotary+KV write), fused + GEMV; greedy tokens of the variants and of
+overlap on/off compared; (3) a torch.profiler table of the b1 step's kernels per variant;
+(4) LoRA-8 at batch 64: base vs adapters replay ratio for a few kernel configs, with a profile.
+Writes $OUT/gpu_decode_probe.json (or benchmarks/results/) and prints a short table last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+RESULT = {}
+
+
+def out_path() -> Path:
+    return Path(os.environ.get("OUT", Path(__file__).parent / "results")) / "gpu_decode_probe.json"
+
+
+def save() -> None:
+    out_path().parent.mkdir(parents=True, exist_ok=True)
+    out_path().write_text(json.dumps(RESULT, indent=1, default=str))
+
+
+SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336),
+          "head": (128256, 4096)}
+CONFIGS = [(4, 512, 4, 3), (8, 512, 4, 3), (8, 256, 4, 3), (8, 1024, 4, 3), (8, 1024, 8, 3), (16, 512, 4, 3),
+           (16, 512, 8, 3), (16, 256, 4, 4), (32, 256, 8, 3), (4, 1024, 4, 2), (8, 512, 4, 1), (16, 1024, 8, 2),
+           (2, 1024, 4, 3), (4, 2048, 8, 2)]
+
+
+def graph_time_us(fn, copies: int, repeats: int = 20) -> float:
+    """Per-call µs of `fn(i)` for i in range(copies), captured in one graph, median of replays."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for i in range(copies):
+            fn(i)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for i in range(copies):
+            fn(i)
+    graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / copies)
+    del graph
+    times.sort()
+    return times[len(times) // 2]
+
+
+def gemv_sweep(copy_gbps: float) -> dict:
+    import torch.nn.functional as F
+    from attention_kernels import relative_error
+    from loraplex.engine.cuda.gemv import gemv
+
+    table = {}
+    for name, (n, k) in SHAPES.items():
+        copies = 4 if name == "head" else 8
+        weights = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02 for _ in range(copies)]
+        xs = [torch.randn(1, k, device="cuda", dtype=torch.bfloat16) for _ in range(copies)]
+        floor_us = n * k * 2 / copy_gbps / 1e3
+        ref = F.linear(xs[0].double(), weights[0].double())
+        row = {"floor_us": floor_us,
+               "cublas_us": graph_time_us(lambda i, xs=xs, weights=weights: F.linear(xs[i], weights[i]), copies)}
+        row["cublas_err"] = relative_error(F.linear(xs[0], weights[0]), ref)
+        best = None
+        for config in CONFIGS:
+            try:
+                err = relative_error(gemv(xs[0], weights[0], config=config), ref)
+                us = graph_time_us(lambda i, c=config, xs=xs, weights=weights: gemv(xs[i], weights[i], config=c), copies)
+            except Exception as exc:  # a config that does not compile is skipped
+                row[str(config)] = f"error {type(exc).__name__}: {str(exc)[:80]}"
+                continue
+            row[str(config)] = {"us": us, "err": err}
+            if err < 2 * row["cublas_err"] + 1e-3 and (best is None or us < best[1]):
+                best = (config, us)
+        row["best"] = best
+        table[name] = row
+        print(f"gemv {name:8s} floor {floor_us:7.1f} cublas {row['cublas_us']:7.1f} ({floor_us / row['cublas_us']:.3f})"
+              f" best {best[0]} {best[1]:7.1f} ({floor_us / best[1]:.3f})", flush=True)
+        del weights, xs
+        torch.cuda.empty_cache()
+    return table
+
+
+def profile_graph(graph, steps: int = 5) -> list:
+    """Kernel name -> µs per replay, largest first."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            graph.forward.replay()
+            graph.sample.replay()
+        torch.cuda.synchronize()
+    sums: dict[str, list] = defaultdict(lambda: [0.0, 0])
+    for event in prof.events():
+        if event.device_type == torch.autograd.DeviceType.CUDA:
+            key = event.name[:70]
+            sums[key][0] += event.device_time / steps
+            sums[key][1] += 1 / steps
+    rows = sorted(([k, round(v[0], 1), round(v[1], 1)] for k, v in sums.items()), key=lambda r: -r[1])
+    return rows
+
+
+def set_variant(engine, elementwise: bool, gemv: bool) -> None:
+    from loraplex.engine.cuda.fused_ops import fuse_model
+
+    fuse_model(engine.runner.model, elementwise=elementwise, gemv=gemv)
+    engine.runner.attention_backend.fuse_rotary_kv_write = elementwise
+    engine.runner.release_graphs()
+
+
+def greedy_tokens(engine, prompts, max_tokens: int, overlap: bool) -> list:
+    from gpu_engine import set_overlap
+    from loraplex.engine.protocol import EngineRequest, SamplingParams
+
+    set_overlap(engine, overlap)
+    engine.block_manager.enable_prefix_caching = False
+    for i, p in enumerate(prompts):
+        engine.add_request(EngineRequest(f"g{time.monotonic_ns()}_{i}", p,
+                                         SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)))
+    tokens: dict[int, list[int]] = defaultdict(list)
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            tokens[int(out.request_id.rsplit("_", 1)[1])].extend(t for c in out.choices for t in c.token_ids)
+    engine.block_manager.enable_prefix_caching = True
+    return [tokens[i] for i in range(len(prompts))]
+
+
+def engine_variants(copy_gbps: float, lora_configs: bool) -> None:
+    from gpu_engine import (
+        decode_steps_ms,
+        engine_for,
+        kv_bytes,
+        lora_requests,
+        preload,
+        random_prompts,
+        set_overlap,
+        weight_bytes,
+    )
+    from loraplex.engine.config import AdapterLimits
+    from loraplex.engine.cuda.random_weights import RandomAdapterSource, named_config, random_device_model
+
+    config = named_config("Llama-3.1-8B")
+    model = random_device_model(config, 2048, device="cuda", dtype=torch.bfloat16)
+    floor_b1 = weight_bytes(model) / copy_gbps / 1e6
+    engine = engine_for(model, config, num_blocks=64 * 72 + 64)
+    prompts1 = random_prompts(1, 128, config.vocab_size, 9)
+    prompts64 = random_prompts(64, 1024, config.vocab_size, 10)
+    check_prompts = random_prompts(1, 64, config.vocab_size, 12)
+    variants = {"unfused": (False, False), "fused_elementwise": (True, False), "fused_gemv": (True, True)}
+    tokens = {}
+    RESULT["variants"] = {}
+    for name, (elementwise, gemv) in variants.items():
+        set_variant(engine, elementwise, gemv)
+        row = RESULT["variants"][name] = {}
+        tokens[name] = greedy_tokens(engine, check_prompts, 24, overlap=False)
+        if gemv:
+            on = greedy_tokens(engine, check_prompts, 24, overlap=True)
+            row["b1_overlap_tokens_equal"] = on == tokens[name]
+        set_overlap(engine, True)
+        b1 = decode_steps_ms(engine, lora_requests(prompts1, [None], 100), 60)
+        row["b1_step_ms"], row["b1_replay_ms"] = b1["step_ms"], b1["graph_replay_ms"]
+        row["b1_fraction"] = floor_b1 / b1["step_ms"]
+        row["b1_replay_fraction"] = floor_b1 / b1["graph_replay_ms"]
+        row["b1_profile"] = profile_graph(engine.runner.graphs[(1, None)])
+        b64 = decode_steps_ms(engine, lora_requests(prompts64, [None], 40), 20)
+        floor64 = (weight_bytes(model) + kv_bytes(config, 64 * b64["mean_context"])) / copy_gbps / 1e6
+        row["b64_step_ms"], row["b64_replay_ms"], row["b64_fraction"] = (
+            b64["step_ms"], b64["graph_replay_ms"], floor64 / b64["step_ms"])
+        print(f"{name:18s} b1 {b1['step_ms']:.3f} ms (replay {b1['graph_replay_ms']:.3f}) frac {row['b1_fraction']:.3f}"
+              f" | b64 {b64['step_ms']:.3f} (replay {b64['graph_replay_ms']:.3f}) frac {row['b64_fraction']:.3f}",
+              flush=True)
+        save()
+    RESULT["tokens_equal_vs_unfused"] = {name: t == tokens["unfused"] for name, t in tokens.items()}
+    print("tokens equal vs unfused:", RESULT["tokens_equal_vs_unfused"], flush=True)
+    save()
+
+    # LoRA-8 at batch 64 on the fused variant, a few kernel configs
+    from loraplex.engine.kernels import lora_triton
+
+    source = RandomAdapterSource(config, rank=16, dtype=torch.bfloat16, device="cuda", std=0.01)
+    manager = engine.serve_adapters(source, AdapterLimits(max_loras=64, max_cpu_loras=64, max_lora_rank=16))
+    preload(manager, [f"a{i}" for i in range(8)])
+    set_overlap(engine, True)
+    base = decode_steps_ms(engine, lora_requests(prompts64, [None], 40), 20)
+    original = lora_triton.choose_config
+    RESULT["lora"] = {"base_replay_ms": base["graph_replay_ms"], "base_step_ms": base["step_ms"]}
+    candidates = {"default": None}
+    if lora_configs:
+        candidates |= {
+            "split256_bn256": lora_triton.LoRAKernelConfig(block_n=256, split_k=256, block_k=64, num_warps=4),
+            "split1024_bn256": lora_triton.LoRAKernelConfig(block_n=256, split_k=1024, block_k=128, num_warps=4),
+            "split512_bn512_w8": lora_triton.LoRAKernelConfig(block_n=512, split_k=512, block_k=64, num_warps=8),
+            "split512_bn128": lora_triton.LoRAKernelConfig(block_n=128, split_k=512, block_k=64, num_warps=4),
+            "unfused_split512": lora_triton.LoRAKernelConfig(block_n=256, split_k=512, block_k=64, num_warps=4,
+                                                             fused=False),
+        }
+    for name, cfg in candidates.items():
+        lora_triton.choose_config = original if cfg is None else (lambda stack, meta, c=cfg: c)
+        engine.runner.graphs.pop((64, "lora"), None)
+        eight = decode_steps_ms(engine, lora_requests(prompts64, [f"a{i}" for i in range(8)], 40), 20)
+        RESULT["lora"][name] = {"step_ms": eight["step_ms"], "replay_ms": eight["graph_replay_ms"],
+                                "replay_ratio": eight["graph_replay_ms"] / base["graph_replay_ms"],
+                                "step_ratio": eight["step_ms"] / base["step_ms"]}
+        if name == "default":
+            RESULT["lora"]["profile"] = profile_graph(engine.runner.graphs[(64, "lora")], steps=3)
+        print(f"lora8 {name:20s} step ratio {eight['step_ms'] / base['step_ms']:.3f} replay ratio "
+              f"{eight['graph_replay_ms'] / base['graph_replay_ms']:.3f}", flush=True)
+        save()
+    lora_triton.choose_config = original
+    manager.detach()
+    del engine, manager, model
+    gc.collect()
+    torch.cuda.empty_cache()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--skip-sweep", action="store_true")
+    parser.add_argument("--skip-lora-configs", action="store_true")
+    options = parser.parse_args()
+    if not torch.cuda.is_available():
+        print("no GPU: nothing to probe (the kernels' CPU checks are tests/engine/kernels/test_decode_fusions.py)")
+        return
+    from attention_kernels import copy_bandwidth_gbps
+
+    RESULT["gpu"] = torch.cuda.get_device_name()
+    RESULT["copy_gbps"] = copy_gbps = copy_bandwidth_gbps()
+    print(f"card {RESULT['gpu']} copy {copy_gbps:.0f} GB/s", flush=True)
+    if not options.skip_sweep:
+        RESULT["gemv"] = gemv_sweep(copy_gbps)
+        save()
+        from loraplex.engine.cuda import gemv as gemv_module
+
+        for (n, k), row in zip(SHAPES.values(), RESULT["gemv"].values(), strict=True):
+            if row["best"] and row["best"][1] < row["cublas_us"]:
+                gemv_module.TUNED[(n, k)] = tuple(row["best"][0])
+        RESULT["tuned"] = {str(k): v for k, v in gemv_module.TUNED.items()}
+    engine_variants(copy_gbps, not options.skip_lora_configs)
+    save()
+    for name, row in RESULT["variants"].items():
+        print(name, {k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items() if "profile" not in k})
+    for name, row in RESULT["variants"].items():
+        print(f"--- {name} b1 kernels (us/step, launches/step)")
+        for r in row["b1_profile"][:14]:
+            print("  ", r)
+    print("--- lora b64 kernels")
+    for r in RESULT["lora"].get("profile", [])[:10]:
+        print("  ", r)
+
+
+if __name__ == "__main__":
+    main()
