@@ -30,7 +30,7 @@ if not torch.cuda.is_available():
 
 import triton
 from attention_kernels import copy_bandwidth_gbps, decode_attention_bandwidth, relative_error, time_eager_us
-from loraplex.engine.config import EngineConfig
+from loraplex.engine.config import AdapterLimits, EngineConfig
 from loraplex.engine.context import StepContext
 from loraplex.engine.cuda.attention import TritonAttentionMetadata, TritonPagedAttention
 from loraplex.engine.cuda.fused_ops import rms_norm, rms_norm_reference, rotary_, rotary_reference
@@ -452,7 +452,7 @@ def main() -> None:
                       f"decode_b64_detail{suffix}": b64})
 
     source = RandomAdapterSource(config, rank=16, dtype=torch.bfloat16, device="cuda", std=0.01)
-    manager = LoRAManager.for_engine(engine, source, max_loras=64, max_cpu_loras=64, max_lora_rank=16)
+    manager = engine.serve_adapters(source, AdapterLimits(max_loras=64, max_cpu_loras=64, max_lora_rank=16))
     preload(manager, [f"a{i}" for i in range(64)])
     for overlap, suffix in ((False, "_no_overlap"), (True, "")):
         set_overlap(engine, overlap)

@@ -32,10 +32,9 @@ import torch
 import triton
 from attention_kernels import copy_bandwidth_gbps
 from gpu_engine import decode_steps_ms, lora_requests, preload, random_prompts, weight_bytes
-from loraplex.engine.config import EngineConfig, ModelConfig
+from loraplex.engine.config import AdapterLimits, EngineConfig, ModelConfig
 from loraplex.engine.cuda.random_weights import RandomAdapterSource, SyntheticTokenizer, named_config
 from loraplex.engine.llm_engine import LLMEngine
-from loraplex.engine.lora.manager import LoRAManager
 from loraplex.engine.parallel.sources import RandomModelSource
 from loraplex.engine.protocol import EngineRequest, SamplingParams
 
@@ -214,7 +213,7 @@ def measure(report: dict, name: str, tp: int, copy_gbps: float, kind: str, with_
     print({k: v for k, v in metrics.items() if k.startswith(tag + "_")}, flush=True)
     if with_lora:
         source = RandomAdapterSource(config, rank=16, dtype=torch.bfloat16, device="cpu", std=0.01)
-        manager = LoRAManager.for_engine(engine, source, max_loras=8, max_cpu_loras=8, max_lora_rank=16)
+        manager = engine.serve_adapters(source, AdapterLimits(max_loras=8, max_cpu_loras=8, max_lora_rank=16))
         adapters = [f"a{i}" for i in range(8)]
         preload(manager, adapters)
         base = decode_steps_ms(engine, lora_requests(prompts64, [None], 40), 20)

@@ -33,7 +33,11 @@ sys.path.insert(0, str(REPO / "tests" / "fixtures"))
 
 from loraplex.adapters.base_model import BaseModelSpec  # noqa: E402
 from loraplex.adapters.source import FolderAdapterSource  # noqa: E402
-from loraplex.engine.config import EngineConfig, ModelConfig  # noqa: E402
+from loraplex.engine.config import (  # noqa: E402
+    AdapterLimits,
+    EngineConfig,
+    ModelConfig,
+)
 from loraplex.engine.llm_engine import LLMEngine  # noqa: E402
 from loraplex.engine.lora.manager import LoRAManager  # noqa: E402
 from loraplex.engine.model.default_model import ensure_default_model  # noqa: E402
@@ -192,8 +196,7 @@ def main() -> None:
     config = EngineConfig(kv_cache_bytes=256 * 1024 * 1024, max_num_seqs=64, max_num_batched_tokens=2048,
                           max_model_len=1024, dtype="float32", device="cpu")
     engine = LLMEngine(ours_model, model_config, config, tokenizer)
-    manager = LoRAManager.for_engine(engine, FolderAdapterSource(folders, spec, torch.float32), max_loras=len(names),
-                                     max_cpu_loras=len(names), max_lora_rank=64)
+    manager = engine.serve_adapters(FolderAdapterSource(folders, spec, torch.float32), AdapterLimits(max_loras=len(names), max_cpu_loras=len(names), max_lora_rank=64))
 
     base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     peft_model = PeftModel.from_pretrained(base, folders[names[0]], adapter_name=names[0])

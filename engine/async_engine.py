@@ -76,7 +76,6 @@ class AsyncEngine:
         self._stats: dict[str, int] = engine.stats()
         self._dead: BaseException | None = None
         self._num_threads = num_threads
-        self._lora: Any = None  # a LoRAManager once adapters are attached
         self._thread = threading.Thread(target=self._run, name="loraplex-engine", daemon=True)
         self._thread.start()
 
@@ -152,26 +151,22 @@ class AsyncEngine:
 
     # ---- adapters -------------------------------------------------------------------------
     def attach_adapters(self, source: AdapterSource, limits: AdapterLimits) -> Any:
-        """Build a LoRA manager over `source` and hook it in, replacing any earlier one (tests attach one per
-        app to a shared engine); returns it, the handle for `detach_adapters`."""
-        from loraplex.engine.lora.manager import LoRAManager
-
-        self._lora = LoRAManager.for_engine(self.engine, source, max_loras=limits.max_loras,
-                                            max_cpu_loras=limits.max_cpu_loras, max_lora_rank=limits.max_lora_rank)
-        return self._lora
+        """Serve adapters from `source`, replacing any earlier source (tests attach one per app to a shared
+        engine); returns the engine's new LoRA manager, the handle for `detach_adapters`."""
+        return self.engine.serve_adapters(source, limits)
 
     def detach_adapters(self, handle: Any) -> None:
-        """Unhook `handle` (a no-op on the engine if a later attach replaced it) and stop its loading."""
-        handle.detach()
-        if self._lora is handle:
-            self._lora = None
+        """Stop `handle`'s loading (a no-op on the engine if a later attach replaced it)."""
+        self.engine.stop_serving_adapters(handle)
 
     def adapter_in_use(self, adapter_id: str) -> bool:
-        return self._lora is not None and self._lora.is_in_use(adapter_id)
+        lora = self.engine.lora
+        return lora is not None and lora.is_in_use(adapter_id)
 
     def evict_adapter(self, adapter_id: str) -> None:
-        if self._lora is not None:
-            self._lora.evict(adapter_id)
+        lora = self.engine.lora
+        if lora is not None:
+            lora.evict(adapter_id)
 
     def stats(self) -> dict[str, int]:
         """A snapshot taken by the engine thread after its latest step."""

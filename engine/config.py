@@ -190,3 +190,14 @@ class EngineConfig:
         kv_heads_per_rank = max(1, model.num_key_value_heads // self.tensor_parallel_size)
         per_block = 2 * model.num_hidden_layers * self.block_size * kv_heads_per_rank
         return per_block * model.head_dim * element
+
+
+@dataclass(frozen=True, slots=True)
+class AdapterLimits:
+    """How many LoRA adapters the engine keeps where (the platform's settings of the same names)."""
+
+    max_loras: int = 8        # resident in device slots at once
+    max_cpu_loras: int = 32   # kept in host memory
+    max_lora_rank: int = 64
+    load_retry_base_s: float = 1.0   # a failed load is retried after this, doubling up to load_retry_max_s
+    load_retry_max_s: float = 60.0

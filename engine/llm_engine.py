@@ -12,12 +12,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from loraplex.engine.config import EngineConfig, ModelConfig
+from loraplex.engine.config import AdapterLimits, EngineConfig, ModelConfig
 from loraplex.engine.context import LoRAStepBuilder
 from loraplex.engine.errors import DuplicateRequestError, InvalidRequestError, PromptTooLongError
-from loraplex.engine.interfaces import BudgetedGrammarMatcher
+from loraplex.engine.interfaces import AdapterSource, BudgetedGrammarMatcher
 from loraplex.engine.kv.block_manager import BlockManager
 from loraplex.engine.kv.host_tier import HostTier
+from loraplex.engine.lora.manager import LoRAManager
 from loraplex.engine.model.llama import LlamaForCausalLM
 from loraplex.engine.model.loader import load_model, random_model
 from loraplex.engine.output.processor import RequestState
@@ -46,36 +47,46 @@ class LLMEngine:
         adapter_ready: Callable[[str], bool] | None = None,
         workers: WorkerGroup | None = None,
         detokenize: bool = True,
+        adapters: AdapterSource | None = None,
+        adapter_limits: AdapterLimits | None = None,
     ) -> None:
         """`model` is rank 0's shard under tensor parallelism, with `workers` running the other
         ranks (`from_source` starts them). `detokenize`: step() outputs carry text and stop strings end
-        requests here; off where a client does that on its own side (the engine-core process, AsyncEngine)."""
+        requests here; off where a client does that on its own side (the engine-core process, AsyncEngine).
+        `adapters` (with `adapter_limits`): serve tenants' LoRA adapters from this source; the engine builds
+        its `LoRAManager` and hands it to its scheduler and runner. `lora` / `adapter_ready` instead take a
+        step builder and admission gate of the caller's own (tests of the runner's LoRA path)."""
         if engine_config.tensor_parallel_size > 1 and workers is None:
             raise ValueError("tensor_parallel_size > 1 needs its worker processes: build the engine with "
                              "LLMEngine.from_source / from_random / from_model_path")
+        if adapters is not None and (lora is not None or adapter_ready is not None):
+            raise ValueError("pass either `adapters` or a step builder of your own (`lora`/`adapter_ready`)")
         self.model_config = model_config
         self.config = engine_config
         self.tokenizer = tokenizer
         self.max_model_len = engine_config.resolve_max_model_len(model_config)
         runner_class = runner_class_for(engine_config.device)
         self.num_blocks = plan_num_blocks(runner_class, model, model_config, engine_config, workers)
+        num_host_blocks = engine_config.resolve_num_host_blocks(model_config)
+        self.host_tier = HostTier(num_host_blocks) if num_host_blocks else None
         self.block_manager = BlockManager(
             self.num_blocks, engine_config.block_size, engine_config.enable_prefix_caching,
             max_pinned_blocks=engine_config.max_pinned_blocks,
-            max_pinned_blocks_per_tenant=engine_config.max_pinned_blocks_per_tenant,
+            max_pinned_blocks_per_tenant=engine_config.max_pinned_blocks_per_tenant, host_tier=self.host_tier,
         )
+        self._own_adapter_ready = adapter_ready
+        self.lora: LoRAManager | None = None  # built from `adapters`; serve_adapters replaces it
         self.scheduler = Scheduler(
-            self.block_manager, engine_config.max_num_batched_tokens, engine_config.max_num_seqs, adapter_ready,
-            decode_yield_min_tokens=engine_config.resolve_decode_yield_min_tokens(),
+            self.block_manager, engine_config.max_num_batched_tokens, engine_config.max_num_seqs,
+            self._adapter_ready, decode_yield_min_tokens=engine_config.resolve_decode_yield_min_tokens(),
         )
-        num_host_blocks = engine_config.resolve_num_host_blocks(model_config)
-        self.host_tier = HostTier(num_host_blocks) if num_host_blocks else None
-        self.block_manager.host_tier = self.host_tier
+        if adapters is not None:
+            self.lora = self._new_lora_manager(model, workers, adapters, adapter_limits or AdapterLimits())
+            lora = self.lora
         self.runner = runner_class(model, model_config, engine_config, self.num_blocks, len(tokenizer), lora,
-                                  num_host_blocks=num_host_blocks)
+                                  num_host_blocks=num_host_blocks, workers=workers)
         if workers is not None:
             workers.start_runners(self.runner, self.num_blocks, len(tokenizer), num_host_blocks)
-            self.runner.workers = workers
         self.eos_token_ids = set(model_config.eos_token_ids)
         if getattr(tokenizer, "eos_token_id", None) is not None:
             self.eos_token_ids.add(tokenizer.eos_token_id)
@@ -109,9 +120,46 @@ class LLMEngine:
         return cls(model, model_config, engine_config, tokenizer, **kwargs)
 
     def close(self) -> None:
-        """Stop the tensor-parallel workers (nothing to do on one device)."""
+        """Stop loading adapters and stop the tensor-parallel workers."""
+        if self.lora is not None:
+            self.lora.shutdown()
         if self.runner.workers is not None:
             self.runner.workers.close()
+
+    # ---- adapters -------------------------------------------------------------------------
+    def _new_lora_manager(self, model: LlamaForCausalLM, workers: WorkerGroup | None, source: AdapterSource,
+                          limits: AdapterLimits) -> LoRAManager:
+        return LoRAManager(
+            model, source, max_loras=limits.max_loras, max_cpu_loras=limits.max_cpu_loras,
+            max_lora_rank=limits.max_lora_rank, dtype=self.config.torch_dtype, device=self.config.device,
+            load_retry_base_s=limits.load_retry_base_s, load_retry_max_s=limits.load_retry_max_s,
+            mirror=None if workers is None else workers.mirror_slot_pool,  # every rank holds its shard's slots
+            running_adapters=self.scheduler.running_adapter_ids, queued_adapters=self.scheduler.queued_adapter_ids,
+        )
+
+    def _adapter_ready(self, adapter_id: str) -> bool:
+        """The scheduler's admission gate for an adapter request: its adapter is in a device slot."""
+        if self.lora is not None:
+            return self.lora.adapter_ready(adapter_id)
+        return self._own_adapter_ready is None or self._own_adapter_ready(adapter_id)
+
+    def serve_adapters(self, source: AdapterSource, limits: AdapterLimits) -> LoRAManager:
+        """Serve adapters from `source` from now on, replacing the manager built at construction or by an
+        earlier call (whose background loading stops). Call it while no adapter request runs: tests share
+        one engine between apps with different adapter folders."""
+        previous = self.lora
+        self.lora = self._new_lora_manager(self.runner.model, self.runner.workers, source, limits)
+        self.runner.lora = self.lora
+        if previous is not None:
+            previous.shutdown()
+        return self.lora
+
+    def stop_serving_adapters(self, manager: LoRAManager) -> None:
+        """Stop `manager`'s loading; if it is still the engine's, adapter requests wait from now on."""
+        manager.shutdown()
+        if self.lora is manager:
+            self.lora = None
+            self.runner.lora = None
 
     @classmethod
     def from_model_path(cls, path: str | Path, engine_config: EngineConfig, **kwargs: Any) -> LLMEngine:
@@ -288,13 +336,12 @@ class LLMEngine:
 
     def _adapter_load_failures(self) -> list[tuple[Sequence, str]]:
         """Waiting sequences whose adapter's weights could not be loaded: they would wait forever."""
-        load_error = getattr(getattr(self.runner, "lora", None), "load_error", None)
-        if load_error is None or not self.scheduler.num_waiting:
+        if self.lora is None or not self.scheduler.num_waiting:
             return []
         waiting = [s for q in self.scheduler.waiting.values() for s in q] + list(self.scheduler.preempted)
         failed = []
         for seq in waiting:
-            reason = load_error(seq.adapter_id) if seq.adapter_id is not None else None
+            reason = self.lora.load_error(seq.adapter_id) if seq.adapter_id is not None else None
             if reason:
                 failed.append((seq, reason))
         return failed

@@ -74,12 +74,13 @@ class ModelRunner:
         tokenizer_vocab_size: int,
         lora: LoRAStepBuilder | None = None,
         num_host_blocks: int = 0,
+        workers: Any = None,
     ) -> None:
         self.model = model
         self.block_size = engine_config.block_size
         self.device = torch.device(engine_config.device)
         self.lora = lora
-        self.workers: Any = None  # the tensor-parallel workers this rank drives (engine/parallel)
+        self.workers = workers  # the tensor-parallel workers this rank drives (engine/parallel), or None
         self.attention_backend = ATTENTION_BACKENDS[self.attention_backend_name]()
         self.sampler = Sampler(model_config.vocab_size, tokenizer_vocab_size)
         # Decodes through the C++ kernel when it builds (once per machine, then cached) and fits:

@@ -86,6 +86,21 @@ class Scheduler:
     def num_running(self) -> int:
         return len(self.running)
 
+    def running_adapter_ids(self) -> list[str | None]:
+        """The adapters running sequences hold (read from other threads too: a copy of the list)."""
+        return [s.adapter_id for s in list(self.running)]
+
+    def queued_adapter_ids(self) -> list[str | None]:
+        """The adapters waiting and preempted sequences need. Other threads read this while the engine
+        thread changes the queues: retry on a concurrent resize."""
+        for _ in range(5):
+            try:
+                queued = [s.adapter_id for q in list(self.waiting.values()) for s in list(q)]
+                return queued + [s.adapter_id for s in list(self.preempted)]
+            except RuntimeError:
+                continue
+        return []
+
     def has_work(self) -> bool:
         return bool(self.running) or self.num_waiting > 0
 

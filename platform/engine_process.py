@@ -47,13 +47,13 @@ def new_core_address() -> str:
 def run_engine_core(settings: Settings, address: str) -> None:
     """The engine-core process's main: everything that touches the model lives here."""
     die_with_parent()
+    from loraplex.engine.config import ModelConfig
     from loraplex.engine.core.engine_core import EngineCore
-    from loraplex.engine.lora.manager import LoRAManager
     from loraplex.grammar.compiler import GrammarCompilerService, GrammarLimits
     from loraplex.platform.db.session import make_db_engine, make_session_factory
     from loraplex.platform.grammar_wire import SpecGrammarCodec
     from loraplex.platform.request_context import configure_logging
-    from loraplex.platform.routers.adapters import stored_adapter_source
+    from loraplex.platform.routers.adapters import adapter_limits, stored_adapter_source
     from loraplex.platform.wiring import engine_config, served_model_name
 
     configure_logging(settings.log_level)
@@ -61,35 +61,35 @@ def run_engine_core(settings: Settings, address: str) -> None:
     # Ctrl-C reaches the whole process group: the core keeps stepping while the API servers drain, and the
     # supervisor stops it (SIGTERM) once they are done.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    engine = _build_engine(settings, engine_config(settings))
     db_engine = make_db_engine(settings.resolved_database_url)
+    model_path = settings.resolve_model_path()
     source = stored_adapter_source(settings, db_sessions=make_session_factory(db_engine),
-                                   model_config=engine.model_config, base_model_name=served_model_name(settings))
-    lora = LoRAManager.for_engine(engine, source, max_loras=settings.max_loras, max_cpu_loras=settings.max_cpu_loras,
-                                  max_lora_rank=settings.max_lora_rank)
+                                   model_config=ModelConfig.from_pretrained(model_path),
+                                   base_model_name=served_model_name(settings))
+    engine = _build_engine(settings, model_path, engine_config(settings), adapters=source,
+                           adapter_limits=adapter_limits(settings))
     limits = GrammarLimits(compile_timeout_s=settings.grammar_compile_timeout_s,
                            max_spec_bytes=settings.grammar_max_spec_bytes, backend=settings.grammar_backend,
                            cache_dir=settings.grammar_cache_dir)
     compiler = GrammarCompilerService(engine.tokenizer, engine.model_config.vocab_size, limits)
     try:
-        EngineCore(engine, address, grammar_codec=SpecGrammarCodec(compiler), lora=lora).run()
+        EngineCore(engine, address, grammar_codec=SpecGrammarCodec(compiler)).run()
     finally:
-        lora.detach()
+        engine.close()
         compiler.close()
         db_engine.dispose()
 
 
-def _build_engine(settings: Settings, config: Any) -> Any:
+def _build_engine(settings: Settings, model_path: Any, config: Any, **kwargs: Any) -> Any:
+    from loraplex.engine.config import ModelConfig
     from loraplex.engine.llm_engine import LLMEngine
 
-    model_path = settings.resolve_model_path()
     if not settings.random_weights:
-        return LLMEngine.from_model_path(model_path, config)
-    from loraplex.engine.config import ModelConfig
+        return LLMEngine.from_model_path(model_path, config, **kwargs)
     from transformers import AutoTokenizer
 
     return LLMEngine.from_random(ModelConfig.from_pretrained(model_path), config,
-                                 AutoTokenizer.from_pretrained(model_path))
+                                 AutoTokenizer.from_pretrained(model_path), **kwargs)
 
 
 def _exit(_signum: int, _frame: object) -> None:

@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from loraplex.engine.config import ModelConfig
+from loraplex.engine.config import AdapterLimits, ModelConfig
 from loraplex.engine.interfaces import AdapterSource
 from loraplex.engine.output.text import OutputStream
 from loraplex.engine.protocol import EngineRequest, RequestOutput
@@ -26,13 +26,6 @@ class EngineHealth:
     alive: bool
     reason: str | None = None
     pid: int | None = None       # the process the engine steps in
-
-
-@dataclass(frozen=True, slots=True)
-class AdapterLimits:
-    max_loras: int
-    max_cpu_loras: int
-    max_lora_rank: int
 
 
 class EngineClient(Protocol):

@@ -51,12 +51,11 @@ _COMPILE_POLL_MS = 2  # how soon an idle core notices a grammar finished compili
 
 class EngineCore:
     def __init__(self, engine: LLMEngine, address: str, *, grammar_codec: GrammarCodec | None = None,
-                 lora: Any = None, heartbeat_s: float = 0.25, client_timeout_s: float = 30.0) -> None:
+                 heartbeat_s: float = 0.25, client_timeout_s: float = 30.0) -> None:
         self.engine = engine
         engine.detokenize = False  # the API servers make the text (engine.output.text)
         self.address = address
         self.grammar_codec = grammar_codec
-        self.lora = lora                       # a LoRAManager hooked into `engine`, or None
         self.heartbeat_s = heartbeat_s
         self.client_timeout_s = client_timeout_s
         self._codec = Codec()
@@ -144,6 +143,7 @@ class EngineCore:
 
     def _add(self, identity: bytes, message: Add) -> None:
         wire = message.request
+        from loraplex.platform._trace_tmp import mark; mark(wire.request_id, 'e2_core_add')
         if wire.grammar is None:
             self._admit(identity, wire, None)
         elif wire.request_id in self._compiling:
@@ -187,10 +187,11 @@ class EngineCore:
             if call.method == "session_state":
                 return Reply(call.call_id, self.engine.session_state(call.arg))
             if call.method == "adapter_in_use":
-                return Reply(call.call_id, self.lora is not None and self.lora.is_in_use(call.arg))
+                lora = self.engine.lora
+                return Reply(call.call_id, lora is not None and lora.is_in_use(call.arg))
             if call.method == "evict_adapter":
-                if self.lora is not None:
-                    self.lora.evict(call.arg)
+                if self.engine.lora is not None:
+                    self.engine.lora.evict(call.arg)
                 return Reply(call.call_id, None)
             return Reply(call.call_id, None, f"unknown method {call.method!r}")
         except Exception as exc:
@@ -202,6 +203,7 @@ class EngineCore:
         for output in outputs:
             identity = self._owner.get(output.request_id)
             if output.finished:
+                from loraplex.platform._trace_tmp import mark; mark(output.request_id, 'e3_core_fin')
                 self._owner.pop(output.request_id, None)
             if identity is not None:
                 self._pending[identity][0].append(output)

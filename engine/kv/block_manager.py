@@ -53,6 +53,7 @@ class BlockManager:
     def __init__(
         self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True, *,
         max_pinned_blocks: int | None = None, max_pinned_blocks_per_tenant: int | None = None,
+        host_tier: HostTier | None = None,
     ) -> None:
         self.block_size = block_size
         self.num_blocks = num_blocks
@@ -67,7 +68,7 @@ class BlockManager:
         self.max_pinned_blocks_per_tenant = max_pinned_blocks_per_tenant  # None: no per-tenant limit
         self.num_pins_evicted = 0
         self.num_pins_over_budget = 0  # sessions not pinned because they alone exceed a budget
-        self.host_tier: HostTier | None = None  # set when a host KV budget is configured
+        self.host_tier = host_tier  # pinned session KV offloaded to host memory; None: no host KV budget
         self.num_prefix_queries = 0  # prompt tokens looked up in the cache
         self.num_prefix_hits = 0     # of those, tokens found
 

@@ -1,6 +1,6 @@
 """LoRAManager: which adapter sits in which device slot, and the per-step LoRA context.
 
-The engine wires it in twice:
+`LLMEngine` builds it from its `adapters` argument (or `serve_adapters`) and wires it in twice:
   - `Scheduler(adapter_ready=manager.adapter_ready)`: a waiting request is
     admitted only once its adapter is in a device slot. If the weights are not
     in host memory yet, a background load starts and the request waits while
@@ -46,7 +46,11 @@ class LoRAManager:
         load_retry_base_s: float = 1.0,
         load_retry_max_s: float = 60.0,
         mirror: Callable[[LoRASlotPool, dict[str, Any]], LoRASlotPool] | None = None,
+        running_adapters: RunningAdapters = lambda: (),
+        queued_adapters: RunningAdapters = lambda: (),
     ) -> None:
+        """`running_adapters` / `queued_adapters`: the adapters of running sequences (they hold slots) and of
+        queued ones (in use); the engine that owns this manager passes views of its scheduler."""
         self.pool = LoRASlotPool(model, max_loras=max_loras, max_lora_rank=max_lora_rank, dtype=dtype, device=device)
         if mirror is not None:  # tensor parallelism: every slot write and clear also reaches the workers
             self.pool = mirror(self.pool, dict(max_loras=max_loras, max_lora_rank=max_lora_rank, dtype=dtype))
@@ -55,40 +59,11 @@ class LoRAManager:
         self._build_batch = LORA_BATCHES[torch.device(device).type]
         self._slots: OrderedDict[str, int] = OrderedDict()  # adapter id -> slot, least recently used first
         self._free = list(range(max_loras - 1, -1, -1))
-        self._running: RunningAdapters = lambda: ()
-        self._queued: RunningAdapters = lambda: ()
+        self._running = running_adapters
+        self._queued = queued_adapters
         self._pending_evictions: set[str] = set()
         self._lock = threading.Lock()
-        self._engine: Any = None
         self.num_slot_writes = 0
-
-    def attach(self, running_adapters: RunningAdapters, queued_adapters: RunningAdapters | None = None) -> None:
-        """How to see the adapters of running sequences (they hold slots) and of queued ones (in use)."""
-        self._running = running_adapters
-        self._queued = queued_adapters or (lambda: ())
-
-    @classmethod
-    def for_engine(cls, engine: Any, source: AdapterSource, **limits: Any) -> LoRAManager:
-        """Build a manager for an `LLMEngine` and hook it into its scheduler and runner."""
-        workers = getattr(engine.runner, "workers", None)
-        mirror = None if workers is None else workers.mirror_slot_pool
-        manager = cls(engine.runner.model, source, dtype=engine.config.torch_dtype, device=engine.config.device,
-                      mirror=mirror, **limits)
-        scheduler = engine.scheduler
-        manager.attach(lambda: [s.adapter_id for s in list(scheduler.running)], lambda: _queued_adapters(scheduler))
-        engine.scheduler.adapter_ready = manager.adapter_ready
-        engine.runner.lora = manager
-        manager._engine = engine
-        return manager
-
-    def detach(self) -> None:
-        """Unhook from the engine `for_engine` hooked into (if still ours) and stop loading."""
-        engine = self._engine
-        if engine is not None and engine.runner.lora is self:
-            engine.runner.lora = None
-            engine.scheduler.adapter_ready = None
-        self._engine = None
-        self.host.shutdown()
 
     # ---- scheduler callback (engine thread) ---------------------------------------------
     def adapter_ready(self, adapter_id: str) -> bool:
@@ -201,15 +176,6 @@ class LoRAManager:
         return list(self._slots)
 
     def shutdown(self) -> None:
+        """Stop loading adapters in the background (the engine that owns this manager calls it)."""
         self.host.shutdown()
 
-
-def _queued_adapters(scheduler: Any) -> list[str | None]:
-    # Read from another thread while the engine mutates the queues: retry on a concurrent resize.
-    for _ in range(5):
-        try:
-            queued = [s.adapter_id for q in list(scheduler.waiting.values()) for s in list(q)]
-            return queued + [s.adapter_id for s in list(scheduler.preempted)]
-        except RuntimeError:
-            continue
-    return []

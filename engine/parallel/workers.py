@@ -221,7 +221,8 @@ class Worker:
         self.runner.capture_decode_graphs()
 
     def new_lora_pool(self, limits: dict[str, Any]) -> None:
-        self.lora_pool = LoRASlotPool(self.model, device=self.runner.device, **limits)
+        # Sent when rank 0 builds its LoRA manager, which can be before this rank's runner starts.
+        self.lora_pool = LoRASlotPool(self.model, device=next(self.model.parameters()).device, **limits)
 
     def lora_write(self, slot: int, weights: Any) -> None:
         self.lora_pool.write(slot, weights)

@@ -10,10 +10,9 @@ from pathlib import Path
 import torch
 from loraplex.adapters.base_model import BaseModelSpec
 from loraplex.adapters.source import FolderAdapterSource
-from loraplex.engine.config import EngineConfig, ModelConfig
+from loraplex.engine.config import AdapterLimits, EngineConfig, ModelConfig
 from loraplex.engine.interfaces import AdapterWeights
 from loraplex.engine.llm_engine import LLMEngine
-from loraplex.engine.lora.manager import LoRAManager
 from loraplex.engine.protocol import EngineRequest, SamplingParams
 
 
@@ -29,11 +28,10 @@ def make_engine(model, model_config: ModelConfig, tokenizer, folders: dict[str, 
                 *, max_loras: int, max_cpu_loras: int = 16, source=None, max_num_seqs: int = 32):
     config = EngineConfig(num_blocks=256, max_num_seqs=max_num_seqs, max_num_batched_tokens=512,
                           max_model_len=512, dtype="float32", device="cpu")
-    engine = LLMEngine(model, model_config, config, tokenizer)
     source = source or FolderAdapterSource(folders, spec, torch.float32)
-    manager = LoRAManager.for_engine(engine, source, max_loras=max_loras, max_cpu_loras=max_cpu_loras,
-                                     max_lora_rank=64)
-    return engine, manager
+    engine = LLMEngine(model, model_config, config, tokenizer, adapters=source,
+                       adapter_limits=AdapterLimits(max_loras=max_loras, max_cpu_loras=max_cpu_loras, max_lora_rank=64))
+    return engine, engine.lora
 
 
 def greedy(max_tokens: int, logprobs: int | None = None) -> SamplingParams:

@@ -16,7 +16,7 @@ import torch
 from engine_helpers import drain, greedy
 from loraplex.adapters.base_model import BaseModelSpec
 from loraplex.adapters.source import FolderAdapterSource
-from loraplex.engine.config import EngineConfig, ModelConfig
+from loraplex.engine.config import AdapterLimits, EngineConfig, ModelConfig
 from loraplex.engine.cuda.random_weights import SyntheticTokenizer
 from loraplex.engine.llm_engine import LLMEngine
 from loraplex.engine.lora.host_cache import LoadFailure
@@ -71,8 +71,8 @@ def test_vanished_folder_fails_requests_then_serves_after_the_backoff(tiny_model
     engine = LLMEngine(tiny_model, TINY_CONFIG, EngineConfig(num_blocks=64, max_num_seqs=8, max_model_len=128),
                        SyntheticTokenizer(TINY_CONFIG.vocab_size))
     source = FolderAdapterSource({"flaky": folder, "reference": reference_copy}, spec, torch.float32)
-    manager = LoRAManager.for_engine(engine, source, max_loras=2, max_cpu_loras=4, max_lora_rank=16,
-                                     load_retry_base_s=2.0)
+    manager = engine.serve_adapters(source, AdapterLimits(max_loras=2, max_cpu_loras=4, max_lora_rank=16,
+                                                          load_retry_base_s=2.0))
     try:
         engine.add_request(EngineRequest("reference", PROMPT, greedy(8), adapter_id="reference"))
         engine.add_request(EngineRequest("base", PROMPT, greedy(8)))
@@ -130,7 +130,6 @@ def test_misfit_adapter_is_read_once_until_it_is_reuploaded(tiny_model, tmp_path
     source = LocatingFolderSource({"misfit": make_misfit(tmp_path / "misfit", spec)}, spec, torch.float32)
     manager = LoRAManager(tiny_model, source, max_loras=2, max_cpu_loras=2, max_lora_rank=16, dtype=torch.float32,
                           device="cpu", load_retry_base_s=0.01, load_retry_max_s=0.02)
-    manager.attach(lambda: [])
     try:
         assert settle(manager, "misfit") is False
         error = manager.load_error("misfit")
@@ -161,7 +160,6 @@ def test_backoff_doubles_between_consecutive_transient_failures(tiny_model, tmp_
     source = FolderAdapterSource({"late": folder}, spec, torch.float32)
     manager = LoRAManager(tiny_model, source, max_loras=1, max_cpu_loras=1, max_lora_rank=16, dtype=torch.float32,
                           device="cpu", load_retry_base_s=0.3, load_retry_max_s=1.2)
-    manager.attach(lambda: [])
     failures: list[LoadFailure] = []
     try:
         assert settle(manager, "late") is False

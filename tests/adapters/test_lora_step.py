@@ -91,10 +91,10 @@ def test_manager_loads_in_background_and_reports_unservable_adapters(tiny_model,
         "ok": write_random_adapter(tmp_path / "ok", spec, r=8, targets=("q_proj",)),
         "too-big": write_random_adapter(tmp_path / "too-big", spec, r=32, targets=("q_proj",)),
     }
-    manager = LoRAManager(tiny_model, FolderAdapterSource(folders, spec, torch.float32), max_loras=1,
-                          max_cpu_loras=2, max_lora_rank=16, dtype=torch.float32, device="cpu")
     held: list[str] = []
-    manager.attach(lambda: held)
+    manager = LoRAManager(tiny_model, FolderAdapterSource(folders, spec, torch.float32), max_loras=1,
+                          max_cpu_loras=2, max_lora_rank=16, dtype=torch.float32, device="cpu",
+                          running_adapters=lambda: held)
     results: dict[str, bool] = {}
     deadline = time.monotonic() + 30
     while len(results) < 2 and time.monotonic() < deadline:

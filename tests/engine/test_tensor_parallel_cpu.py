@@ -11,10 +11,9 @@ from typing import Any
 import pytest
 import torch
 from enginecore_helpers import greedy, output_tokens, run_to_completion, tiny_random_config
-from loraplex.engine.config import EngineConfig
+from loraplex.engine.config import AdapterLimits, EngineConfig
 from loraplex.engine.cuda.random_weights import RandomAdapterSource, SyntheticTokenizer
 from loraplex.engine.llm_engine import LLMEngine
-from loraplex.engine.lora.manager import LoRAManager
 from loraplex.engine.parallel.sources import PathModelSource, RandomModelSource
 from loraplex.engine.protocol import EngineRequest, SamplingParams
 from test_greedy_matches_transformers import hf_greedy
@@ -28,11 +27,9 @@ def make_engine(config: Any, tp: int, *, lora: bool = False, **overrides: Any) -
     settings = {"num_blocks": 96, "block_size": 16, "max_model_len": 256, "max_num_batched_tokens": 64,
                 "max_num_seqs": 8, "tensor_parallel_size": tp} | overrides
     source = RandomModelSource(config, seed=0, lm_head_scale=10.0)  # peaked logits: no greedy ties
-    engine = LLMEngine.from_source(source, EngineConfig(**settings), SyntheticTokenizer(VOCAB))
-    if lora:
-        LoRAManager.for_engine(engine, RandomAdapterSource(config, rank=8, std=0.1), max_loras=4, max_cpu_loras=8,
-                               max_lora_rank=8)
-    return engine
+    adapters = RandomAdapterSource(config, rank=8, std=0.1) if lora else None
+    return LLMEngine.from_source(source, EngineConfig(**settings), SyntheticTokenizer(VOCAB), adapters=adapters,
+                                 adapter_limits=AdapterLimits(max_loras=4, max_cpu_loras=8, max_lora_rank=8))
 
 
 @pytest.fixture

@@ -13,11 +13,10 @@ import pytest
 import torch
 from enginecore_helpers import greedy, output_tokens, run_to_completion, tiny_random_config
 from grammar_double import FixedSetGrammar
-from loraplex.engine.config import EngineConfig
+from loraplex.engine.config import AdapterLimits, EngineConfig
 from loraplex.engine.cuda.random_weights import RandomAdapterSource, SyntheticTokenizer
 from loraplex.engine.cuda.runner import CudaModelRunner
 from loraplex.engine.llm_engine import LLMEngine
-from loraplex.engine.lora.manager import LoRAManager
 from loraplex.engine.model.loader import random_model
 from loraplex.engine.protocol import EngineRequest, SamplingParams
 
@@ -36,11 +35,9 @@ def make_engine(device: str, dtype: str = "float32", lora: bool = False, **overr
     model = random_model(CONFIG, MAX_LEN, seed=0, dtype=config.torch_dtype, device=device)
     with torch.no_grad():  # peaked logits: greedy choices are never rounding-noise ties
         model.lm_head.weight.mul_(10.0)
-    engine = LLMEngine(model, CONFIG, config, SyntheticTokenizer(VOCAB))
-    if lora:
-        source = RandomAdapterSource(CONFIG, rank=8, dtype=config.torch_dtype, std=0.1)
-        LoRAManager.for_engine(engine, source, max_loras=4, max_cpu_loras=8, max_lora_rank=8)
-    return engine
+    adapters = RandomAdapterSource(CONFIG, rank=8, dtype=config.torch_dtype, std=0.1) if lora else None
+    return LLMEngine(model, CONFIG, config, SyntheticTokenizer(VOCAB), adapters=adapters,
+                     adapter_limits=AdapterLimits(max_loras=4, max_cpu_loras=8, max_lora_rank=8))
 
 
 def prompts(count: int, seed: int = 1) -> list[list[int]]:

@@ -11,10 +11,9 @@ from typing import Any
 import pytest
 import torch
 from enginecore_helpers import greedy, output_tokens, run_to_completion, tiny_random_config
-from loraplex.engine.config import EngineConfig
+from loraplex.engine.config import AdapterLimits, EngineConfig
 from loraplex.engine.cuda.random_weights import RandomAdapterSource, SyntheticTokenizer
 from loraplex.engine.llm_engine import LLMEngine
-from loraplex.engine.lora.manager import LoRAManager
 from loraplex.engine.parallel.sources import RandomModelSource
 from loraplex.engine.protocol import EngineRequest, SamplingParams
 from test_cuda_engine import CONFIG, VOCAB, generate, mixed_requests, plain_requests, prompts
@@ -38,12 +37,10 @@ def tp_sizes() -> list[Any]:
 def make_engine(config: Any, tp: int, device: str, *, lora: bool = False, dtype: str = "float32",
                 **overrides: Any) -> LLMEngine:
     settings = EngineConfig(**SETTINGS | {"tensor_parallel_size": tp, "device": device, "dtype": dtype} | overrides)
-    engine = LLMEngine.from_source(RandomModelSource(config, seed=0, lm_head_scale=10.0), settings,
-                                   SyntheticTokenizer(VOCAB))
-    if lora:
-        source = RandomAdapterSource(config, rank=8, dtype=settings.torch_dtype, std=0.1)
-        LoRAManager.for_engine(engine, source, max_loras=4, max_cpu_loras=8, max_lora_rank=8)
-    return engine
+    adapters = RandomAdapterSource(config, rank=8, dtype=settings.torch_dtype, std=0.1) if lora else None
+    return LLMEngine.from_source(RandomModelSource(config, seed=0, lm_head_scale=10.0), settings,
+                                 SyntheticTokenizer(VOCAB), adapters=adapters,
+                                 adapter_limits=AdapterLimits(max_loras=4, max_cpu_loras=8, max_lora_rank=8))
 
 
 @pytest.fixture
