@@ -143,7 +143,6 @@ class EngineCore:
 
     def _add(self, identity: bytes, message: Add) -> None:
         wire = message.request
-        from loraplex.platform._trace_tmp import mark; mark(wire.request_id, 'e2_core_add')
         if wire.grammar is None:
             self._admit(identity, wire, None)
         elif wire.request_id in self._compiling:
@@ -203,7 +202,6 @@ class EngineCore:
         for output in outputs:
             identity = self._owner.get(output.request_id)
             if output.finished:
-                from loraplex.platform._trace_tmp import mark; mark(output.request_id, 'e3_core_fin')
                 self._owner.pop(output.request_id, None)
             if identity is not None:
                 self._pending[identity][0].append(output)
