@@ -6,7 +6,8 @@ graph (as a decode step reads its layers), after a check against float64; (2) th
 decode graph replay at batch 1 and 64 for three variants: unfused, fused elementwise ops
 (add+RMSNorm, SiLU x mul, rotary+KV write), fused + GEMV; greedy tokens of the variants and of
 overlap on/off compared; (3) a torch.profiler table of the b1 step's kernels per variant;
-(4) LoRA-8 at batch 64: base vs adapters replay ratio for a few kernel configs, with a profile.
+(4) LoRA-8 at batch 64: base vs adapters replay ratio with the LoRA work after each GEMM or beside it
+on a side stream (`engine/cuda/lora_overlap.py`), greedy tokens compared, with a profile.
 Writes $OUT/gpu_decode_probe.json (or benchmarks/results/) and prints a short table last.
 """
 
@@ -151,7 +152,7 @@ def greedy_tokens(engine, prompts, max_tokens: int, overlap: bool) -> list:
     return [tokens[i] for i in range(len(prompts))]
 
 
-def engine_variants(copy_gbps: float, lora_configs: bool) -> None:
+def engine_variants(copy_gbps: float, lora_only: bool = False) -> None:
     from gpu_engine import (
         decode_steps_ms,
         engine_for,
@@ -173,6 +174,8 @@ def engine_variants(copy_gbps: float, lora_configs: bool) -> None:
     prompts64 = random_prompts(64, 1024, config.vocab_size, 10)
     check_prompts = random_prompts(1, 64, config.vocab_size, 12)
     variants = {"unfused": (False, False), "fused_elementwise": (True, False), "fused_gemv": (True, True)}
+    if lora_only:
+        variants = {"fused_gemv": (True, True)}
     tokens = {}
     RESULT["variants"] = {}
     for name, (elementwise, gemv) in variants.items():
@@ -196,41 +199,58 @@ def engine_variants(copy_gbps: float, lora_configs: bool) -> None:
               f" | b64 {b64['step_ms']:.3f} (replay {b64['graph_replay_ms']:.3f}) frac {row['b64_fraction']:.3f}",
               flush=True)
         save()
-    RESULT["tokens_equal_vs_unfused"] = {name: t == tokens["unfused"] for name, t in tokens.items()}
+    RESULT["tokens_equal_vs_unfused"] = {name: t == tokens.get("unfused") for name, t in tokens.items()}
     print("tokens equal vs unfused:", RESULT["tokens_equal_vs_unfused"], flush=True)
     save()
 
-    # LoRA-8 at batch 64 on the fused variant, a few kernel configs
-    from loraplex.engine.kernels import lora_triton
-
+    # LoRA-8 at batch 64 on the fused variant: the LoRA work after each GEMM, or beside it on a side stream
     source = RandomAdapterSource(config, rank=16, dtype=torch.bfloat16, device="cuda", std=0.01)
     manager = engine.serve_adapters(source, AdapterLimits(max_loras=64, max_cpu_loras=64, max_lora_rank=16))
     preload(manager, [f"a{i}" for i in range(8)])
     set_overlap(engine, True)
     base = decode_steps_ms(engine, lora_requests(prompts64, [None], 40), 20)
-    original = lora_triton.choose_config
     RESULT["lora"] = {"base_replay_ms": base["graph_replay_ms"], "base_step_ms": base["step_ms"]}
-    candidates = {"default": None}
-    if lora_configs:
-        candidates |= {
-            "split256_bn256": lora_triton.LoRAKernelConfig(block_n=256, split_k=256, block_k=64, num_warps=4),
-            "split1024_bn256": lora_triton.LoRAKernelConfig(block_n=256, split_k=1024, block_k=128, num_warps=4),
-            "split512_bn512_w8": lora_triton.LoRAKernelConfig(block_n=512, split_k=512, block_k=64, num_warps=8),
-            "split512_bn128": lora_triton.LoRAKernelConfig(block_n=128, split_k=512, block_k=64, num_warps=4),
-            "unfused_split512": lora_triton.LoRAKernelConfig(block_n=256, split_k=512, block_k=64, num_warps=4,
-                                                             fused=False),
-        }
-    for name, cfg in candidates.items():
-        lora_triton.choose_config = original if cfg is None else (lambda stack, meta, c=cfg: c)
+    lora_tokens = {}
+    import dataclasses
+
+    from loraplex.engine.kernels import lora_triton
+
+    original = lora_triton.choose_config
+    tweaks = {"no_rank_wait": {"rank_masked_loads": False},
+              "no_rank_wait_stages2": {"rank_masked_loads": False, "num_stages": 2},
+              "no_rank_wait_bk128": {"rank_masked_loads": False, "block_k": 128}}
+    runs = [(None, None), ("delta", None), ("shrink", None)] if not lora_only else [(None, None)]
+    runs += [(None, tweak) for tweak in tweaks]
+    for mode, tweak in runs:
+        name = str(mode) if tweak is None else tweak
+        engine.runner.lora_overlap = mode
+        lora_triton.choose_config = original if tweak is None else (
+            lambda stack, meta, t=tweaks[tweak]: original(stack, meta) if meta.num_tokens > 256
+            else dataclasses.replace(original(stack, meta), **t))
         engine.runner.graphs.pop((64, "lora"), None)
+        engine.runner.graphs.pop((8, "lora"), None)
+        set_overlap(engine, False)
+        engine.block_manager.enable_prefix_caching = False  # every pass prefills the same way
+        requests = lora_requests(random_prompts(8, 64, config.vocab_size, 13), [f"a{i}" for i in range(8)], 16)
+        for request in requests:
+            engine.add_request(request)
+        got: dict[str, list[int]] = defaultdict(list)
+        while engine.has_unfinished_requests():
+            for out in engine.step():
+                got[out.request_id].extend(t for c in out.choices for t in c.token_ids)
+        lora_tokens[name] = [got[r.request_id] for r in requests]
+        engine.block_manager.enable_prefix_caching = True
+        set_overlap(engine, True)
         eight = decode_steps_ms(engine, lora_requests(prompts64, [f"a{i}" for i in range(8)], 40), 20)
         RESULT["lora"][name] = {"step_ms": eight["step_ms"], "replay_ms": eight["graph_replay_ms"],
                                 "replay_ratio": eight["graph_replay_ms"] / base["graph_replay_ms"],
-                                "step_ratio": eight["step_ms"] / base["step_ms"]}
-        if name == "default":
-            RESULT["lora"]["profile"] = profile_graph(engine.runner.graphs[(64, "lora")], steps=3)
+                                "step_ratio": eight["step_ms"] / base["step_ms"],
+                                "tokens_equal_vs_none": lora_tokens[name] == lora_tokens["None"]}
+        lora_triton.choose_config = original
+        RESULT["lora"][name]["profile"] = profile_graph(engine.runner.graphs[(64, "lora")], steps=3)[:12]
         print(f"lora8 {name:20s} step ratio {eight['step_ms'] / base['step_ms']:.3f} replay ratio "
-              f"{eight['graph_replay_ms'] / base['graph_replay_ms']:.3f}", flush=True)
+              f"{eight['graph_replay_ms'] / base['graph_replay_ms']:.3f} tokens equal "
+              f"{RESULT['lora'][name]['tokens_equal_vs_none']}", flush=True)
         save()
     lora_triton.choose_config = original
     manager.detach()
@@ -242,7 +262,7 @@ def engine_variants(copy_gbps: float, lora_configs: bool) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--skip-sweep", action="store_true")
-    parser.add_argument("--skip-lora-configs", action="store_true")
+    parser.add_argument("--lora-only", action="store_true", help="one variant (all fused), then the LoRA runs")
     options = parser.parse_args()
     if not torch.cuda.is_available():
         print("no GPU: nothing to probe (the kernels' CPU checks are tests/engine/kernels/test_decode_fusions.py)")
@@ -261,7 +281,7 @@ def main() -> None:
             if row["best"] and row["best"][1] < row["cublas_us"]:
                 gemv_module.TUNED[(n, k)] = tuple(row["best"][0])
         RESULT["tuned"] = {str(k): v for k, v in gemv_module.TUNED.items()}
-    engine_variants(copy_gbps, not options.skip_lora_configs)
+    engine_variants(copy_gbps, options.lora_only)
     save()
     for name, row in RESULT["variants"].items():
         print(name, {k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items() if "profile" not in k})
@@ -269,9 +289,10 @@ def main() -> None:
         print(f"--- {name} b1 kernels (us/step, launches/step)")
         for r in row["b1_profile"][:14]:
             print("  ", r)
-    print("--- lora b64 kernels")
-    for r in RESULT["lora"].get("profile", [])[:10]:
-        print("  ", r)
+    for mode in [k for k, v in RESULT["lora"].items() if isinstance(v, dict)]:
+        print(f"--- lora b64 kernels, {mode}")
+        for r in RESULT["lora"].get(mode, {}).get("profile", [])[:8]:
+            print("  ", r)
 
 
 if __name__ == "__main__":

@@ -120,6 +120,13 @@ class LoRALinear(nn.Module):
     matmul = staticmethod(F.linear)
 
     def forward(self, x: torch.Tensor, ctx: StepContext) -> torch.Tensor:
+        begin = getattr(ctx.lora, "begin", None) if not self.tp.is_parallel else None
+        if begin is not None:  # the CUDA runner's LoRA work beside the GEMM (`engine/cuda/lora_overlap.py`)
+            pending = begin(x, self.layer_index, self.slices, self.out_features)
+            y = self.matmul(x, self.weight, self.bias)
+            if pending is not None:
+                pending.finish(y)
+            return y
         y = self.matmul(x, self.weight, self.bias)
         if ctx.lora is not None:
             ctx.lora.apply(x, y, self.layer_index, self.slices)
