@@ -259,10 +259,52 @@ def engine_variants(copy_gbps: float, lora_only: bool = False) -> None:
     torch.cuda.empty_cache()
 
 
+def tp_profile(tp: int = 2, steps: int = 10) -> None:
+    """Where a tensor-parallel batch-1 step's time goes on rank 0: wall time per engine step against
+    the GPU's kernel time per step (collectives included: a one-shot all-reduce's kernel also waits
+    for the peer), top kernels."""
+    from gpu_engine import random_prompts
+    from gpu_tp import build_engine
+    from loraplex.engine.cuda.random_weights import named_config
+    from loraplex.engine.protocol import EngineRequest, SamplingParams
+    from torch.profiler import ProfilerActivity, profile
+
+    config = named_config("Llama-3.1-8B")
+    engine = build_engine(config, tp)
+    engine.runner.capture_decode_graphs()
+    prompt = random_prompts(1, 128, config.vocab_size, 9)[0]
+    engine.add_request(EngineRequest("p0", prompt, SamplingParams(max_tokens=200, temperature=0.0, ignore_eos=True)))
+    for _ in range(20):
+        engine.step()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            engine.step()
+        torch.cuda.synchronize()
+    wall_ms = (time.perf_counter() - start) * 1e3 / steps
+    sums: dict[str, list] = defaultdict(lambda: [0.0, 0])
+    total = 0.0
+    for event in prof.events():
+        if event.device_type == torch.autograd.DeviceType.CUDA and event.device_index == 0:
+            sums[event.name[:70]][0] += event.device_time / steps
+            sums[event.name[:70]][1] += 1 / steps
+            total += event.device_time / steps
+    rows = sorted(([k, round(v[0], 1), round(v[1], 1)] for k, v in sums.items()), key=lambda r: -r[1])
+    RESULT[f"tp{tp}_b1_profile"] = {"wall_ms_per_step_profiled": wall_ms, "kernel_ms_per_step": total / 1e3,
+                                    "kernels": rows[:20]}
+    print(f"tp{tp} b1: wall {wall_ms:.3f} ms/step (profiled), kernels {total / 1e3:.3f} ms/step on rank 0", flush=True)
+    for r in rows[:14]:
+        print("  ", r)
+    save()
+    engine.close()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--skip-sweep", action="store_true")
     parser.add_argument("--lora-only", action="store_true", help="one variant (all fused), then the LoRA runs")
+    parser.add_argument("--tp-profile", type=int, default=0, help="only profile a TP engine's b1 step (2 GPUs)")
     options = parser.parse_args()
     if not torch.cuda.is_available():
         print("no GPU: nothing to probe (the kernels' CPU checks are tests/engine/kernels/test_decode_fusions.py)")
@@ -270,6 +312,9 @@ def main() -> None:
     from attention_kernels import copy_bandwidth_gbps
 
     RESULT["gpu"] = torch.cuda.get_device_name()
+    if options.tp_profile:
+        tp_profile(options.tp_profile)
+        return
     RESULT["copy_gbps"] = copy_gbps = copy_bandwidth_gbps()
     print(f"card {RESULT['gpu']} copy {copy_gbps:.0f} GB/s", flush=True)
     if not options.skip_sweep:
