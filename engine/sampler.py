@@ -8,8 +8,10 @@ the model's raw distribution.
 from __future__ import annotations
 
 import random
+import sys
 from typing import TYPE_CHECKING
 
+import numpy as np
 import torch
 from loraplex.engine.protocol import TokenLogprob
 from loraplex.engine.sequence import Sequence
@@ -28,10 +30,38 @@ def new_generator(seed: int | None, choice_index: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed)
 
 
+_NEG_INF_BITS = int(np.array(-np.inf, dtype=np.float32).view(np.int32))
+
+
 def apply_token_bitmask(logits: torch.Tensor, bitmask: torch.Tensor) -> None:
-    """Set logits of tokens whose bit is 0 to -inf (xgrammar packing: bit j of word i = token 32i+j)."""
+    """Set logits of tokens whose bit is 0 to -inf (xgrammar packing: bit j of word i = token 32i+j).
+
+    On the CPU (float32, the sampler's case) without branches or threads: the bits are unpacked with
+    numpy, and each logit's bit pattern is kept (allowed) or replaced by -inf's with bitwise and/or, so
+    the result is bit for bit that of `masked_fill_`. `masked_fill_` branches per element, which a mixed
+    mask makes slow, and torch's two-thread elementwise ops stall on a busy host: 16 rows of SmolLM2's
+    49152 tokens took 40-65 ms that way, well under 1 ms this way.
+    """
+    if (logits.device.type != "cpu" or logits.dtype != torch.float32 or logits.dim() != 2
+            or logits.requires_grad or sys.byteorder != "little" or logits.stride(-1) != 1):
+        _apply_token_bitmask_unpacked(logits, bitmask)
+        return
+    rows, vocab = logits.shape
+    bits = logits.numpy().view(np.int32)
+    words = bitmask.to(device="cpu", dtype=torch.int32).contiguous().numpy()
+    allowed = np.unpackbits(words.view(np.uint8), axis=1, count=vocab, bitorder="little")  # 0/1, zero-padded
+    keep = allowed.view(np.int8).astype(np.int32)
+    np.negative(keep, out=keep)                 # -1 where allowed, 0 where not
+    np.bitwise_and(bits, keep, out=bits)
+    np.invert(keep, out=keep)                   # 0 where allowed, -1 where not
+    np.bitwise_and(keep, _NEG_INF_BITS, out=keep)
+    np.bitwise_or(bits, keep, out=bits)
+
+
+def _apply_token_bitmask_unpacked(logits: torch.Tensor, bitmask: torch.Tensor) -> None:
+    """The same with torch ops (any device and dtype): the whole vocabulary unpacked per row."""
     vocab = logits.shape[-1]
-    bits = (bitmask.unsqueeze(-1) >> _BIT_POSITIONS) & 1
+    bits = (bitmask.unsqueeze(-1) >> _BIT_POSITIONS.to(bitmask.device)) & 1
     allowed = bits.view(bitmask.shape[0], -1)[:, :vocab].bool()
     logits.masked_fill_(~allowed, float("-inf"))
 
