@@ -24,6 +24,9 @@ from pathlib import Path
 
 import torch
 
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # before any kernel module is imported
+
 sys.path.insert(0, str(Path(__file__).parent))
 
 RESULT = {}
@@ -300,14 +303,37 @@ def tp_profile(tp: int = 2, steps: int = 10) -> None:
     engine.close()
 
 
+def quick_cpu_check() -> None:
+    """The probe's kernels against their references through Triton's interpreter (tiny shapes)."""
+    import torch.nn.functional as F
+    from attention_kernels import relative_error
+    from loraplex.engine.cuda.fused_ops import add_rms_norm_, rms_norm_reference, silu_mul, silu_mul_reference
+    from loraplex.engine.cuda.gemv import gemv
+
+    generator = torch.Generator().manual_seed(0)
+    x, w = torch.randn(1, 96, generator=generator), torch.randn(40, 96, generator=generator)
+    residual, delta = torch.randn(3, 64, generator=generator), torch.randn(3, 64, generator=generator)
+    norm_weight = torch.randn(64, generator=generator)
+    expected_norm = rms_norm_reference(delta + residual, norm_weight, 1e-5)
+    normed, _ = add_rms_norm_(delta, residual, norm_weight, 1e-5)
+    gate_up = torch.randn(2, 80, generator=generator)
+    errors = {"gemv": relative_error(gemv(x, w, config=(8, 32, 4, 1)), F.linear(x, w)),
+              "add_rms_norm": relative_error(normed, expected_norm),
+              "silu_mul": relative_error(silu_mul(gate_up), silu_mul_reference(gate_up))}
+    if max(errors.values()) > 1e-5:
+        raise SystemExit(f"kernel check failed: {errors}")
+    print(f"no GPU: the probe's kernels checked through the Triton interpreter {errors}; timings need CUDA")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="CPU: the kernels through the interpreter only")
     parser.add_argument("--skip-sweep", action="store_true")
     parser.add_argument("--lora-only", action="store_true", help="one variant (all fused), then the LoRA runs")
     parser.add_argument("--tp-profile", type=int, default=0, help="only profile a TP engine's b1 step (2 GPUs)")
     options = parser.parse_args()
-    if not torch.cuda.is_available():
-        print("no GPU: nothing to probe (the kernels' CPU checks are tests/engine/kernels/test_decode_fusions.py)")
+    if options.quick or not torch.cuda.is_available():
+        quick_cpu_check()
         return
     from attention_kernels import copy_bandwidth_gbps
 
