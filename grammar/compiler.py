@@ -38,6 +38,7 @@ from loraplex.grammar.disk_cache import GrammarDiskCache
 from loraplex.grammar.matcher import StructuredGrammar
 from loraplex.grammar.schema_exact import exact_rewrite
 from loraplex.grammar.schema_rewrite import with_disjoint_one_of_as_any_of
+from loraplex.grammar.schema_unique import TokenBytes, UniqueItemsGrammar, without_checked_unique_items
 from loraplex.grammar.selection import backend_order
 from loraplex.grammar.spec import GrammarKind, GrammarSpec
 from loraplex.grammar.xgrammar_backend import XGrammarBackend
@@ -75,6 +76,8 @@ class GrammarCompilerService:
         self.stop_token_ids = list(info.stop_token_ids)
         special = set(getattr(tokenizer, "all_special_ids", [])) | set(info.special_token_ids) | set(self.stop_token_ids)
         self.closing_tokens = ClosingTokens(list(info.decoded_vocab), special, vocab_size)
+        self._decoded_vocab = info.decoded_vocab
+        self._token_bytes: TokenBytes | None = None  # built on the first schema with checked uniqueItems
         self._pool = ThreadPoolExecutor(max_workers=self.limits.num_compile_threads, thread_name_prefix="grammar-compile")
         self._compilations: OrderedDict[str, Future[StructuredGrammar]] = OrderedDict()
         self._lock = threading.Lock()
@@ -117,6 +120,14 @@ class GrammarCompilerService:
         for backend in self.backends.values():
             backend.close()
 
+    def _get_token_bytes(self) -> TokenBytes:
+        with self._lock:
+            if self._token_bytes is None:
+                data = [bytes(b) for b in self._decoded_vocab]
+                data += [b""] * (self.vocab_size - len(data))
+                self._token_bytes = TokenBytes(data)
+            return self._token_bytes
+
     def _deadline_s(self) -> float:
         return self.limits.compile_timeout_s + self.limits.queue_timeout_s
 
@@ -137,6 +148,7 @@ class GrammarCompilerService:
     def _compile(self, spec: GrammarSpec) -> StructuredGrammar:
         first_refusal: UnsupportedSchemaError | None = None
         payload = spec.payload
+        unique_items = None
         if spec.kind == GrammarKind.JSON_SCHEMA:
             # The same language, in words the backends know.
             payload = exact_rewrite(with_disjoint_one_of_as_any_of(payload))
@@ -144,6 +156,8 @@ class GrammarCompilerService:
                 raise InvalidRequestError(
                     f"{spec.param} cannot be enforced exactly: keyword 'schema' at # accepts no JSON value "
                     "(its constraints contradict each other)", param=spec.param)
+            # uniqueItems over string arrays: the matchers check it (exactly), the grammar goes without.
+            payload, unique_items = without_checked_unique_items(payload)
         for name, exact in backend_order(spec, self.backends, self.limits.backend):
             backend = self.backends[name]
             started = time.perf_counter()
@@ -165,6 +179,8 @@ class GrammarCompilerService:
                     param=spec.param,
                 )
             relaxed = None if exact or first_refusal is None else first_refusal.unsupported.message()
+            if unique_items is not None:
+                inner = UniqueItemsGrammar(inner, unique_items, self._get_token_bytes())
             return StructuredGrammar(spec, inner, compile_ms, self.closing_tokens, self.stop_token_ids,
                                      relaxed=relaxed)
         message = first_refusal.unsupported.message() if first_refusal else f"no grammar backend compiles {spec.kind}"

@@ -30,6 +30,7 @@ limits.
 
 from __future__ import annotations
 
+import copy
 import re
 from itertools import combinations
 from math import comb
@@ -59,8 +60,32 @@ _MAX_KEY_SETS = 64   # branches of a min/maxProperties rewrite
 _MAX_NAMES = 256     # keys of a finite propertyNames
 
 
+_REF_OVERRIDES_SIBLINGS = ("draft-03", "draft-04", "draft-06", "draft-07")
+
+
+def without_ignored_ref_siblings(schema: Any) -> Any:
+    """Up to draft 7 a `$ref` overrides every keyword beside it: those keywords go (a copy if any do).
+
+    `{"$ref": "#/definitions/p", "enum": ["a"]}` accepts whatever `p` does under draft 7, and only "a"
+    under 2019-09 and later; a schema that names no draft keeps its siblings (the later drafts' reading).
+    """
+    draft = schema.get("$schema") if isinstance(schema, dict) else None
+    if not isinstance(draft, str) or not any(name in draft for name in _REF_OVERRIDES_SIBLINGS):
+        return schema
+    if not any(isinstance(node, dict) and "$ref" in node and (set(node) & VALIDATION_KEYWORDS) - {"$ref"}
+               for _, node, _ in subschemas(schema)):
+        return schema
+    schema = copy.deepcopy(schema)
+    for _, node, _ in subschemas(schema):  # each node's children are listed after it is yielded
+        if isinstance(node, dict) and "$ref" in node:
+            for key in [k for k in node if k in VALIDATION_KEYWORDS and k != "$ref"]:
+                del node[key]
+    return schema
+
+
 def exact_rewrite(schema: Any) -> Any:
     """`schema` with the rewrites above applied wherever they can be (the input is left alone)."""
+    schema = without_ignored_ref_siblings(schema)
     if not isinstance(schema, dict) or shape_problem(schema, SchemaShapeLimits()) is not None:
         return schema
     nodes = [node for _, node, _ in subschemas(schema) if isinstance(node, dict)]

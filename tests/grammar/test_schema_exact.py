@@ -113,3 +113,16 @@ def test_an_unsatisfiable_schema_is_a_clear_400(compiler):
     schema = {"allOf": [{"enum": [35]}, {"not": {"minimum": 20}}]}
     with pytest.raises(InvalidRequestError, match="accepts no JSON value"):
         compiler.compile_blocking(GrammarSpec(GrammarKind.JSON_SCHEMA, schema, param="p", strict=True))
+
+
+def test_draft7_ref_overrides_its_siblings(compiler, tokenizer):
+    defs = {"p": {"type": ["string", "object"]}}
+    later = {"type": "object", "properties": {"a": {"$ref": "#/definitions/p", "enum": ["key"]}}, "definitions": defs}
+    draft7 = {"$schema": "http://json-schema.org/draft-07/schema#", **later}
+    for schema, zz_ok in ((draft7, True), (later, False)):
+        grammar = compiler.compile_blocking(GrammarSpec(GrammarKind.JSON_SCHEMA, schema, strict=True))
+        for text, ok in (('{"a": "key"}', True), ('{"a": "zz"}', zz_ok), ('{"a": 3}', False)):
+            assert jsonschema.validators.validator_for(schema)(schema).is_valid(json.loads(text)) == ok
+            matcher = grammar.new_matcher()
+            ids = tokenizer.encode(text, add_special_tokens=False)
+            assert (all(matcher.accept_token(t) for t in ids) and matcher.is_completed()) == ok, (schema, text)

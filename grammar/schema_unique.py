@@ -1,0 +1,508 @@
+"""`uniqueItems` over arrays of strings, enforced exactly by the matcher instead of the grammar.
+
+No backend grammar can say "no two items equal" (it is not context-free), so a
+schema whose `uniqueItems: true` arrays all qualify is compiled without those
+keywords, and every matcher of it watches the JSON text it accepts: a token that
+would close a string item equal to an earlier item of the same array is refused
+(and masked). That is exactly the schema's language when
+
+- the array's items are strings whose schema never ends a value for good:
+  `type: string` with at most `minLength` and a `pattern` after whose complete
+  matches another character can always follow (no `maxLength`, `enum`,
+  `const` or asserted `format`), so refusing the closing quote of a duplicate
+  never leaves generation without a way on (the string grows instead);
+- every way from the root to the `uniqueItems` node is one that must hold for
+  an array there: `properties`, `patternProperties`, `additionalProperties`,
+  `items`, `prefixItems`, `allOf` and `$ref`, or an `anyOf` branch whose
+  siblings admit no array (no object, for a step into an object's keys). Then
+  the arrays the matcher checks (those at a path where the `uniqueItems` node
+  is reachable) are exactly the arrays the keyword applies to.
+
+Anything else keeps its `uniqueItems`, and a backend that cannot enforce it
+refuses it (never a looser grammar).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+import sre_constants
+from dataclasses import dataclass
+from typing import Any
+
+from loraplex.grammar.schema_walk import ASSERTED_FORMATS, VALIDATION_KEYWORDS, resolve_ref, subschemas
+
+try:
+    from re import _parser as sre_parse  # type: ignore[attr-defined]
+except ImportError:  # pragma: no cover
+    import sre_parse  # type: ignore[no-redef]
+
+_ARRAY, _OBJECT = "array", "object"
+_MAX_NODES = 20000
+_MAX_PATH_CACHE = 4096
+
+
+def _types(node: Any, root: Any, depth: int = 0) -> set[str] | None:
+    """The JSON types a subschema admits, if it says (through `$ref`s); None when any type may pass."""
+    if node is False:
+        return set()
+    if not isinstance(node, dict) or depth > 16:
+        return None
+    if "$ref" in node:
+        target = resolve_ref(node["$ref"], root)
+        found = _types(target, root, depth + 1) if target is not None else None
+        if found is not None:
+            return found
+    declared = node.get("type")
+    if isinstance(declared, str):
+        return {"number" if declared == "integer" else declared}
+    if isinstance(declared, list) and all(isinstance(t, str) for t in declared):
+        return {"number" if t == "integer" else t for t in declared}
+    if "const" in node:
+        return {_json_type(node["const"])}
+    if isinstance(node.get("enum"), list):
+        return {_json_type(v) for v in node["enum"]}
+    return None
+
+
+def _json_type(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int | float):
+        return "number"
+    return {str: "string", list: _ARRAY, dict: _OBJECT}.get(type(value), "null")
+
+
+def _children(node: dict, root: Any) -> list[tuple[Any, str | None]]:
+    """(child, the kind of step) for each subschema edge: None = applies to the same value whatever it is,
+    'array'/'object' = applies inside an array/object value, '!' = an edge that may not hold."""
+    out: list[tuple[Any, str | None]] = []
+    if isinstance(node.get("$ref"), str):
+        target = resolve_ref(node["$ref"], root)
+        out.append((target, None) if target is not None else (None, "!"))
+    for member in node.get("allOf") or []:
+        out.append((member, None))
+    for key in ("anyOf", "oneOf"):
+        branches = node.get(key)
+        if isinstance(branches, list):
+            for i, branch in enumerate(branches):
+                siblings = [_types(b, root) for j, b in enumerate(branches) if j != i]
+                no_array = all(t is not None and _ARRAY not in t for t in siblings)
+                no_object = all(t is not None and _OBJECT not in t for t in siblings)
+                kind = "branch:" + ("A" if no_array else "") + ("O" if no_object else "")
+                out.append((branch, kind))
+    for key in ("properties", "patternProperties"):
+        if isinstance(node.get(key), dict):
+            out += [(sub, _OBJECT) for sub in node[key].values()]
+    if "additionalProperties" in node:
+        out.append((node["additionalProperties"], _OBJECT))
+    items = node.get("items")
+    if isinstance(items, list):
+        out += [(sub, _ARRAY) for sub in items]
+    elif items is not None:
+        out.append((items, _ARRAY))
+    for sub in node.get("prefixItems") or []:
+        out.append((sub, _ARRAY))
+    if "additionalItems" in node:
+        out.append((node["additionalItems"], _ARRAY))
+    for key in ("not", "if", "then", "else", "contains", "propertyNames", "unevaluatedItems",
+                "unevaluatedProperties", "dependentSchemas", "dependencies", "contentSchema"):
+        if key in node:
+            value = node[key]
+            values = value.values() if isinstance(value, dict) and key in ("dependentSchemas", "dependencies") \
+                else [value]
+            out += [(v, "!") for v in values]
+    return out
+
+
+def _definite_nodes(root: Any) -> dict[int, tuple[bool, bool]] | None:
+    """For each reachable subschema (by id): (holds for any array there, holds for any object there)."""
+    flags: dict[int, tuple[bool, bool]] = {id(root): (True, True)}
+    nodes: dict[int, Any] = {id(root): root}
+    work = [root]
+    steps = 0
+    while work:
+        steps += 1
+        if steps > _MAX_NODES * 4:
+            return None
+        node = work.pop()
+        if not isinstance(node, dict):
+            continue
+        for_array, for_object = flags[id(node)]
+        for child, kind in _children(node, root):
+            if not isinstance(child, dict):
+                continue
+            if kind is None:
+                new = (for_array, for_object)
+            elif kind == _ARRAY:
+                new = (for_array, for_array)  # inside the array: it is an array, so this node held
+            elif kind == _OBJECT:
+                new = (for_object, for_object)
+            elif kind.startswith("branch:"):
+                new = (for_array and "A" in kind, for_object and "O" in kind)
+            else:
+                new = (False, False)
+            old = flags.get(id(child))
+            merged = new if old is None else (old[0] and new[0], old[1] and new[1])
+            if merged != old:
+                flags[id(child)] = merged
+                nodes[id(child)] = child
+                work.append(child)
+    return flags
+
+
+def _extensible_pattern(pattern: str) -> bool:
+    """After any complete match of this (search) pattern, one more character still matches."""
+    try:
+        parsed = list(sre_parse.parse(pattern))
+    except (re.error, sre_constants.error, RecursionError, OverflowError):
+        return False
+    ends = [i for i, (op, av) in enumerate(parsed) if op == sre_constants.AT and av == sre_constants.AT_END]
+    if not ends:
+        return not _has_end_anchor(pattern)  # unanchored at the end: any suffix keeps the match
+    if ends != [len(parsed) - 1] or len(parsed) < 2 or _has_end_anchor(pattern, skip_last=True):
+        return False
+    op, av = parsed[-2]
+    return op in (sre_constants.MAX_REPEAT, sre_constants.MIN_REPEAT) and av[1] == sre_constants.MAXREPEAT
+
+
+def _has_end_anchor(pattern: str, skip_last: bool = False) -> bool:
+    """A `$` or `\\Z` anywhere (inside groups or branches), but the last top-level one when `skip_last`."""
+    text = pattern[:-1] if skip_last and pattern.endswith("$") else pattern
+    return bool(re.search(r"(?<!\\)(?:\\\\)*(?:\$|\\Z)", text))
+
+
+def _unique_string_items(node: dict, root: Any) -> bool:
+    """Whether `node`'s `uniqueItems` can be checked by the matcher exactly (see the module docstring)."""
+    if {"prefixItems", "contains", "minContains", "maxContains", "unevaluatedItems", "additionalItems"} & node.keys():
+        return False
+    items = node.get("items")
+    for _ in range(16):
+        if isinstance(items, dict) and set(items) & VALIDATION_KEYWORDS == {"$ref"}:
+            items = resolve_ref(items["$ref"], root)
+    if not isinstance(items, dict) or items.get("type") != "string":
+        return False
+    checked = set(items) & VALIDATION_KEYWORDS
+    if not checked <= {"type", "minLength", "pattern", "format"}:
+        return False
+    if "format" in items and items["format"] in ASSERTED_FORMATS:
+        return False
+    pattern = items.get("pattern")
+    return pattern is None or (isinstance(pattern, str) and pattern.isascii() and _extensible_pattern(pattern))
+
+
+def without_checked_unique_items(schema: Any) -> tuple[Any, UniqueItemsPlan | None]:
+    """(`schema` less the `uniqueItems` the matcher will check, the plan to check them), or (schema, None)."""
+    if not isinstance(schema, dict):
+        return schema, None
+    unique = [node for _, node, _ in subschemas(schema) if isinstance(node, dict) and node.get("uniqueItems") is True]
+    if not unique:
+        return schema, None
+    flags = _definite_nodes(schema)
+    if flags is None:
+        return schema, None
+    for node in unique:
+        if id(node) in flags and not flags[id(node)][0]:
+            return schema, None
+        if not _unique_string_items(node, schema):
+            return schema, None
+    if any(_non_ascii_pattern_key(node) for _, node, _ in subschemas(schema) if isinstance(node, dict)):
+        return schema, None
+    plan_schema = schema
+    stripped = copy.deepcopy(schema)
+    for _, node, _ in subschemas(stripped):
+        if isinstance(node, dict) and node.get("uniqueItems") is True:
+            del node["uniqueItems"]
+    return stripped, UniqueItemsPlan(plan_schema)
+
+
+def _non_ascii_pattern_key(node: dict) -> bool:
+    """A `patternProperties` regex on which Python's `re` (ASCII mode) and ECMA-262 may disagree."""
+    patterns = node.get("patternProperties")
+    return isinstance(patterns, dict) and any(not p.isascii() or re.search(r"\\[sSbB]", p) for p in patterns)
+
+
+class UniqueItemsPlan:
+    """Which arrays (by their path in the instance) must have unique items, from the original schema."""
+
+    def __init__(self, schema: dict) -> None:
+        self.root = schema
+        self._cache: dict[tuple, bool] = {}
+        self._patterns: dict[str, re.Pattern | None] = {}
+
+    def unique_at(self, path: tuple) -> bool:
+        found = self._cache.get(path)
+        if found is None:
+            found = any(isinstance(n, dict) and n.get("uniqueItems") is True for n in self._nodes_at(path))
+            if len(self._cache) < _MAX_PATH_CACHE:
+                self._cache[path] = found
+        return found
+
+    def _closure(self, nodes: list[Any]) -> list[dict]:
+        seen: dict[int, dict] = {}
+        work = list(nodes)
+        while work and len(seen) < _MAX_NODES:
+            node = work.pop()
+            if not isinstance(node, dict) or id(node) in seen:
+                continue
+            seen[id(node)] = node
+            if isinstance(node.get("$ref"), str):
+                target = resolve_ref(node["$ref"], self.root)
+                if target is not None:
+                    work.append(target)
+            for key in ("allOf", "anyOf", "oneOf"):
+                if isinstance(node.get(key), list):
+                    work += node[key]
+            for key in ("then", "else"):
+                if key in node:
+                    work.append(node[key])
+        return list(seen.values())
+
+    def _nodes_at(self, path: tuple) -> list[dict]:
+        nodes = self._closure([self.root])
+        for step in path:
+            following: list[Any] = []
+            for node in nodes:
+                if isinstance(step, str):
+                    following += self._member(node, step)
+                elif isinstance(step, int):
+                    following += self._item(node, step)
+            nodes = self._closure(following)
+            if not nodes:
+                break
+        return nodes
+
+    def _member(self, node: dict, key: str) -> list[Any]:
+        out: list[Any] = []
+        properties = node.get("properties") if isinstance(node.get("properties"), dict) else {}
+        if key in properties:
+            out.append(properties[key])
+        matched = False
+        for pattern, sub in (node.get("patternProperties") or {}).items():
+            compiled = self._pattern(pattern)
+            if compiled is not None and compiled.search(key):
+                out.append(sub)
+                matched = True
+        if key not in properties and not matched and "additionalProperties" in node:
+            out.append(node["additionalProperties"])
+        return out
+
+    def _item(self, node: dict, index: int) -> list[Any]:
+        prefix = node.get("prefixItems")
+        items = node.get("items")
+        if isinstance(prefix, list):
+            return [prefix[index]] if index < len(prefix) else [items] if items is not None else []
+        if isinstance(items, list):
+            if index < len(items):
+                return [items[index]]
+            return [node["additionalItems"]] if "additionalItems" in node else []
+        return [items] if items is not None else []
+
+    def _pattern(self, pattern: str) -> re.Pattern | None:
+        if pattern not in self._patterns:
+            try:
+                self._patterns[pattern] = re.compile(pattern, re.ASCII)
+            except re.error:
+                self._patterns[pattern] = None
+        return self._patterns[pattern]
+
+
+# ---- the JSON text scanner ---------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class _Frame:
+    is_object: bool
+    path: tuple
+    unique: bool = False
+    seen: frozenset = frozenset()
+    key: str | None = None       # objects: the last key read
+    index: int = 0               # arrays: the item being read
+
+
+@dataclass(frozen=True, slots=True)
+class _State:
+    stack: tuple = ()
+    in_string: bool = False
+    escape: bool = False
+    raw: bytes = b""             # the string being read (keys, and items of unique arrays)
+    role: str = ""               # "key", "item" (of a unique array) or "" (other strings)
+    expect_key: bool = False
+
+
+_QUOTE, _BACKSLASH = ord('"'), ord("\\")
+
+
+def _decode(raw: bytes) -> str | None:
+    try:
+        return raw.decode("utf-8") if _BACKSLASH not in raw else json.loads(b'"' + raw + b'"')
+    except (UnicodeDecodeError, ValueError):
+        return raw.decode("utf-8", errors="replace")
+
+
+def scan(state: _State, data: bytes, plan: UniqueItemsPlan) -> _State | None:
+    """The state after `data`; None when `data` closes a string item equal to an earlier one of its array."""
+    stack, in_string, escape, raw, role, expect_key = (state.stack, state.in_string, state.escape, state.raw,
+                                                       state.role, state.expect_key)
+    i, n = 0, len(data)
+    while i < n:
+        if in_string:
+            if escape:
+                escape = False
+                if role:
+                    raw += data[i:i + 1]
+                i += 1
+                continue
+            # copy a run of plain bytes at once
+            j = i
+            while j < n and data[j] != _QUOTE and data[j] != _BACKSLASH:
+                j += 1
+            if role:
+                raw += data[i:j]
+            i = j
+            if i >= n:
+                break
+            if data[i] == _BACKSLASH:
+                escape = True
+                if role:
+                    raw += b"\\"
+                i += 1
+                continue
+            # closing quote
+            in_string = False
+            i += 1
+            if role == "key" and stack:
+                top = stack[-1]
+                stack = (*stack[:-1], _Frame(True, top.path, key=_decode(raw)))
+            elif role == "item" and stack:
+                top = stack[-1]
+                value = _decode(raw)
+                if value in top.seen:
+                    return None
+                stack = (*stack[:-1], _Frame(False, top.path, True, top.seen | {value}, index=top.index))
+            raw, role = b"", ""
+            continue
+        byte = data[i]
+        i += 1
+        if byte == _QUOTE:
+            in_string, escape, raw = True, False, b""
+            top = stack[-1] if stack else None
+            if top is not None and top.is_object and expect_key:
+                role = "key"
+            elif top is not None and not top.is_object and top.unique:
+                role = "item"
+            else:
+                role = ""
+        elif byte == 0x7B or byte == 0x5B:  # { [
+            top = stack[-1] if stack else None
+            path = () if top is None else top.path + ((top.key if top.is_object else top.index),)
+            if byte == 0x7B:
+                stack = (*stack, _Frame(True, path))
+                expect_key = True
+            else:
+                stack = (*stack, _Frame(False, path, plan.unique_at(path)))
+                expect_key = False
+        elif byte == 0x7D or byte == 0x5D:  # } ]
+            stack = stack[:-1]
+            expect_key = False
+        elif byte == 0x3A:  # :
+            expect_key = False
+        elif byte == 0x2C and stack:  # ,
+            top = stack[-1]
+            if top.is_object:
+                expect_key = True
+            else:
+                stack = (*stack[:-1], _Frame(False, top.path, top.unique, top.seen, index=top.index + 1))
+    return _State(stack, in_string, escape, raw, role, expect_key)
+
+
+def may_close_duplicate(state: _State) -> bool:
+    """Whether a token could close a duplicate item from here (inside a string item of a non-empty unique set)."""
+    return state.in_string and state.role == "item" and bool(state.stack[-1].seen)
+
+
+# ---- the backend wrappers ------------------------------------------------------------------------------------
+class UniqueItemsGrammar:
+    """A backend grammar compiled without the checked `uniqueItems`, and the plan that checks them."""
+
+    __slots__ = ("_inner", "_plan", "_tokens", "backend", "memory_size_bytes")
+
+    def __init__(self, inner: Any, plan: UniqueItemsPlan, tokens: TokenBytes) -> None:
+        self._inner = inner
+        self._plan = plan
+        self._tokens = tokens
+        self.backend = inner.backend
+        self.memory_size_bytes = inner.memory_size_bytes
+
+    def new_matcher(self) -> UniqueItemsMatcher:
+        return UniqueItemsMatcher(self._inner.new_matcher(), self._plan, self._tokens)
+
+
+class TokenBytes:
+    """The bytes of every token, and the tokens that hold a quote (the only ones that can close a string)."""
+
+    def __init__(self, token_bytes: list[bytes]) -> None:
+        import torch
+
+        self.data = token_bytes
+        self.quoted = torch.tensor([i for i, b in enumerate(token_bytes) if b'"' in b], dtype=torch.int64)
+
+
+class UniqueItemsMatcher:
+    __slots__ = ("_history", "_inner", "_plan", "_tokens")
+
+    def __init__(self, inner: Any, plan: UniqueItemsPlan, tokens: TokenBytes) -> None:
+        self._inner = inner
+        self._plan = plan
+        self._tokens = tokens
+        self._history: list[_State] = [_State()]
+
+    def _next(self, token_id: int) -> _State | None:
+        data = self._tokens.data[token_id] if 0 <= token_id < len(self._tokens.data) else b""
+        return scan(self._history[-1], data, self._plan)
+
+    def accept_token(self, token_id: int) -> bool:
+        state = self._next(token_id)
+        if state is None or not self._inner.accept_token(token_id):
+            return False
+        self._history.append(state)
+        return True
+
+    def rollback(self, num_tokens: int) -> None:
+        if num_tokens:
+            self._inner.rollback(num_tokens)
+            del self._history[-num_tokens:]
+
+    def fill_bitmask(self, bitmask: Any, row: int) -> None:
+        import torch
+
+        self._inner.fill_bitmask(bitmask, row)
+        state = self._history[-1]
+        if not may_close_duplicate(state):
+            return
+        quoted = self._tokens.quoted
+        words = bitmask[row]
+        in_range = quoted[quoted < words.shape[0] * 32]
+        allowed = (((words[in_range // 32].to(torch.int64) & 0xFFFFFFFF) >> (in_range % 32)) & 1).nonzero().flatten()
+        for token_id in in_range[allowed].tolist():
+            if scan(state, self._tokens.data[token_id], self._plan) is None:
+                word, bit = divmod(token_id, 32)
+                value = (int(words[word]) & 0xFFFFFFFF) & ~(1 << bit)
+                words[word] = value - (1 << 32) if value >= 1 << 31 else value
+
+    def is_completed(self) -> bool:
+        return self._inner.is_completed()
+
+    def is_terminated(self) -> bool:
+        return self._inner.is_terminated()
+
+    def forced_token_ids(self) -> list[int]:
+        forced = self._inner.forced_token_ids()
+        state = self._history[-1]
+        for i, token_id in enumerate(forced):
+            data = self._tokens.data[token_id] if 0 <= token_id < len(self._tokens.data) else b""
+            state = scan(state, data, self._plan)
+            if state is None:
+                return forced[:i]
+        return forced

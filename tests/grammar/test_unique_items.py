@@ -1,0 +1,139 @@
+"""uniqueItems over string arrays, checked by the matcher: the same language as the schema, masks that never
+offer a duplicate, and no dead end; anything the check cannot make exact is still refused in strict mode."""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+
+import jsonschema
+import pytest
+import torch
+from grammar_helpers import SMOLLM2_VOCAB
+from loraplex.engine.errors import InvalidRequestError
+from loraplex.grammar.schema_unique import without_checked_unique_items
+from loraplex.grammar.spec import GrammarKind, GrammarSpec
+
+TAGS = {"type": "array", "items": {"type": "string"}, "uniqueItems": True}
+SCHEMAS = [
+    TAGS,
+    {"type": "object", "properties": {
+        "tags": {"type": "array", "items": {"type": "string", "pattern": "^[a-z]+$"}, "uniqueItems": True},
+        "other": {"type": "array", "items": {"type": "string"}}}},
+    {"type": "object", "properties": {"r": {"anyOf": [{"type": "string"}, {"$ref": "#/$defs/set"}]}},
+     "$defs": {"set": {"type": "array", "items": {"type": "string", "minLength": 1}, "uniqueItems": True}}},
+    {"type": "array", "items": {"type": "object", "patternProperties": {"^s": {"$ref": "#/$defs/set"}},
+                                "additionalProperties": {"type": "array", "items": {"type": "string"}}},
+     "$defs": {"set": TAGS}},
+]
+TEXTS = [
+    '["a", "b"]', '["a", "a"]', '["a", "b", "a"]', '[]', '["ab", "a"]', '["a", "ab"]', '["\\u0061", "a"]',
+    '["a\\"", "a"]', '["a\\"", "a\\""]', '["é", "é"]', '["é", "e"]',
+    '{"tags": ["x", "y"], "other": ["y", "y"]}', '{"tags": ["x", "x"], "other": ["y"]}', '{"tags": ["Q"]}',
+    '{"r": "a"}', '{"r": ["a", "b"]}', '{"r": ["a", "a"]}', '{"r": [""]}',
+    '[{"s1": ["a", "a"]}]', '[{"t": ["a", "a"]}]', '[{"t": ["a"], "s": ["b", "c", "b"]}]', '[{"s": ["a"]}, {"s": ["a"]}]',
+]
+
+
+def accepted(grammar, tokenizer, text: str) -> bool:
+    matcher = grammar.new_matcher()
+    return all(matcher.accept_token(t) for t in tokenizer.encode(text, add_special_tokens=False)) and \
+        matcher.is_completed()
+
+
+@pytest.mark.parametrize("schema", SCHEMAS, ids=range(len(SCHEMAS)))
+def test_the_grammar_accepts_exactly_the_schemas_language(compiler, tokenizer, schema):
+    grammar = compiler.compile_blocking(GrammarSpec(GrammarKind.JSON_SCHEMA, schema, strict=True))
+    assert grammar.relaxed is None
+    checked = 0
+    for text in TEXTS:
+        value = json.loads(text)
+        expected = jsonschema.Draft202012Validator(schema).is_valid(value)
+        assert accepted(grammar, tokenizer, text) == expected, text
+        checked += expected
+    assert checked >= 3
+
+
+def test_the_mask_never_offers_the_close_of_a_duplicate(compiler, tokenizer):
+    grammar = compiler.compile_blocking(GrammarSpec(GrammarKind.JSON_SCHEMA, TAGS, strict=True))
+    closers = [t for t in ('"', '"]', '",', '",') if len(tokenizer.encode(t, add_special_tokens=False)) == 1]
+    assert closers
+    ids = [tokenizer.encode(t, add_special_tokens=False)[0] for t in closers]
+
+    def allowed_after(text: str) -> list[bool]:
+        matcher = grammar.new_matcher()
+        assert all(matcher.accept_token(t) for t in tokenizer.encode(text, add_special_tokens=False))
+        mask = torch.zeros((1, (SMOLLM2_VOCAB + 31) // 32), dtype=torch.int32)
+        matcher.fill_bitmask(mask, 0)
+        return [bool((int(mask[0, i // 32]) >> (i % 32)) & 1) for i in ids]
+
+    assert not any(allowed_after('["ab", "cd", "ab'))
+    assert all(allowed_after('["ab", "cd", "ac'))
+    assert all(allowed_after('["ab", "cd", "a'))
+
+
+def test_random_walks_never_dead_end_and_end_valid(compiler, tokenizer):
+    schema = {"type": "object", "properties": {"tags": SCHEMAS[1]["properties"]["tags"]}, "required": ["tags"],
+              "additionalProperties": False}
+    grammar = compiler.compile_blocking(GrammarSpec(GrammarKind.JSON_SCHEMA, schema, strict=True))
+    rng = random.Random(7)
+    prefix = tokenizer.encode('{"tags": ["a", "b", "', add_special_tokens=False)
+    short = [i for i in range(SMOLLM2_VOCAB) if len(tokenizer.decode([i])) <= 2]
+    for _ in range(3):
+        matcher = grammar.new_matcher()
+        assert all(matcher.accept_token(t) for t in prefix)
+        tokens = list(prefix)
+        for _ in range(40):
+            mask = torch.zeros((1, (SMOLLM2_VOCAB + 31) // 32), dtype=torch.int32)
+            matcher.fill_bitmask(mask, 0)
+            choices = [i for i in short if (int(mask[0, i // 32]) >> (i % 32)) & 1]
+            if matcher.is_completed():
+                break
+            assert choices, tokenizer.decode(tokens)  # never a dead end
+            # lean on the quote tokens, so items close (and duplicates are tried) often
+            quoted = [i for i in choices if '"' in tokenizer.decode([i])]
+            token = rng.choice(quoted if quoted and rng.random() < 0.5 else choices)
+            assert matcher.accept_token(token)
+            tokens.append(token)
+        text = tokenizer.decode(tokens)
+        if matcher.is_completed():
+            assert jsonschema.Draft202012Validator(schema).is_valid(json.loads(text)), text
+        items = re.findall(r'"([a-z]+)"', text.split("[", 1)[1])  # the items closed so far
+        assert len(items) == len(set(items)), text
+
+
+def test_rollback_restores_what_was_seen(compiler, tokenizer):
+    grammar = compiler.compile_blocking(GrammarSpec(GrammarKind.JSON_SCHEMA, TAGS, strict=True))
+
+    def encode(text):
+        return tokenizer.encode(text, add_special_tokens=False)
+
+    def feeds(matcher, text):
+        tokens = encode(text)
+        done = all(matcher.accept_token(t) for t in tokens) and matcher.is_completed()
+        return done
+
+    matcher = grammar.inner.new_matcher()
+    second = encode(', "b"')
+    assert all(matcher.accept_token(t) for t in encode('["a"') + second)
+    assert not feeds(grammar.inner.new_matcher(), '["a", "b", "b"]')
+    matcher.rollback(len(second))  # "b" is forgotten, "a" is not
+    assert not feeds(matcher, ', "a"]')
+    matcher = grammar.inner.new_matcher()
+    assert all(matcher.accept_token(t) for t in encode('["a"') + second)
+    matcher.rollback(len(second))
+    assert feeds(matcher, ', "c", "b"]')
+
+
+@pytest.mark.parametrize("schema", [
+    {"anyOf": [{"type": "array"}, TAGS]},                                      # a sibling admits duplicates
+    {"type": "array", "items": {"type": "string", "maxLength": 1}, "uniqueItems": True},  # could run out
+    {"type": "array", "items": {"type": "string", "pattern": "^a$"}, "uniqueItems": True},
+    {"type": "array", "items": {"type": "object"}, "uniqueItems": True},
+    {"type": "object", "if": {"required": ["a"]}, "then": {"properties": {"b": TAGS}}},
+])
+def test_what_the_matcher_cannot_check_exactly_stays_refused(compiler, schema):
+    assert without_checked_unique_items(schema)[1] is None
+    with pytest.raises(InvalidRequestError, match="uniqueItems|not supported|cannot be enforced"):
+        compiler.compile_blocking(GrammarSpec(GrammarKind.JSON_SCHEMA, schema, param="s", strict=True))
