@@ -79,7 +79,10 @@ def rows() -> list[str]:
                 verdict = f"{target['op']} {fmt(target['value'])}: {'met' if met else '**missed**'}"
             else:
                 verdict = ""
-            out.append(f"| `{name}` | `{key}` | {fmt(value)} | {verdict} | {where} |")
+            # A file can hold figures from several machines (e.g. TP2 on 2 GPUs beside TP4 on 4): each names its own.
+            card = metrics.get("card_kind_per_figure", {}).get(key)
+            figure_where = card.replace("NVIDIA ", "") if card else where
+            out.append(f"| `{name}` | `{key}` | {fmt(value)} | {verdict} | {figure_where} |")
     return out
 
 
