@@ -88,6 +88,22 @@ def _negate_keyword(key: str, value: Any, schema: dict, root: Any, depth: int) -
             branches.append(False if negated is False else
                             {"type": "object", "required": [name], "properties": {name: negated}})
         return _union(branches)
+    if key in ("additionalProperties", "items", "additionalItems", "propertyNames") and (value is True or value == {}):
+        return False  # a free subschema: no value fails it
+    if key == "patternProperties" and isinstance(value, dict) and all(v is True or v == {} for v in value.values()):
+        return False
+    if key == "propertyNames" and isinstance(value, dict) and set(value) == {"not"}:
+        # Some key is not a name: with the names' complement a finite set, one of them is present.
+        names = value["not"]
+        if isinstance(names, dict) and set(names) - {"type"} == {"const"} and isinstance(names["const"], str):
+            present = [names["const"]]
+        elif isinstance(names, dict) and set(names) - {"type"} == {"enum"} and isinstance(names["enum"], list):
+            present = [n for n in names["enum"] if isinstance(n, str)]
+        else:
+            return None
+        if names.get("type", "string") != "string":
+            return None
+        return _union([{"type": "object", "required": [name]} for name in present])
     if key == "enum" and isinstance(value, list):
         return _negate_values(value)
     if key == "const":

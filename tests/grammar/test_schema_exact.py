@@ -24,6 +24,8 @@ NEGATABLE = [
     {"enum": ["linux", "lin", 7, None, True]}, {"const": 25}, {"allOf": [{"minimum": 2}, {"maximum": 30}]},
     {"anyOf": [{"type": "string", "maxLength": 1}, {"required": ["c"]}]}, {"not": {"type": "number"}},
     {"type": "object", "properties": {"a": {"enum": [1, "s"]}}, "required": ["a"]}, {}, True, False,
+    {"propertyNames": {"not": {"const": "a"}}}, {"propertyNames": {"not": {"enum": ["b", "c", 3]}}},
+    {"additionalProperties": True, "items": {}, "patternProperties": {"^a": True}},
 ]
 
 
