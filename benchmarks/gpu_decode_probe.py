@@ -7,7 +7,9 @@ decode graph replay at batch 1 and 64 for three variants: unfused, fused element
 (add+RMSNorm, SiLU x mul, rotary+KV write), fused + GEMV; greedy tokens of the variants and of
 overlap on/off compared; (3) a torch.profiler table of the b1 step's kernels per variant;
 (4) LoRA-8 at batch 64: base vs adapters replay ratio with the LoRA work after each GEMM or beside it
-on a side stream (`engine/cuda/lora_overlap.py`), greedy tokens compared, with a profile.
+on a side stream (`engine/cuda/lora_overlap.py`), greedy tokens compared, with a profile; with
+--lora-gemm first the one-launch GEMM + LoRA kernel (`engine/kernels/lora_gemm.py`) per shape and
+config, then the engine's LoRA-8 ratio with it ("fused") and without.
 Writes $OUT/gpu_decode_probe.json (or benchmarks/results/) and prints a short table last.
 """
 
@@ -155,6 +157,80 @@ def greedy_tokens(engine, prompts, max_tokens: int, overlap: bool) -> list:
     return [tokens[i] for i in range(len(prompts))]
 
 
+GEMM_CONFIGS = [(64, 128, 4, 4, 1024, 128, 4), (32, 128, 4, 4, 1024, 128, 4), (128, 128, 4, 3, 1024, 128, 4),
+                (64, 256, 4, 3, 1024, 128, 4), (32, 256, 4, 3, 2048, 128, 4), (64, 128, 8, 4, 1024, 128, 8),
+                (128, 64, 4, 4, 1024, 128, 4), (16, 256, 4, 4, 1024, 128, 4), (32, 128, 4, 4, 512, 64, 4)]
+
+
+def lora_gemm_sweep(copy_gbps: float, rows: int = 64, adapters: int = 8) -> dict:
+    """Per 8B shape at `rows` decode rows (8 adapters of rank 16 in a 64-slot pool, 8 rows each):
+    cuBLAS alone, cuBLAS + the separate LoRA kernel (today's path), and the one-launch
+    `lora_gemm.linear_with_lora` per config (with adapters, and with every row on the base model),
+    µs per call over 4 distinct weight and stack copies in one graph, each checked against the reference."""
+    import torch.nn.functional as F
+    from attention_kernels import relative_error
+    from loraplex.engine.kernels.lora_gemm import LoRAGemmConfig, linear_with_lora
+    from loraplex.engine.kernels.lora_metadata import build_lora_metadata
+    from loraplex.engine.kernels.lora_reference import add_lora_ref
+    from loraplex.engine.kernels.lora_triton import add_lora
+    from loraplex.engine.kernels.lora_weights import LoRAStack
+
+    shapes = {"qkv": ((4096, 1024, 1024), 4096), "o": ((4096,), 4096), "gate_up": ((14336, 14336), 4096),
+              "down": ((4096,), 14336)}
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    slots = [i % adapters for i in range(rows)]
+    meta = build_lora_metadata(slots, max_loras=64, device="cuda")
+    base_meta = build_lora_metadata([-1] * rows, max_loras=64, device="cuda")
+    out = {}
+    for name, (out_sizes, k) in shapes.items():
+        n = sum(out_sizes)
+        copies = 4
+        ws = [torch.randn(n, k, device="cuda", generator=gen, dtype=torch.bfloat16) / k**0.5 for _ in range(copies)]
+        stacks = []
+        for _ in range(copies):
+            st = LoRAStack.allocate(num_slots=64, max_rank=16, in_features=k, out_sizes=out_sizes,
+                                    dtype=torch.bfloat16, device="cuda")
+            st.lora_a.normal_(generator=gen).mul_(k**-0.5)
+            st.lora_b.normal_(generator=gen).mul_(0.25)
+            st.ranks.fill_(16)
+            st.scalings.fill_(2.0)
+            stacks.append(st)
+        xs = [torch.randn(rows, k, device="cuda", generator=gen, dtype=torch.bfloat16) for _ in range(copies)]
+        ys = [torch.empty(rows, n, device="cuda", dtype=torch.bfloat16) for _ in range(copies)]
+        floor_us = (n * k * 2 + rows * (n + k) * 2) / copy_gbps / 1e3
+        expected = F.linear(xs[0], ws[0])
+        add_lora_ref(expected, xs[0], stacks[0], meta)
+        row = out[name] = {"floor_us": floor_us}
+        row["cublas_us"] = graph_time_us(lambda i: torch.matmul(xs[i], ws[i].T, out=ys[i]), copies)
+
+        def separate(i):
+            torch.matmul(xs[i], ws[i].T, out=ys[i])
+            add_lora(ys[i], xs[i], stacks[i], meta)
+
+        row["cublas_plus_lora_us"] = graph_time_us(separate, copies)
+        best = None
+        for cfg in GEMM_CONFIGS:
+            config = LoRAGemmConfig(*cfg)
+            try:
+                got = linear_with_lora(xs[0], ws[0], stacks[0], meta, config=config)
+                err = relative_error(got, expected)
+                us = graph_time_us(lambda i, c=config: linear_with_lora(xs[i], ws[i], stacks[i], meta, config=c,
+                                                                        out=ys[i]), copies)
+                base_us = graph_time_us(lambda i, c=config: linear_with_lora(xs[i], ws[i], stacks[i], base_meta,
+                                                                             config=c, out=ys[i]), copies)
+                row[str(cfg)] = {"us": us, "base_only_us": base_us, "err": err, "synced": not meta.sync.any().item()}
+                if err < 2e-2 and (best is None or us < best[1]):
+                    best = (cfg, us)
+            except Exception as exc:  # a config that does not fit (shared memory) is recorded, not fatal
+                row[str(cfg)] = {"error": repr(exc)[:200]}
+        row["best"] = best
+        print(f"lora_gemm {name:8s} floor {floor_us:6.1f} cublas {row['cublas_us']:6.1f} +lora "
+              f"{row['cublas_plus_lora_us']:6.1f} fused best {best}", flush=True)
+        del ws, stacks, xs, ys
+        torch.cuda.empty_cache()
+    return out
+
+
 def engine_variants(copy_gbps: float, lora_only: bool = False) -> None:
     from gpu_engine import (
         decode_steps_ms,
@@ -222,19 +298,27 @@ def engine_variants(copy_gbps: float, lora_only: bool = False) -> None:
     tweaks = {"no_rank_wait": {"rank_masked_loads": False},
               "no_rank_wait_stages2": {"rank_masked_loads": False, "num_stages": 2},
               "no_rank_wait_bk128": {"rank_masked_loads": False, "block_k": 128}}
-    runs = [(None, None), ("delta", None), ("shrink", None)] if not lora_only else [(None, None)]
-    runs += [(None, tweak) for tweak in tweaks]
+    from loraplex.engine.lora import step as lora_step
+
+    fused_rows = lora_step.FUSED_LINEAR_ROWS
+    runs = [(None, None), ("delta", None), ("shrink", None)] if not lora_only else [(None, None), ("fused", None)]
+    if not lora_only:
+        runs += [(None, tweak) for tweak in tweaks]
     for mode, tweak in runs:
         name = str(mode) if tweak is None else tweak
-        engine.runner.lora_overlap = mode
+        # "fused": base GEMM and LoRA delta in one launch (`lora_gemm`); every other run keeps them apart
+        lora_step.FUSED_LINEAR_ROWS = fused_rows if mode == "fused" else range(0)
+        engine.runner.lora_overlap = None if mode == "fused" else mode
         lora_triton.choose_config = original if tweak is None else (
             lambda stack, meta, t=tweaks[tweak]: original(stack, meta) if meta.num_tokens > 256
             else dataclasses.replace(original(stack, meta), **t))
-        engine.runner.graphs.pop((64, "lora"), None)
-        engine.runner.graphs.pop((8, "lora"), None)
+        for key in [key for key in engine.runner.graphs if key[1] == "lora"]:
+            engine.runner.graphs.pop(key)
         set_overlap(engine, False)
         engine.block_manager.enable_prefix_caching = False  # every pass prefills the same way
-        requests = lora_requests(random_prompts(8, 64, config.vocab_size, 13), [f"a{i}" for i in range(8)], 16)
+        # 18 sequences (a decode graph of 32 rows, over the fused path's 16-row minimum): 8 adapters and base rows
+        requests = lora_requests(random_prompts(18, 64, config.vocab_size, 13), [f"a{i}" for i in range(8)] + [None],
+                                 16)
         for request in requests:
             engine.add_request(request)
         got: dict[str, list[int]] = defaultdict(list)
@@ -248,7 +332,10 @@ def engine_variants(copy_gbps: float, lora_only: bool = False) -> None:
         RESULT["lora"][name] = {"step_ms": eight["step_ms"], "replay_ms": eight["graph_replay_ms"],
                                 "replay_ratio": eight["graph_replay_ms"] / base["graph_replay_ms"],
                                 "step_ratio": eight["step_ms"] / base["step_ms"],
-                                "tokens_equal_vs_none": lora_tokens[name] == lora_tokens["None"]}
+                                "tokens_equal_vs_none": lora_tokens[name] == lora_tokens["None"],
+                                "token_match_fraction_vs_none": sum(
+                                    a == b for x, y in zip(lora_tokens[name], lora_tokens["None"], strict=True)
+                                    for a, b in zip(x, y, strict=True)) / sum(len(x) for x in lora_tokens["None"])}
         lora_triton.choose_config = original
         RESULT["lora"][name]["profile"] = profile_graph(engine.runner.graphs[(64, "lora")], steps=3)[:12]
         print(f"lora8 {name:20s} step ratio {eight['step_ms'] / base['step_ms']:.3f} replay ratio "
@@ -256,6 +343,7 @@ def engine_variants(copy_gbps: float, lora_only: bool = False) -> None:
               f"{RESULT['lora'][name]['tokens_equal_vs_none']}", flush=True)
         save()
     lora_triton.choose_config = original
+    lora_step.FUSED_LINEAR_ROWS = fused_rows
     manager.detach()
     del engine, manager, model
     gc.collect()
@@ -330,6 +418,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="CPU: the kernels through the interpreter only")
     parser.add_argument("--skip-sweep", action="store_true")
     parser.add_argument("--lora-only", action="store_true", help="one variant (all fused), then the LoRA runs")
+    parser.add_argument("--lora-gemm", action="store_true", help="the one-launch LoRA linear sweep, then --lora-only")
     parser.add_argument("--tp-profile", type=int, default=0, help="only profile a TP engine's b1 step (2 GPUs)")
     options = parser.parse_args()
     if options.quick or not torch.cuda.is_available():
@@ -343,6 +432,17 @@ def main() -> None:
         return
     RESULT["copy_gbps"] = copy_gbps = copy_bandwidth_gbps()
     print(f"card {RESULT['gpu']} copy {copy_gbps:.0f} GB/s", flush=True)
+    if options.lora_gemm:
+        from loraplex.engine.kernels import lora_gemm
+
+        RESULT["lora_gemm"] = lora_gemm_sweep(copy_gbps)
+        save()
+        for (n, k), row in zip(((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336)),
+                               RESULT["lora_gemm"].values(), strict=True):
+            if row["best"]:
+                lora_gemm.TUNED[(n, k)] = lora_gemm.LoRAGemmConfig(*row["best"][0])
+        RESULT["lora_gemm_tuned"] = {str(k): str(v) for k, v in lora_gemm.TUNED.items()}
+        options.lora_only = options.skip_sweep = True
     if not options.skip_sweep:
         RESULT["gemv"] = gemv_sweep(copy_gbps)
         save()

@@ -87,7 +87,9 @@ class LoRALinear(nn.Module):
     LoRA delta into `y[:, out_start:out_end]` in place. `x` is `[tokens, in]`
     with tokens in the step's batch order (the same order the runner passed
     to its `lora.build(...)`). With `ctx.lora is None` (the default) no
-    adapter code runs at all.
+    adapter code runs at all. A context may also offer `fused_linear(x, weight,
+    bias, layer_index, slices)`, returning the base output with the delta already
+    added (one launch at decode) or None, in which case the two steps above run.
     """
 
     def __init__(
@@ -127,9 +129,12 @@ class LoRALinear(nn.Module):
             if pending is not None:
                 pending.finish(y)
             return y
-        y = self.matmul(x, self.weight, self.bias)
-        if ctx.lora is not None:
-            ctx.lora.apply(x, y, self.layer_index, self.slices)
+        fused = getattr(ctx.lora, "fused_linear", None)
+        y = fused(x, self.weight, self.bias, self.layer_index, self.slices) if fused is not None else None
+        if y is None:  # no adapter for this linear, or not a decode-sized batch on the GPU
+            y = self.matmul(x, self.weight, self.bias)
+            if ctx.lora is not None:
+                ctx.lora.apply(x, y, self.layer_index, self.slices)
         if self.parallel == "row":
             self.tp.all_reduce_(y)
         return y

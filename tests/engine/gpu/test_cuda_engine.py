@@ -171,6 +171,53 @@ def test_mixed_lora_and_grammar_batch_equals_cpu_engine() -> None:
     assert base["x"] != got["r2"]
 
 
+def many_lora_requests(count: int = 20, max_tokens: int = 10) -> list[EngineRequest]:
+    """More sequences than the fused LoRA linear's 16-row minimum: adapters a/b/c and base rows mixed."""
+    generator = torch.Generator().manual_seed(5)
+    return [EngineRequest(f"m{i}", torch.randint(0, VOCAB, (3 + 7 * i % 50,), generator=generator).tolist(),
+                          greedy(max_tokens, ignore_eos=True), adapter_id=[None, "a", "b", "c"][i % 4])
+            for i in range(count)]
+
+
+def counting_fused_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    from loraplex.engine.kernels import lora_gemm
+
+    calls: list[int] = []
+    real = lora_gemm.linear_with_lora
+
+    def counted(x, *args, **kwargs):
+        calls.append(x.shape[0])
+        return real(x, *args, **kwargs)
+
+    monkeypatch.setattr(lora_gemm, "linear_with_lora", counted)
+    return calls
+
+
+def test_fused_lora_linear_at_decode_equals_cpu_engine(monkeypatch: pytest.MonkeyPatch) -> None:
+    """float32: decode batches of 16+ rows run GEMM + LoRA delta in one launch (`lora_gemm`), graphs on."""
+    expected = generate(make_engine("cpu", lora=True, max_num_seqs=24), many_lora_requests())
+    calls = counting_fused_calls(monkeypatch)
+    engine = make_engine(GPU_DEVICE, lora=True, max_num_seqs=24)
+    assert generate(engine, many_lora_requests()) == expected
+    assert calls and min(calls) >= 16 and engine.runner.num_graph_steps > 0
+
+
+def test_fused_lora_linear_bf16_graphs_on_off_and_separate_path_agree(monkeypatch: pytest.MonkeyPatch) -> None:
+    from loraplex.engine.lora import step as lora_step
+
+    calls = counting_fused_calls(monkeypatch)
+    on = generate(make_engine(GPU_DEVICE, "bfloat16", lora=True, max_num_seqs=24), many_lora_requests())
+    assert calls
+    off = generate(make_engine(GPU_DEVICE, "bfloat16", lora=True, max_num_seqs=24, enable_cuda_graphs=False),
+                   many_lora_requests())
+    assert on == off
+    monkeypatch.setattr(lora_step, "FUSED_LINEAR_ROWS", range(0))
+    count = len(calls)
+    separate = generate(make_engine(GPU_DEVICE, "bfloat16", lora=True, max_num_seqs=24), many_lora_requests())
+    assert len(calls) == count  # the separate GEMM + LoRA kernel path ran
+    assert separate == on
+
+
 def test_kv_pool_is_sized_from_the_memory_fraction() -> None:
     engine = make_engine(GPU_DEVICE, num_blocks=None, gpu_memory_utilization=0.05)
     total = torch.cuda.get_device_properties(0).total_memory
