@@ -16,6 +16,7 @@ and every instance judged right), compile time p50/p99 and mask time p50/p99
 
     python benchmarks/jsonschemabench.py            # all 770: writes benchmarks/results/jsonschemabench.json
     python benchmarks/jsonschemabench.py --quick    # 3 schemas per group; writes nothing
+    python benchmarks/jsonschemabench.py --backends auto --uncovered   # also list each uncovered schema and why
 """
 
 from __future__ import annotations
@@ -248,7 +249,8 @@ def evaluate(service: GrammarCompilerService, cases: list[dict[str, Any]], token
     compile_ms: list[float] = []
     mask_us: list[float] = []
     refusals: dict[str, int] = defaultdict(int)
-    for case in cases:
+    uncovered: list[str] = []
+    for number, case in enumerate(cases):
         stats = groups[case["group"]]
         instances = case["instances"]
         stats["schemas"] += 1
@@ -258,6 +260,7 @@ def evaluate(service: GrammarCompilerService, cases: list[dict[str, Any]], token
             grammar = service.compile_blocking(spec)
         except InvalidRequestError as exc:
             refusals[exc.message.split(": ", 1)[-1][:60]] += 1
+            uncovered.append(f"{number} {case['group']}: refused: {exc.message[:240]}")
             continue
         compile_ms.append((time.perf_counter() - started) * 1e3)
         stats["compiled"] += 1
@@ -271,9 +274,13 @@ def evaluate(service: GrammarCompilerService, cases: list[dict[str, Any]], token
                 stats["valid_accepted"] += ok
             else:
                 stats["invalid_accepted"] += ok
+            if ok != valid and right:
+                uncovered.append(f"{number} {case['group']}: {'valid refused' if valid else 'INVALID ACCEPTED'}: "
+                                 f"{text[:160]}")
             right = right and ok == valid
         stats["covered"] += right
-    return {"groups": groups, "compile_ms": compile_ms, "mask_us": mask_us, "refusals": refusals}
+    return {"groups": groups, "compile_ms": compile_ms, "mask_us": mask_us, "refusals": refusals,
+            "uncovered": uncovered}
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -326,6 +333,7 @@ def main() -> None:
     parser.add_argument("--backends", default=",".join(BACKENDS))
     parser.add_argument("--compile-timeout-s", type=float, default=10.0)
     parser.add_argument("--merge", action="store_true", help="add to the backends already in the results file")
+    parser.add_argument("--uncovered", action="store_true", help="list each uncovered schema (its index) and why")
     args = parser.parse_args()
     tokenizer = AutoTokenizer.from_pretrained(ensure_default_model(ROOT / "data" / "models"))
     cases = load_cases(args.quick)
@@ -349,6 +357,8 @@ def main() -> None:
         groups[name] = table
         top = sorted(result["refusals"].items(), key=lambda kv: -kv[1])[:8]
         print(f"{name}: {json.dumps(backend_metrics)}\n  top refusals: {top}", flush=True)
+        if args.uncovered:
+            print(f"{name}: {len(result['uncovered'])} uncovered\n  " + "\n  ".join(result["uncovered"]), flush=True)
     print(json.dumps({"metrics": metrics}, indent=1))
     if args.quick:
         return
