@@ -31,6 +31,7 @@ limits.
 from __future__ import annotations
 
 import copy
+import json
 import re
 from itertools import combinations
 from math import comb
@@ -205,12 +206,44 @@ class _Rewriter:
         branches = node["oneOf"]
         if not branches or len(branches) > _MAX_ONE_OF:
             return None
+        factored = self._common_conjuncts(node)
+        if factored is not None:
+            return factored
         negated = [negate(b, self.root) for b in branches]
         if any(n is None for n in negated):
             return None
         rest = {k: v for k, v in node.items() if k != "oneOf"}
         exclusive = [_all_of([b] + [n for j, n in enumerate(negated) if j != i]) for i, b in enumerate(branches)]
         return _conjoin(rest, _any_of(exclusive))
+
+    def _common_conjuncts(self, node: dict) -> Any | None:
+        """`oneOf: [B and C1, .., B and Cn]` is `B and oneOf: [C1, .., Cn]` (B fails: none holds; B holds:
+        exactly the Ci decide): the `allOf` members every branch shares leave the oneOf, so only the Ci are
+        negated."""
+        conjuncts = [self._conjuncts(b) for b in node["oneOf"]]
+        if any(c is None for c in conjuncts):
+            return None
+        keyed = [{json.dumps(m, sort_keys=True): m for m in c} for c in conjuncts]
+        common = [key for key in keyed[0] if all(key in k for k in keyed[1:])]
+        if not common:
+            return None
+        rest = {k: v for k, v in node.items() if k != "oneOf"}
+        rest["allOf"] = [*rest.get("allOf", []), *(keyed[0][key] for key in common)]
+        rest["oneOf"] = [_all_of([m for key, m in k.items() if key not in common]) for k in keyed]
+        return rest
+
+    def _conjuncts(self, branch: Any) -> list[Any] | None:
+        """The `allOf` members of a branch (through a bare `$ref`); None when it is not only an `allOf`."""
+        for _ in range(8):
+            if isinstance(branch, dict) and set(branch) & VALIDATION_KEYWORDS == {"$ref"}:
+                target = resolve_ref(branch["$ref"], self.root)
+                if target is None:
+                    return None
+                branch = target
+        if not isinstance(branch, dict) or set(branch) & VALIDATION_KEYWORDS != {"allOf"} or not isinstance(
+                branch["allOf"], list):
+            return None
+        return list(branch["allOf"])
 
     def _rewrite_children(self, node: dict, depth: int) -> dict:
         for key in _MAP_KEYS:

@@ -85,6 +85,10 @@ REWRITTEN = [
      "additionalProperties": {"type": "boolean"}},
     {"type": "object", "propertyNames": {"pattern": "^[ab]$"}, "additionalProperties": {"type": "integer"}},
     {"type": "object", "properties": {"a": {"type": "integer"}, "c": {}}, "propertyNames": {"pattern": "^[ab]"}},
+    # a oneOf whose branches share a conjunct (not negatable here) is that conjunct and a oneOf of the rest
+    {"oneOf": [{"allOf": [{"$ref": "#/$defs/base"}, {"properties": {"b": {"const": 2}}}]},
+               {"allOf": [{"$ref": "#/$defs/base"}, {"properties": {"b": {"const": 3}}}]}],
+     "$defs": {"base": {"type": "object", "properties": {"a": {"type": "string", "pattern": "^[a-z]+$"}}}}},
     # an object requiring a key it forbids accepts nothing
     {"anyOf": [{"type": "object", "properties": {"a": {}}, "required": ["b"], "additionalProperties": False},
                {"type": "string"}]},
