@@ -157,9 +157,11 @@ def greedy_tokens(engine, prompts, max_tokens: int, overlap: bool) -> list:
     return [tokens[i] for i in range(len(prompts))]
 
 
-GEMM_CONFIGS = [(64, 128, 4, 4, 1024, 128, 4), (32, 128, 4, 4, 1024, 128, 4), (128, 128, 4, 3, 1024, 128, 4),
-                (64, 256, 4, 3, 1024, 128, 4), (32, 256, 4, 3, 2048, 128, 4), (64, 128, 8, 4, 1024, 128, 8),
-                (128, 64, 4, 4, 1024, 128, 4), (16, 256, 4, 4, 1024, 128, 4), (32, 128, 4, 4, 512, 64, 4)]
+GEMM_CONFIGS = [  # block_n, block_k, warps, stages, shrink split_k, shrink block_k, g_chunk, GEMM K splits
+    (32, 128, 4, 4, 1024, 128, 4, 1), (64, 128, 4, 4, 1024, 128, 4, 1), (128, 64, 4, 4, 1024, 128, 4, 1),
+    (128, 128, 8, 3, 1024, 128, 4, 1), (64, 128, 4, 4, 1024, 128, 4, 2), (128, 128, 4, 3, 1024, 128, 4, 4),
+    (128, 64, 4, 4, 1024, 128, 4, 2), (64, 256, 4, 3, 2048, 128, 4, 2), (32, 256, 4, 3, 2048, 128, 4, 2),
+    (128, 128, 8, 3, 2048, 128, 4, 4)]
 
 
 def lora_gemm_sweep(copy_gbps: float, rows: int = 64, adapters: int = 8) -> dict:
@@ -216,9 +218,14 @@ def lora_gemm_sweep(copy_gbps: float, rows: int = 64, adapters: int = 8) -> dict
                 err = relative_error(got, expected)
                 us = graph_time_us(lambda i, c=config: linear_with_lora(xs[i], ws[i], stacks[i], meta, config=c,
                                                                         out=ys[i]), copies)
-                base_us = graph_time_us(lambda i, c=config: linear_with_lora(xs[i], ws[i], stacks[i], base_meta,
-                                                                             config=c, out=ys[i]), copies)
-                row[str(cfg)] = {"us": us, "base_only_us": base_us, "err": err, "synced": not meta.sync.any().item()}
+                plain = linear_with_lora(xs[0], ws[0], stacks[0], base_meta, config=config, has_lora=False)
+                plain_err = relative_error(plain, F.linear(xs[0], ws[0]))
+                plain_us = graph_time_us(lambda i, c=config: linear_with_lora(
+                    xs[i], ws[i], stacks[i], base_meta, config=c, out=ys[i], has_lora=False), copies)
+                row[str(cfg)] = {"us": us, "plain_gemm_us": plain_us, "err": err, "plain_err": plain_err,
+                                 "synced": not meta.sync.any().item() and not base_meta.sync.any().item()}
+                print(f"   {name:8s} {cfg} fused {us:6.1f} (err {err:.1e}) plain GEMM {plain_us:6.1f} "
+                      f"(err {plain_err:.1e})", flush=True)
                 if err < 2e-2 and (best is None or us < best[1]):
                     best = (cfg, us)
             except Exception as exc:  # a config that does not fit (shared memory) is recorded, not fatal
@@ -344,7 +351,7 @@ def engine_variants(copy_gbps: float, lora_only: bool = False) -> None:
         save()
     lora_triton.choose_config = original
     lora_step.FUSED_LINEAR_ROWS = fused_rows
-    manager.detach()
+    engine.stop_serving_adapters(manager)
     del engine, manager, model
     gc.collect()
     torch.cuda.empty_cache()
@@ -439,9 +446,13 @@ def main() -> None:
         save()
         for (n, k), row in zip(((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336)),
                                RESULT["lora_gemm"].values(), strict=True):
-            if row["best"]:
+            if row["best"] and row["best"][1] < row["cublas_plus_lora_us"]:
                 lora_gemm.TUNED[(n, k)] = lora_gemm.LoRAGemmConfig(*row["best"][0])
+            else:
+                lora_gemm.SEPARATE.add((n, k))
         RESULT["lora_gemm_tuned"] = {str(k): str(v) for k, v in lora_gemm.TUNED.items()}
+        RESULT["lora_gemm_separate"] = [str(k) for k in lora_gemm.SEPARATE]
+        print("lora_gemm tuned", RESULT["lora_gemm_tuned"], "separate", RESULT["lora_gemm_separate"], flush=True)
         options.lora_only = options.skip_sweep = True
     if not options.skip_sweep:
         RESULT["gemv"] = gemv_sweep(copy_gbps)

@@ -467,7 +467,7 @@ def main() -> None:
     floor_64 = (weights + kv_bytes(config, 64 * many["mean_context"]) + 64 * source.num_bytes()) / copy_gbps / 1e6
     report.add(lora_64_step_ms=many["step_ms"], lora_64_floor_ms=floor_64, lora_64_fraction_of_roofline=floor_64 / many["step_ms"],
                lora_64_graph_replay_ms=many["graph_replay_ms"], adapter_bytes=source.num_bytes())
-    manager.detach()
+    engine.stop_serving_adapters(manager)
     del engine, manager
     gc.collect()
 

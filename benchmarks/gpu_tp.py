@@ -223,7 +223,7 @@ def measure(report: dict, name: str, tp: int, copy_gbps: float, kind: str, with_
                         f"{tag}_lora_8_graph_replay_ratio": (eight["graph_replay_ms"] or 0)
                         / (base["graph_replay_ms"] or 1)})
         print(f"  lora 8/base = {eight['step_ms'] / base['step_ms']:.3f}", flush=True)
-        manager.detach()
+        engine.stop_serving_adapters(manager)
     if not baseline_leg:
         metrics[f"{tag}_offline_tokens_per_s"] = offline_tokens_per_s(engine, config)
         print(f"  offline {metrics[f'{tag}_offline_tokens_per_s']:.0f} tok/s", flush=True)

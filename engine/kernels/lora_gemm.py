@@ -43,10 +43,13 @@ class LoRAGemmConfig:
     split_k: int = 1024  # shrink: input features per shrink program
     shrink_block_k: int = 128
     g_chunk: int = 4  # adapter groups per epilogue dot
+    gemm_splits: int = 1  # GEMM K splits per output block; the last split to finish sums them and adds the delta
 
 
 # (N, K) -> config, from the H100 sweep in benchmarks/notes/gpu_engine.md (Llama-8B shapes at 64 rows).
 TUNED: dict[tuple[int, int], LoRAGemmConfig] = {}
+# (N, K) shapes measured slower in one launch than cuBLAS + the separate LoRA kernel: left to that path.
+SEPARATE: set[tuple[int, int]] = set()
 
 
 @triton.jit
@@ -55,7 +58,8 @@ def _lora_gemm_kernel(
     token_slots_ptr, group_slots_ptr,
     M, N, K, max_groups, stride_xm, stride_wn, stride_ym,
     stride_as, stride_ai, stride_ar, stride_bs, stride_bn,
-    NUM_SHRINK: tl.constexpr, NUM_GEMM: tl.constexpr,
+    ws_ptr, NUM_SHRINK: tl.constexpr, NUM_GEMM: tl.constexpr, GEMM_SPLITS: tl.constexpr, K_PER: tl.constexpr,
+    HAS_LORA: tl.constexpr,
     NUM_SLICES: tl.constexpr, OUT0: tl.constexpr, OUT1: tl.constexpr,
     R_PAD: tl.constexpr, RANK_COLS: tl.constexpr, TILE_M: tl.constexpr,
     SPLIT_K: tl.constexpr, K_SPLITS: tl.constexpr, SHRINK_BK: tl.constexpr,
@@ -90,7 +94,9 @@ def _lora_gemm_kernel(
         _publish(offs_t, PTX)
         tl.atomic_add(sync_ptr, 1, sem="release")
     else:
-        pid_n = pid - NUM_SHRINK
+        pid_g = pid - NUM_SHRINK
+        pid_n = pid_g // GEMM_SPLITS
+        k_part = pid_g % GEMM_SPLITS
         offs_m = tl.arange(0, BLOCK_M)
         m_mask = offs_m < M
         n0 = pid_n * BLOCK_N
@@ -98,7 +104,8 @@ def _lora_gemm_kernel(
         w_rows = w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn
         x_rows = x_ptr + offs_m[:, None] * stride_xm
         acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-        for k in range(0, K, BLOCK_K):
+        k_begin = k_part * K_PER
+        for k in range(k_begin, k_begin + K_PER, BLOCK_K):
             offs_k = k + tl.arange(0, BLOCK_K)
             if EVEN_K:
                 w = tl.load(w_rows + offs_k[None, :])
@@ -111,8 +118,44 @@ def _lora_gemm_kernel(
                 w = tl.load(w_rows + offs_k[None, :], mask=k_mask[None, :], other=0.0)
                 xt = tl.load(x_rows + offs_k[None, :], mask=m_mask[:, None] & k_mask[None, :], other=0.0)
             acc = tl.dot(xt, tl.trans(w), acc, input_precision=INPUT_PRECISION)
-        base = acc.to(y_ptr.dtype.element_ty).to(tl.float32)  # the plain GEMM's rounding, then the delta
+        last = True
+        if GEMM_SPLITS > 1:
+            # Split K: every split stores its float32 tile; the last one to arrive sums all of them in
+            # split order (deterministic whichever arrives last) and finishes the block.
+            tile_off = offs_m[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
+            tl.store(ws_ptr + (pid_g * BLOCK_M * BLOCK_N) + tile_off, acc)
+            _publish(offs_m, PTX)
+            ticket = tl.atomic_add(sync_ptr + 2 + pid_n, 1, sem="acq_rel")
+            last = ticket == GEMM_SPLITS - 1
+            if last:
+                acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+                for j in range(GEMM_SPLITS):
+                    acc += tl.load(ws_ptr + ((pid_n * GEMM_SPLITS + j) * BLOCK_M * BLOCK_N) + tile_off,
+                                   cache_modifier=".cg")
+                tl.atomic_xchg(sync_ptr + 2 + pid_n, 0, sem="relaxed")
+        if last:
+            out = _finish_block(acc, y_ptr, b_ptr, ranks_ptr, scalings_ptr, part_ptr, sync_ptr, token_slots_ptr,
+                                group_slots_ptr, M, max_groups, stride_ym, stride_bs, stride_bn, offs_m, m_mask, n0,
+                                offs_n, NUM_SHRINK, NUM_GEMM, NUM_SLICES, OUT0, OUT1, R_PAD, RANK_COLS, K_SPLITS,
+                                BLOCK_M, BLOCK_N, G_CHUNK, MAX_G_PAD, PTX, INPUT_PRECISION, HAS_LORA)
+            y_ptrs = y_ptr + offs_m[:, None] * stride_ym + offs_n[None, :]
+            if EVEN_M:
+                tl.store(y_ptrs, out)
+            else:
+                tl.store(y_ptrs, out, mask=m_mask[:, None])
 
+
+@triton.jit
+def _finish_block(acc, y_ptr, b_ptr, ranks_ptr, scalings_ptr, part_ptr, sync_ptr, token_slots_ptr, group_slots_ptr,
+                  M, max_groups, stride_ym, stride_bs, stride_bn, offs_m, m_mask, n0, offs_n,
+                  NUM_SHRINK: tl.constexpr, NUM_GEMM: tl.constexpr, NUM_SLICES: tl.constexpr, OUT0: tl.constexpr,
+                  OUT1: tl.constexpr, R_PAD: tl.constexpr, RANK_COLS: tl.constexpr, K_SPLITS: tl.constexpr,
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, G_CHUNK: tl.constexpr, MAX_G_PAD: tl.constexpr,
+                  PTX: tl.constexpr, INPUT_PRECISION: tl.constexpr, HAS_LORA: tl.constexpr):
+    """The block's output in y's dtype: the base product rounded as a plain GEMM would, plus the delta."""
+    base = acc.to(y_ptr.dtype.element_ty).to(tl.float32)
+    delta = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    if HAS_LORA:
         # Every shrink program has signalled (they came first and are short); the last through resets.
         while tl.atomic_add(sync_ptr, 0, sem="acquire") < NUM_SHRINK:
             _back_off(offs_m, PTX)
@@ -135,7 +178,6 @@ def _lora_gemm_kernel(
         all_groups = tl.load(group_slots_ptr + tl.arange(0, MAX_G_PAD), mask=tl.arange(0, MAX_G_PAD) < max_groups,
                              other=-1)
         num_groups = tl.sum((all_groups >= 0).to(tl.int32), axis=0)
-        delta = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         offs_g = tl.arange(0, G_CHUNK)
         for g0 in range(0, num_groups, G_CHUNK):
             gslot = tl.load(group_slots_ptr + g0 + offs_g, mask=g0 + offs_g < num_groups, other=-1)
@@ -153,12 +195,7 @@ def _lora_gemm_kernel(
             b3 = tl.load(b_ptrs, mask=gr_mask[:, None, :], other=0.0)
             b2 = tl.reshape(tl.permute(b3, (0, 2, 1)), [G_CHUNK * R_PAD, BLOCK_N])
             delta = tl.dot(s2, b2, delta, input_precision=INPUT_PRECISION)
-        out = (base + delta).to(y_ptr.dtype.element_ty)
-        y_ptrs = y_ptr + offs_m[:, None] * stride_ym + offs_n[None, :]
-        if EVEN_M:
-            tl.store(y_ptrs, out)
-        else:
-            tl.store(y_ptrs, out, mask=m_mask[:, None])
+    return (base + delta).to(y_ptr.dtype.element_ty)
 
 
 def _block_n(stack: LoRAStack, n: int, wanted: int) -> int | None:
@@ -182,7 +219,7 @@ def supports(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, s
         and x.shape[0] == meta.num_tokens and x.stride(-1) == 1 and weight.stride(-1) == 1
         and x.dtype == weight.dtype == stack.lora_a.dtype and x.dtype in (torch.bfloat16, torch.float16, torch.float32)
         and weight.shape[0] == stack.out_features and weight.shape[1] == stack.in_features
-        and _block_n(stack, weight.shape[0], 16) is not None
+        and _block_n(stack, weight.shape[0], 16) is not None and tuple(weight.shape) not in SEPARATE
     )
 
 
@@ -194,8 +231,10 @@ def linear_with_lora(
     *,
     config: LoRAGemmConfig | None = None,
     out: torch.Tensor | None = None,
+    has_lora: bool = True,
 ) -> torch.Tensor:
-    """x [M <= 64, K] @ weight[N, K].T plus every row's LoRA delta (slot -1: none) -> [M, N] in x's dtype."""
+    """x [M <= 64, K] @ weight[N, K].T plus every row's LoRA delta (slot -1: none) -> [M, N] in x's dtype.
+    has_lora=False: the plain product through the same GEMM (the benchmark's measure of its base cost)."""
     m, k = x.shape
     n = weight.shape[0]
     if m > MAX_ROWS or m != meta.num_tokens or k != stack.in_features or n != stack.out_features:
@@ -210,24 +249,29 @@ def linear_with_lora(
     rank_cols = triton.next_power_of_2(stack.num_slices * r_pad)
     split_k = min(max(config.split_k, config.shrink_block_k), triton.cdiv(k, config.shrink_block_k) * config.shrink_block_k)
     k_splits = triton.cdiv(k, split_k)
-    num_shrink = meta.max_tiles * k_splits
+    num_shrink = meta.max_tiles * k_splits if has_lora else 0
     num_gemm = n // block_n
+    gemm_splits = config.gemm_splits if num_gemm + 2 <= meta.sync.shape[0] else 1
+    k_per = triton.cdiv(triton.cdiv(k, gemm_splits), block_k) * block_k
+    gemm_splits = triton.cdiv(k, k_per)
     max_groups = meta.group_slots.shape[0]
     partials = torch.empty(k_splits * block_m * rank_cols, dtype=torch.float32, device=x.device)
+    workspace = (torch.empty(num_gemm * gemm_splits * block_m * block_n, dtype=torch.float32, device=x.device)
+                 if gemm_splits > 1 else partials)
     y = out if out is not None else torch.empty(m, n, dtype=x.dtype, device=x.device)
     sizes = (*stack.out_sizes, 0, 0)[:3]
-    _lora_gemm_kernel[(num_shrink + num_gemm,)](
+    _lora_gemm_kernel[(num_shrink + num_gemm * gemm_splits,)](
         x, weight, y, stack.lora_a, stack.lora_b, stack.ranks, stack.scalings, partials, meta.sync,
         meta.tile_table, meta.token_slots, meta.group_slots,
         m, n, k, max_groups, x.stride(0), weight.stride(0), y.stride(0),
         stack.lora_a.stride(0), stack.lora_a.stride(1), stack.lora_a.stride(2),
         stack.lora_b.stride(0), stack.lora_b.stride(1),
-        NUM_SHRINK=num_shrink, NUM_GEMM=num_gemm,
+        workspace, NUM_SHRINK=num_shrink, NUM_GEMM=num_gemm, GEMM_SPLITS=gemm_splits, K_PER=k_per, HAS_LORA=has_lora,
         NUM_SLICES=stack.num_slices, OUT0=sizes[0], OUT1=sizes[1],
         R_PAD=r_pad, RANK_COLS=rank_cols, TILE_M=meta.block_m,
         SPLIT_K=split_k, K_SPLITS=k_splits, SHRINK_BK=config.shrink_block_k,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, G_CHUNK=config.g_chunk,
-        MAX_G_PAD=triton.next_power_of_2(max_groups), EVEN_K=k % block_k == 0, EVEN_M=m == block_m,
+        MAX_G_PAD=triton.next_power_of_2(max_groups), EVEN_K=k % block_k == 0 and k % k_per == 0, EVEN_M=m == block_m,
         PTX=x.is_cuda, INPUT_PRECISION="ieee" if x.dtype == torch.float32 else None,
         num_warps=config.num_warps, num_stages=config.num_stages,
     )

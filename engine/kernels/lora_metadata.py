@@ -27,6 +27,11 @@ import numpy as np
 import torch
 
 
+# Counters past the tile counters: `lora_gemm`'s shrink counter and ticket, then one per output block of a
+# split-K GEMM (blocks past this many run without splits).
+SYNC_EXTRA = 2 + 2048
+
+
 def default_block_m(num_tokens: int) -> int:
     """Tile height: small for decode (few tokens per adapter), larger for prefill chunks."""
     return 16 if num_tokens <= 256 else 32
@@ -50,7 +55,7 @@ class LoRAMetadata:
     group_starts: torch.Tensor
     group_lens: torch.Tensor
     tile_table: torch.Tensor  # [max_tiles, 1 + block_m]: slot (-1 = padding tile), then tokens (-1 = none)
-    sync: torch.Tensor  # int32 [2 * max_tiles], zero between launches
+    sync: torch.Tensor  # int32 [2 * max_tiles + SYNC_EXTRA], zero between launches
 
     def copy_(self, other: LoRAMetadata) -> None:
         """Refill a captured (static) metadata with another step's content of the same shape."""
@@ -122,7 +127,7 @@ def build_lora_metadata(
         group_starts=views[3],
         group_lens=views[4],
         tile_table=views[5].view(max_tiles, 1 + block_m),
-        sync=torch.zeros(2 * max_tiles, dtype=torch.int32, device=device),
+        sync=torch.zeros(2 * max_tiles + SYNC_EXTRA, dtype=torch.int32, device=device),
     )
 
 

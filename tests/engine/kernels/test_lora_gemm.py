@@ -43,6 +43,8 @@ def run_case(*, in_features: int, out_sizes: tuple[int, ...], max_rank: int, ran
 
 
 SMALL = LoRAGemmConfig(block_n=32, block_k=32, num_warps=4, num_stages=2, split_k=32, shrink_block_k=32, g_chunk=2)
+SPLIT = LoRAGemmConfig(block_n=16, block_k=32, num_warps=4, num_stages=2, split_k=64, shrink_block_k=32, g_chunk=4,
+                       gemm_splits=3)
 
 CASES = {
     # name: (in, out_sizes, max_rank, ranks per slot, token slots, config)
@@ -53,6 +55,8 @@ CASES = {
     "odd_k_default_config": (200, (64,), 8, [[8], [3]], [1, 1, 0, -1, 0, 1, 1], None),
     "more_groups_than_chunk": (64, (32,), 16, [[1 + (s * 3) % 16] for s in range(9)], list(range(9)) + [-1, 4], SMALL),
     "unused_slots_in_pool": (64, (64, 64), 16, [[16, 16], [4, 2]], [1, -1, 1, 0], SMALL),
+    "gemm_split_k_qkv": (96, (64, 32, 32), 16, [[16, 8, 16], [4, 0, 4], [1, 1, 1]], [0, 1, 2, 2, 1, -1, 0], SPLIT),
+    "gemm_split_k_uneven_k": (200, (48,), 8, [[8], [3]], [1, -1, 0, 1], SPLIT),
 }
 
 
@@ -71,6 +75,19 @@ def test_full_tile_of_rows_half() -> None:
              token_slots=slots, dtype=torch.float16 if DEVICE == "cpu" else torch.bfloat16, config=SMALL, tol=2e-2)
 
 
+@pytest.mark.parametrize("config", [SMALL, SPLIT], ids=["one_split", "split_k"])
+def test_plain_product_without_lora(config: LoRAGemmConfig) -> None:
+    gen = torch.Generator().manual_seed(7)
+    stack = random_stack(num_slots=2, max_rank=8, in_features=96, out_sizes=(64,), ranks=[[8], [4]],
+                         dtype=torch.float32, generator=gen)
+    meta = build_lora_metadata([0, 1, 0], max_loras=2, device=DEVICE)
+    x = torch.randn(3, 96, generator=gen).to(DEVICE)
+    w = torch.randn(64, 96, generator=gen).to(DEVICE)
+    got = linear_with_lora(x, w, stack, meta, config=config, has_lora=False)
+    assert rel_error(got, F.linear(x.double(), w.double())) < 1e-5
+    assert not meta.sync.any()
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("rows", [16, 33, 64])
 @pytest.mark.parametrize("num_adapters", [8, 64])
@@ -79,6 +96,7 @@ def test_llama_shapes_on_gpu(rows: int, num_adapters: int) -> None:
     gen = torch.Generator().manual_seed(rows + num_adapters)
     slots = torch.randint(-1, min(num_adapters, rows), (rows,), generator=gen).tolist()
     for out_sizes, in_features in (((4096, 1024, 1024), 4096), ((14336, 14336), 4096), ((4096,), 14336)):
-        run_case(in_features=in_features, out_sizes=out_sizes, max_rank=16,
-                 ranks=[[16] * len(out_sizes)] * num_adapters, token_slots=slots, dtype=torch.bfloat16,
-                 max_loras=64, tol=1e-2)
+        for config in (None, LoRAGemmConfig(block_n=128, gemm_splits=4)):
+            run_case(in_features=in_features, out_sizes=out_sizes, max_rank=16,
+                     ranks=[[16] * len(out_sizes)] * num_adapters, token_slots=slots, dtype=torch.bfloat16,
+                     max_loras=64, tol=1e-2, config=config)
