@@ -60,15 +60,19 @@ class FileSpool:
         self._dir.mkdir(parents=True, exist_ok=True)
         self._own = self._dir / f"spool-{os.getpid()}-{uuid.uuid4().hex[:8]}.jsonl"
         self._locks: dict[Path, int] = {}
-        # The meter appends on one thread and drains on another: compaction must not truncate an append.
+        # The meter appends on one thread (requests wait for it) and drains on another. Draining (reading,
+        # parsing, writing offsets, each with its fsyncs) holds `_mutex` only; an append holds `_append_lock`
+        # only, which compaction also takes for its size check and truncation, so it never truncates an append.
+        # Requests thus wait for their own fsync, never behind the writer's reads and offset writes.
         self._mutex = threading.RLock()
+        self._append_lock = threading.Lock()
         self._claim(self._own, create=True)
 
     def append(self, events: list[UsageEvent]) -> None:
-        with self._mutex:
-            if not events:
-                return
-            payload = "".join(event.to_json() + "\n" for event in events).encode()
+        if not events:
+            return
+        payload = "".join(event.to_json() + "\n" for event in events).encode()
+        with self._append_lock:
             fd = os.open(self._own, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
             try:
                 os.write(fd, payload)
@@ -165,8 +169,13 @@ class FileSpool:
         if offset != segment.stat().st_size or (offset == 0 and segment == self._own):
             return
         if segment == self._own:
-            os.truncate(segment, 0)
-            self._write_offset(segment, 0)
+            with self._append_lock:  # no append lands between the size check and the truncation
+                if offset != segment.stat().st_size:
+                    return  # an append just came in: compact on a later pass
+                os.truncate(segment, 0)
+                # Before any append: a larger offset after a crash here reads as 0 (see _read_offset), but
+                # appends past it would be skipped.
+                self._write_offset(segment, 0)
             return
         segment.unlink()
         segment.with_suffix(".offset").unlink(missing_ok=True)

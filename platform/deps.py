@@ -5,8 +5,9 @@ Routes declare what they need (`key: InferenceKey`, `db: DbSession`) and stay th
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import Annotated
 
@@ -40,14 +41,17 @@ class Principal:
     limits: Limits
 
 
-def get_services(request: Request) -> Services:
+# Every dependency on the request path is `async def`: FastAPI runs a plain `def` dependency in its thread
+# pool, one thread hop (and a GIL hand-off) each, and an inference request had three of them (services, key,
+# scope) before its handler ran. Only the key store's I/O, on a cache miss, goes to a thread.
+async def get_services(request: Request) -> Services:
     return request.app.state.services
 
 
 AppServices = Annotated[Services, Depends(get_services)]
 
 
-def get_billing(services: AppServices) -> BillingDomain | None:
+async def get_billing(services: AppServices) -> BillingDomain | None:
     """The serving process's quota guard and price book; None when metering is off."""
     return services.extensions.domain_state.get("billing")
 
@@ -64,7 +68,7 @@ def get_db(services: AppServices) -> Iterator[Session]:
 DbSession = Annotated[Session, Depends(get_db, scope="function")]
 
 
-def get_current_key(request: Request, services: AppServices) -> Principal:
+async def get_current_key(request: Request, services: AppServices) -> Principal:
     header = request.headers.get("authorization", "")
     scheme, _, token = header.partition(" ")
     if not header:
@@ -77,11 +81,8 @@ def get_current_key(request: Request, services: AppServices) -> Principal:
     cached = services.key_cache.fresh(key_hash)
     if cached is not None:
         return cached
-    settings = services.settings
     try:
-        with services.db_sessions() as db:
-            record = authenticate(db, key=token.strip(), last_used_resolution_s=settings.key_last_used_resolution_s)
-            principal = None if record is None else _principal(record, settings)
+        principal = await asyncio.to_thread(_look_up_key, services, token.strip())
     except DB_UNAVAILABLE_ERRORS as exc:
         stale = services.key_cache.stale(key_hash)
         if stale is not None:
@@ -92,6 +93,14 @@ def get_current_key(request: Request, services: AppServices) -> Principal:
         raise AuthenticationError("invalid or revoked API key")
     services.key_cache.put(key_hash, principal.key_id, principal)
     return principal
+
+
+def _look_up_key(services: Services, token: str) -> Principal | None:
+    """The key store's answer for `token` (None: unknown or revoked); runs in a worker thread."""
+    settings = services.settings
+    with services.db_sessions() as db:
+        record = authenticate(db, key=token, last_used_resolution_s=settings.key_last_used_resolution_s)
+        return None if record is None else _principal(record, settings)
 
 
 def _principal(record: ApiKey, settings: Settings) -> Principal:
@@ -105,8 +114,8 @@ def _principal(record: ApiKey, settings: Settings) -> Principal:
 CurrentKey = Annotated[Principal, Depends(get_current_key)]
 
 
-def require_scope(scope: Scope) -> Callable[[Principal], Principal]:
-    def check(key: CurrentKey) -> Principal:
+def require_scope(scope: Scope) -> Callable[[Principal], Awaitable[Principal]]:
+    async def check(key: CurrentKey) -> Principal:
         if scope.value not in key.scopes:
             raise PermissionDeniedError(f"this API key lacks the '{scope.value}' scope")
         return key

@@ -161,6 +161,9 @@ def install_billing(
         on_recorded=guard.on_recorded,
         batch_size=settings.billing_batch_size,
         keep_alive_interval_s=min(1.0, settings.billing_journal_lease_s / 3),
+        # Requests wait only for the journal; the ledger writer runs a pass (read the journal, one transaction,
+        # settle budgets, acknowledge: several fsyncs and the GIL for its SQL) per linger, not per request.
+        write_linger_s=0.25,
     )
     meter.start()
     extensions.usage_recorders.append(MeteringRecorder(meter, base_model=base_model))

@@ -137,6 +137,8 @@ class RedisRateLimiter:
         return [base + ":requests", base + ":tokens"]
 
     async def admit(self, key_id: str, limits: Limits, *, num_prompt_tokens: int, num_requests: int = 1) -> None:
+        if not limits.rpm and not limits.tpm:
+            return  # nothing to enforce: no Redis round trip on the request path (the counts are only for limits)
         window, retry_after_s = _window(time.time())
         reason = int(await self._admit(
             keys=self._keys(key_id, window),

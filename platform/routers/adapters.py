@@ -20,7 +20,7 @@ from loraplex.adapters.archive import UploadLimits
 from loraplex.adapters.base_model import BaseModelSpec
 from loraplex.adapters.errors import AdapterNotFoundError
 from loraplex.adapters.models import AdapterStatus
-from loraplex.adapters.registry import AdapterInfo, SqlAdapterRegistry, resolve_adapter
+from loraplex.adapters.registry import AdapterInfo, SqlAdapterRegistry, resolve_adapter, split_model_name
 from loraplex.adapters.service import AdapterService, EngineAdapterHooks, StorageQuota
 from loraplex.adapters.source import StoredAdapterSource
 from loraplex.adapters.store import LocalBlobStore
@@ -112,6 +112,8 @@ class AdapterModelResolver:
         return [self.base, *adapters]
 
     async def resolve(self, tenant_id: str, model: str) -> ServedModel:
+        if split_model_name(model, self.base.id) is None:
+            return self.base  # the base model needs no registry lookup, nor a thread hop for one
         try:
             info = await asyncio.to_thread(
                 resolve_adapter, self.service.registry, tenant_id=tenant_id, model=model, base_model_id=self.base.id
