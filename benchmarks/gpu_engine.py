@@ -407,14 +407,58 @@ def quick_cpu_check() -> None:
     print("no GPU: the CUDA runner's fused ops checked through the Triton interpreter; timings need a CUDA device")
 
 
+def run_lora_leg(report: Report, engine: LLMEngine, config, prompts64: list[list[int]], weights: int,
+                 copy_gbps: float) -> LoRAManager:
+    """LoRA at batch 64: 8 adapters over the base step (overlap off, then on), and 64 adapters against their floor."""
+    source = RandomAdapterSource(config, rank=16, dtype=torch.bfloat16, device="cuda", std=0.01)
+    manager = engine.serve_adapters(source, AdapterLimits(max_loras=64, max_cpu_loras=64, max_lora_rank=16))
+    preload(manager, [f"a{i}" for i in range(64)])
+    for overlap, suffix in ((False, "_no_overlap"), (True, "")):
+        set_overlap(engine, overlap)
+        base = decode_steps_ms(engine, lora_requests(prompts64, [None], 40), 20)
+        eight = decode_steps_ms(engine, lora_requests(prompts64, [f"a{i}" for i in range(8)], 40), 20)
+        report.add(**{f"lora_base_step_ms{suffix}": base["step_ms"], f"lora_8_step_ms{suffix}": eight["step_ms"],
+                      f"lora_8_adapters_step_ratio{suffix}": eight["step_ms"] / base["step_ms"],
+                      f"lora_8_graph_replay_ratio{suffix}": (eight["graph_replay_ms"] or 0)
+                      / (base["graph_replay_ms"] or 1),
+                      f"lora_8_host_split_ms{suffix}": eight["host_split_ms"]})
+    many = decode_steps_ms(engine, lora_requests(prompts64, [f"a{i}" for i in range(64)], 40), 20)
+    floor_64 = (weights + kv_bytes(config, 64 * many["mean_context"]) + 64 * source.num_bytes()) / copy_gbps / 1e6
+    report.add(lora_64_step_ms=many["step_ms"], lora_64_floor_ms=floor_64, lora_64_fraction_of_roofline=floor_64 / many["step_ms"],
+               lora_64_graph_replay_ms=many["graph_replay_ms"], adapter_bytes=source.num_bytes())
+    return manager
+
+
+def lora_leg_only(options: argparse.Namespace) -> None:
+    """Rerun only the LoRA leg into an existing results file: its LoRA metrics are replaced, the rest kept;
+    `lora_leg_rerun` names the date and machine of that rerun."""
+    report = Report(options.output)
+    rerun = {"date": report.data["date"], "machine": report.data["machine"]}
+    if options.output.exists():
+        report.data = json.loads(options.output.read_text())
+    report.data["lora_leg_rerun"] = rerun
+    copy_gbps = copy_bandwidth_gbps()
+    config = named_config(MODEL)
+    model = random_device_model(config, 2048, device="cuda", dtype=torch.bfloat16)
+    engine = engine_for(model, config, num_blocks=64 * 72 + 64)
+    manager = run_lora_leg(report, engine, config, random_prompts(64, 1024, config.vocab_size, 10),
+                           weight_bytes(model), copy_gbps)
+    engine.stop_serving_adapters(manager)
+    print(json.dumps({k: v for k, v in report.data["metrics"].items() if k.startswith("lora")}, indent=1))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="CPU: interpreter check only")
     parser.add_argument("--hf-batches", type=int, default=2, help="transformers batches of 32 to time (of 16)")
     parser.add_argument("--output", type=Path, default=RESULTS)
+    parser.add_argument("--lora-leg", action="store_true", help="only the LoRA leg, into the existing results file")
     options = parser.parse_args()
     if not torch.cuda.is_available():
         quick_cpu_check()
+        return
+    if options.lora_leg:
+        lora_leg_only(options)
         return
     report = Report(options.output)
     print(f"card: {report.data['machine']['gpu']}", flush=True)
@@ -451,22 +495,7 @@ def main() -> None:
                       f"decode_b64_fraction_of_roofline{suffix}": floor_b64 / b64["step_ms"],
                       f"decode_b64_detail{suffix}": b64})
 
-    source = RandomAdapterSource(config, rank=16, dtype=torch.bfloat16, device="cuda", std=0.01)
-    manager = engine.serve_adapters(source, AdapterLimits(max_loras=64, max_cpu_loras=64, max_lora_rank=16))
-    preload(manager, [f"a{i}" for i in range(64)])
-    for overlap, suffix in ((False, "_no_overlap"), (True, "")):
-        set_overlap(engine, overlap)
-        base = decode_steps_ms(engine, lora_requests(prompts64, [None], 40), 20)
-        eight = decode_steps_ms(engine, lora_requests(prompts64, [f"a{i}" for i in range(8)], 40), 20)
-        report.add(**{f"lora_base_step_ms{suffix}": base["step_ms"], f"lora_8_step_ms{suffix}": eight["step_ms"],
-                      f"lora_8_adapters_step_ratio{suffix}": eight["step_ms"] / base["step_ms"],
-                      f"lora_8_graph_replay_ratio{suffix}": (eight["graph_replay_ms"] or 0)
-                      / (base["graph_replay_ms"] or 1),
-                      f"lora_8_host_split_ms{suffix}": eight["host_split_ms"]})
-    many = decode_steps_ms(engine, lora_requests(prompts64, [f"a{i}" for i in range(64)], 40), 20)
-    floor_64 = (weights + kv_bytes(config, 64 * many["mean_context"]) + 64 * source.num_bytes()) / copy_gbps / 1e6
-    report.add(lora_64_step_ms=many["step_ms"], lora_64_floor_ms=floor_64, lora_64_fraction_of_roofline=floor_64 / many["step_ms"],
-               lora_64_graph_replay_ms=many["graph_replay_ms"], adapter_bytes=source.num_bytes())
+    manager = run_lora_leg(report, engine, config, prompts64, weights, copy_gbps)
     engine.stop_serving_adapters(manager)
     del engine, manager
     gc.collect()
