@@ -157,25 +157,14 @@ def greedy_tokens(engine, prompts, max_tokens: int, overlap: bool) -> list:
     return [tokens[i] for i in range(len(prompts))]
 
 
-GEMM_CONFIGS = [  # block_n, block_k, warps, stages, shrink split_k, shrink block_k, g_chunk, GEMM K splits, prefetch
+GEMM_CONFIGS = [  # block_n, block_k, warps, stages, shrink split_k, shrink block_k, g_chunk, GEMM K splits
     (32, 128, 4, 4, 1024, 128, 4, 1), (64, 128, 4, 4, 1024, 128, 4, 1), (128, 64, 4, 4, 1024, 128, 4, 1),
     (128, 128, 8, 3, 1024, 128, 4, 1), (64, 128, 4, 4, 1024, 128, 4, 2), (128, 128, 4, 3, 1024, 128, 4, 4),
     (128, 64, 4, 4, 1024, 128, 4, 2), (64, 256, 4, 3, 2048, 128, 4, 2), (32, 256, 4, 3, 2048, 128, 4, 2),
     (128, 128, 8, 3, 2048, 128, 4, 4)]
-# The run-2 best per shape, with the epilogue's B tiles prefetched before the main loop (4 or 8 groups a chunk)
-PREFETCH_CONFIGS = {
-    "qkv": [(32, 128, 4, 4, 1024, 128, 4, 1), (32, 128, 4, 4, 1024, 128, 4, 1, True),
-            (32, 128, 4, 4, 1024, 128, 8, 1, True)],
-    "o": [(32, 128, 4, 4, 1024, 128, 4, 1), (32, 128, 4, 4, 1024, 128, 4, 1, True),
-          (32, 128, 4, 4, 1024, 128, 8, 1, True), (64, 128, 4, 4, 1024, 128, 8, 2, True)],
-    "gate_up": [(128, 128, 8, 3, 1024, 128, 4, 1), (128, 128, 8, 3, 1024, 128, 4, 1, True),
-                (128, 128, 8, 3, 1024, 128, 8, 1, True)],
-    "down": [(64, 256, 4, 3, 2048, 128, 4, 2), (64, 256, 4, 3, 2048, 128, 4, 2, True),
-             (64, 256, 4, 3, 2048, 128, 8, 2, True)],
-}
 
 
-def lora_gemm_sweep(copy_gbps: float, rows: int = 64, adapters: int = 8, prefetch: bool = False) -> dict:
+def lora_gemm_sweep(copy_gbps: float, rows: int = 64, adapters: int = 8) -> dict:
     """Per 8B shape at `rows` decode rows (8 adapters of rank 16 in a 64-slot pool, 8 rows each):
     cuBLAS alone, cuBLAS + the separate LoRA kernel (today's path), and the one-launch
     `lora_gemm.linear_with_lora` per config (with adapters, and with every row on the base model),
@@ -195,7 +184,8 @@ def lora_gemm_sweep(copy_gbps: float, rows: int = 64, adapters: int = 8, prefetc
     meta = build_lora_metadata(slots, max_loras=64, device="cuda")
     base_meta = build_lora_metadata([-1] * rows, max_loras=64, device="cuda")
     out = {}
-    for name, (out_sizes, k) in shapes.items():
+
+    def one_shape(name: str, out_sizes: tuple[int, ...], k: int) -> None:
         n = sum(out_sizes)
         copies = 4
         ws = [torch.randn(n, k, device="cuda", generator=gen, dtype=torch.bfloat16) / k**0.5 for _ in range(copies)]
@@ -222,7 +212,7 @@ def lora_gemm_sweep(copy_gbps: float, rows: int = 64, adapters: int = 8, prefetc
 
         row["cublas_plus_lora_us"] = graph_time_us(separate, copies)
         best = None
-        for cfg in (PREFETCH_CONFIGS[name] if prefetch else GEMM_CONFIGS):
+        for cfg in GEMM_CONFIGS:
             config = LoRAGemmConfig(*cfg)
             try:
                 got = linear_with_lora(xs[0], ws[0], stacks[0], meta, config=config)
@@ -244,7 +234,10 @@ def lora_gemm_sweep(copy_gbps: float, rows: int = 64, adapters: int = 8, prefetc
         row["best"] = best
         print(f"lora_gemm {name:8s} floor {floor_us:6.1f} cublas {row['cublas_us']:6.1f} +lora "
               f"{row['cublas_plus_lora_us']:6.1f} fused best {best}", flush=True)
-        del ws, stacks, xs, ys
+
+    for name, (out_sizes, k) in shapes.items():
+        one_shape(name, out_sizes, k)
+        gc.collect()
         torch.cuda.empty_cache()
     return out
 
@@ -437,7 +430,6 @@ def main() -> None:
     parser.add_argument("--skip-sweep", action="store_true")
     parser.add_argument("--lora-only", action="store_true", help="one variant (all fused), then the LoRA runs")
     parser.add_argument("--lora-gemm", action="store_true", help="the one-launch LoRA linear sweep, then --lora-only")
-    parser.add_argument("--lora-gemm-prefetch", action="store_true", help="only the prefetch sweep of lora_gemm")
     parser.add_argument("--tp-profile", type=int, default=0, help="only profile a TP engine's b1 step (2 GPUs)")
     options = parser.parse_args()
     if options.quick or not torch.cuda.is_available():
@@ -451,10 +443,6 @@ def main() -> None:
         return
     RESULT["copy_gbps"] = copy_gbps = copy_bandwidth_gbps()
     print(f"card {RESULT['gpu']} copy {copy_gbps:.0f} GB/s", flush=True)
-    if options.lora_gemm_prefetch:
-        RESULT["lora_gemm_prefetch"] = lora_gemm_sweep(copy_gbps, prefetch=True)
-        save()
-        return
     if options.lora_gemm:
         from loraplex.engine.kernels import lora_gemm
 

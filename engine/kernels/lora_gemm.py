@@ -44,7 +44,6 @@ class LoRAGemmConfig:
     shrink_block_k: int = 128
     g_chunk: int = 4  # adapter groups per epilogue dot
     gemm_splits: int = 1  # GEMM K splits per output block; the last split to finish sums them and adds the delta
-    prefetch: bool = False  # load the first g_chunk groups' B tiles, ranks and scalings before the main loop
 
 
 # (N, K) -> config, from the H100 sweep in benchmarks/notes/gpu_engine.md (Llama-8B shapes, 64 rows, 8 adapters
@@ -67,7 +66,7 @@ def _lora_gemm_kernel(
     M, N, K, max_groups, stride_xm, stride_wn, stride_ym,
     stride_as, stride_ai, stride_ar, stride_bs, stride_bn,
     ws_ptr, NUM_SHRINK: tl.constexpr, NUM_GEMM: tl.constexpr, GEMM_SPLITS: tl.constexpr, K_PER: tl.constexpr,
-    HAS_LORA: tl.constexpr, PREFETCH: tl.constexpr,
+    HAS_LORA: tl.constexpr,
     NUM_SLICES: tl.constexpr, OUT0: tl.constexpr, OUT1: tl.constexpr,
     R_PAD: tl.constexpr, RANK_COLS: tl.constexpr, TILE_M: tl.constexpr,
     SPLIT_K: tl.constexpr, K_SPLITS: tl.constexpr, SHRINK_BK: tl.constexpr,
@@ -111,17 +110,6 @@ def _lora_gemm_kernel(
         offs_n = n0 + tl.arange(0, BLOCK_N)
         w_rows = w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn
         x_rows = x_ptr + offs_m[:, None] * stride_xm
-        sl = (n0 >= OUT0).to(tl.int32) + (n0 >= OUT0 + OUT1).to(tl.int32)
-        offs_r = tl.arange(0, R_PAD)
-        if HAS_LORA and PREFETCH:  # the epilogue's loads that need no shrink result, in flight during the loop
-            gslot_p, gscale_p, gr_mask_p, b3_p = _load_groups(
-                group_slots_ptr, ranks_ptr, scalings_ptr, b_ptr, 0, max_groups, sl, offs_n, offs_r, stride_bs,
-                stride_bn, NUM_SLICES, G_CHUNK)
-        else:  # placeholders, never read
-            gslot_p = tl.full([G_CHUNK], -1, tl.int32)
-            gscale_p = tl.zeros([G_CHUNK], dtype=tl.float32)
-            gr_mask_p = offs_r[None, :] < gslot_p[:, None]
-            b3_p = tl.zeros([G_CHUNK, BLOCK_N, R_PAD], dtype=b_ptr.dtype.element_ty)
         acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         k_begin = k_part * K_PER
         for k in range(k_begin, k_begin + K_PER, BLOCK_K):
@@ -154,10 +142,9 @@ def _lora_gemm_kernel(
                 tl.atomic_xchg(sync_ptr + 2 + pid_n, 0, sem="relaxed")
         if last:
             out = _finish_block(acc, y_ptr, b_ptr, ranks_ptr, scalings_ptr, part_ptr, sync_ptr, token_slots_ptr,
-                                group_slots_ptr, M, max_groups, stride_ym, stride_bs, stride_bn, offs_m, m_mask,
-                                offs_n, sl, offs_r, gslot_p, gscale_p, gr_mask_p, b3_p,
-                                NUM_SHRINK, NUM_GEMM, NUM_SLICES, R_PAD, RANK_COLS, K_SPLITS,
-                                BLOCK_M, BLOCK_N, G_CHUNK, MAX_G_PAD, PTX, INPUT_PRECISION, HAS_LORA, PREFETCH)
+                                group_slots_ptr, M, max_groups, stride_ym, stride_bs, stride_bn, offs_m, m_mask, n0,
+                                offs_n, NUM_SHRINK, NUM_GEMM, NUM_SLICES, OUT0, OUT1, R_PAD, RANK_COLS, K_SPLITS,
+                                BLOCK_M, BLOCK_N, G_CHUNK, MAX_G_PAD, PTX, INPUT_PRECISION, HAS_LORA)
             y_ptrs = y_ptr + offs_m[:, None] * stride_ym + offs_n[None, :]
             if EVEN_M:
                 tl.store(y_ptrs, out)
@@ -166,42 +153,12 @@ def _lora_gemm_kernel(
 
 
 @triton.jit
-def _load_groups(group_slots_ptr, ranks_ptr, scalings_ptr, b_ptr, g0, limit, sl, offs_n, offs_r, stride_bs, stride_bn,
-                 NUM_SLICES: tl.constexpr, G_CHUNK: tl.constexpr):
-    """Groups g0..g0+G_CHUNK of the batch: slots (-1 past the last), this slice's scalings, rank masks
-    [G, R] (columns past a rank are never read) and B tiles [G, BLOCK_N, R]."""
-    offs_g = g0 + tl.arange(0, G_CHUNK)
-    gslot = tl.load(group_slots_ptr + offs_g, mask=offs_g < limit, other=-1)
-    g_ok = gslot >= 0
-    gslot_safe = tl.where(g_ok, gslot, 0)
-    grank = tl.load(ranks_ptr + gslot_safe * NUM_SLICES + sl, mask=g_ok, other=0)
-    gscale = tl.load(scalings_ptr + gslot_safe * NUM_SLICES + sl, mask=g_ok, other=0.0)
-    gr_mask = offs_r[None, :] < grank[:, None]
-    b_ptrs = (b_ptr + gslot_safe.to(tl.int64)[:, None, None] * stride_bs
-              + offs_n[None, :, None] * stride_bn + offs_r[None, None, :])
-    b3 = tl.load(b_ptrs, mask=gr_mask[:, None, :], other=0.0)
-    return gslot, gscale, gr_mask, b3
-
-
-@triton.jit
-def _add_groups(delta, s, row_slot, gslot, gscale, gr_mask, b3, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                G_CHUNK: tl.constexpr, R_PAD: tl.constexpr, INPUT_PRECISION: tl.constexpr):
-    """delta += the rows' s (scaled, rounded to B's dtype as the reference does) @ B.T, for rows in these groups."""
-    in_group = (row_slot[:, None] == gslot[None, :]) & (gslot >= 0)[None, :]  # [M, G]
-    s3 = tl.where(in_group[:, :, None] & gr_mask[None, :, :], s[:, None, :] * gscale[None, :, None], 0.0)
-    s2 = tl.reshape(s3.to(b3.dtype), [BLOCK_M, G_CHUNK * R_PAD])
-    b2 = tl.reshape(tl.permute(b3, (0, 2, 1)), [G_CHUNK * R_PAD, BLOCK_N])
-    return tl.dot(s2, b2, delta, input_precision=INPUT_PRECISION)
-
-
-@triton.jit
 def _finish_block(acc, y_ptr, b_ptr, ranks_ptr, scalings_ptr, part_ptr, sync_ptr, token_slots_ptr, group_slots_ptr,
-                  M, max_groups, stride_ym, stride_bs, stride_bn, offs_m, m_mask, offs_n, sl, offs_r,
-                  gslot_p, gscale_p, gr_mask_p, b3_p,
-                  NUM_SHRINK: tl.constexpr, NUM_GEMM: tl.constexpr, NUM_SLICES: tl.constexpr,
-                  R_PAD: tl.constexpr, RANK_COLS: tl.constexpr, K_SPLITS: tl.constexpr,
+                  M, max_groups, stride_ym, stride_bs, stride_bn, offs_m, m_mask, n0, offs_n,
+                  NUM_SHRINK: tl.constexpr, NUM_GEMM: tl.constexpr, NUM_SLICES: tl.constexpr, OUT0: tl.constexpr,
+                  OUT1: tl.constexpr, R_PAD: tl.constexpr, RANK_COLS: tl.constexpr, K_SPLITS: tl.constexpr,
                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, G_CHUNK: tl.constexpr, MAX_G_PAD: tl.constexpr,
-                  PTX: tl.constexpr, INPUT_PRECISION: tl.constexpr, HAS_LORA: tl.constexpr, PREFETCH: tl.constexpr):
+                  PTX: tl.constexpr, INPUT_PRECISION: tl.constexpr, HAS_LORA: tl.constexpr):
     """The block's output in y's dtype: the base product rounded as a plain GEMM would, plus the delta."""
     base = acc.to(y_ptr.dtype.element_ty).to(tl.float32)
     delta = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
@@ -214,7 +171,10 @@ def _finish_block(acc, y_ptr, b_ptr, ranks_ptr, scalings_ptr, part_ptr, sync_ptr
         if ticket == NUM_GEMM - 1:
             tl.atomic_xchg(sync_ptr, 0, sem="relaxed")
             tl.atomic_xchg(sync_ptr + 1, 0, sem="relaxed")
+
+        sl = (n0 >= OUT0).to(tl.int32) + (n0 >= OUT0 + OUT1).to(tl.int32)
         row_slot = tl.load(token_slots_ptr + offs_m, mask=m_mask, other=-1)
+        offs_r = tl.arange(0, R_PAD)
         # The row's own shrink result for this slice, summed over K splits (rows without an adapter: 0).
         s_ptrs = part_ptr + offs_m[:, None] * RANK_COLS + (sl * R_PAD + offs_r)[None, :]
         s_mask = (row_slot >= 0)[:, None] & (offs_r < R_PAD)[None, :]
@@ -225,16 +185,23 @@ def _finish_block(acc, y_ptr, b_ptr, ranks_ptr, scalings_ptr, part_ptr, sync_ptr
         all_groups = tl.load(group_slots_ptr + tl.arange(0, MAX_G_PAD), mask=tl.arange(0, MAX_G_PAD) < max_groups,
                              other=-1)
         num_groups = tl.sum((all_groups >= 0).to(tl.int32), axis=0)
-        first = 0
-        if PREFETCH:
-            delta = _add_groups(delta, s, row_slot, gslot_p, gscale_p, gr_mask_p, b3_p, BLOCK_M, BLOCK_N, G_CHUNK,
-                                R_PAD, INPUT_PRECISION)
-            first = G_CHUNK
-        for g0 in range(first, num_groups, G_CHUNK):
-            gslot, gscale, gr_mask, b3 = _load_groups(group_slots_ptr, ranks_ptr, scalings_ptr, b_ptr, g0, num_groups,
-                                                      sl, offs_n, offs_r, stride_bs, stride_bn, NUM_SLICES, G_CHUNK)
-            delta = _add_groups(delta, s, row_slot, gslot, gscale, gr_mask, b3, BLOCK_M, BLOCK_N, G_CHUNK, R_PAD,
-                                INPUT_PRECISION)
+        offs_g = tl.arange(0, G_CHUNK)
+        for g0 in range(0, num_groups, G_CHUNK):
+            gslot = tl.load(group_slots_ptr + g0 + offs_g, mask=g0 + offs_g < num_groups, other=-1)
+            g_ok = gslot >= 0
+            gslot_safe = tl.where(g_ok, gslot, 0)
+            grank = tl.load(ranks_ptr + gslot_safe * NUM_SLICES + sl, mask=g_ok, other=0)
+            gscale = tl.load(scalings_ptr + gslot_safe * NUM_SLICES + sl, mask=g_ok, other=0.0)
+            gr_mask = (offs_r[None, :] < grank[:, None])  # [G, R]: columns past a rank are never read
+            # s3[m, g, r]: the row's s where the row belongs to group g, scaled, rounded as the reference does
+            in_group = (row_slot[:, None] == gslot[None, :]) & g_ok[None, :]  # [M, G]
+            s3 = tl.where(in_group[:, :, None] & gr_mask[None, :, :], s[:, None, :] * gscale[None, :, None], 0.0)
+            s2 = tl.reshape(s3.to(b_ptr.dtype.element_ty), [BLOCK_M, G_CHUNK * R_PAD])
+            b_ptrs = (b_ptr + gslot_safe.to(tl.int64)[:, None, None] * stride_bs
+                      + offs_n[None, :, None] * stride_bn + offs_r[None, None, :])  # [G, BLOCK_N, R]
+            b3 = tl.load(b_ptrs, mask=gr_mask[:, None, :], other=0.0)
+            b2 = tl.reshape(tl.permute(b3, (0, 2, 1)), [G_CHUNK * R_PAD, BLOCK_N])
+            delta = tl.dot(s2, b2, delta, input_precision=INPUT_PRECISION)
     return (base + delta).to(y_ptr.dtype.element_ty)
 
 
@@ -307,7 +274,6 @@ def linear_with_lora(
         stack.lora_a.stride(0), stack.lora_a.stride(1), stack.lora_a.stride(2),
         stack.lora_b.stride(0), stack.lora_b.stride(1),
         workspace, NUM_SHRINK=num_shrink, NUM_GEMM=num_gemm, GEMM_SPLITS=gemm_splits, K_PER=k_per, HAS_LORA=has_lora,
-        PREFETCH=config.prefetch,
         NUM_SLICES=stack.num_slices, OUT0=sizes[0], OUT1=sizes[1],
         R_PAD=r_pad, RANK_COLS=rank_cols, TILE_M=meta.block_m,
         SPLIT_K=split_k, K_SPLITS=k_splits, SHRINK_BK=config.shrink_block_k,

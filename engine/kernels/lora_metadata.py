@@ -26,7 +26,6 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-
 # Counters past the tile counters: `lora_gemm`'s shrink counter and ticket, then one per output block of a
 # split-K GEMM (blocks past this many run without splits).
 SYNC_EXTRA = 2 + 2048

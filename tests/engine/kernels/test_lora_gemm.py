@@ -12,7 +12,6 @@ import torch.nn.functional as F
 from loraplex.engine.kernels.lora_gemm import LoRAGemmConfig, linear_with_lora
 from loraplex.engine.kernels.lora_metadata import build_lora_metadata
 from loraplex.engine.kernels.lora_reference import add_lora_ref
-
 from test_lora_kernels import DEVICE, random_stack, rel_error
 
 
@@ -43,8 +42,6 @@ def run_case(*, in_features: int, out_sizes: tuple[int, ...], max_rank: int, ran
 
 
 SMALL = LoRAGemmConfig(block_n=32, block_k=32, num_warps=4, num_stages=2, split_k=32, shrink_block_k=32, g_chunk=2)
-PREFETCH = LoRAGemmConfig(block_n=32, block_k=32, num_warps=4, num_stages=2, split_k=32, shrink_block_k=32,
-                          g_chunk=2, prefetch=True)
 SPLIT = LoRAGemmConfig(block_n=16, block_k=32, num_warps=4, num_stages=2, split_k=64, shrink_block_k=32, g_chunk=4,
                        gemm_splits=3)
 
@@ -55,13 +52,12 @@ CASES = {
     "gate_up_rank32": (64, (96, 96), 32, [[32, 32], [5, 17]], [1, 0, 1, 1, 0], SMALL),
     "all_base_rows": (64, (64,), 8, [[8], [8]], [-1, -1, -1], SMALL),
     "odd_k_default_config": (200, (64,), 8, [[8], [3]], [1, 1, 0, -1, 0, 1, 1], None),
-    "more_groups_than_chunk": (64, (32,), 16, [[1 + (s * 3) % 16] for s in range(9)], list(range(9)) + [-1, 4], SMALL),
+    "more_groups_than_chunk": (64, (32,), 16, [[1 + (s * 3) % 16] for s in range(9)], [*range(9), -1, 4], SMALL),
     "unused_slots_in_pool": (64, (64, 64), 16, [[16, 16], [4, 2]], [1, -1, 1, 0], SMALL),
     "gemm_split_k_qkv": (96, (64, 32, 32), 16, [[16, 8, 16], [4, 0, 4], [1, 1, 1]], [0, 1, 2, 2, 1, -1, 0], SPLIT),
     "gemm_split_k_uneven_k": (200, (48,), 8, [[8], [3]], [1, -1, 0, 1], SPLIT),
-    "prefetched_groups_and_more": (64, (32, 32), 16, [[1 + (s * 5) % 16, 16] for s in range(5)],
-                                   [4, -1, 0, 1, 2, 3, 4, 0], PREFETCH),
-    "prefetch_one_group": (64, (64,), 8, [[8], [3]], [1, -1, 1], PREFETCH),
+    "five_groups_two_chunks": (64, (32, 32), 16, [[1 + (s * 5) % 16, 16] for s in range(5)],
+                               [4, -1, 0, 1, 2, 3, 4, 0], SMALL),
 }
 
 
@@ -101,7 +97,7 @@ def test_llama_shapes_on_gpu(rows: int, num_adapters: int) -> None:
     gen = torch.Generator().manual_seed(rows + num_adapters)
     slots = torch.randint(-1, min(num_adapters, rows), (rows,), generator=gen).tolist()
     for out_sizes, in_features in (((4096, 1024, 1024), 4096), ((14336, 14336), 4096), ((4096,), 14336)):
-        for config in (None, LoRAGemmConfig(block_n=128, gemm_splits=4), LoRAGemmConfig(prefetch=True, g_chunk=8)):
+        for config in (None, LoRAGemmConfig(block_n=128, gemm_splits=4)):
             run_case(in_features=in_features, out_sizes=out_sizes, max_rank=16,
                      ranks=[[16] * len(out_sizes)] * num_adapters, token_slots=slots, dtype=torch.bfloat16,
                      max_loras=64, tol=1e-2, config=config)
