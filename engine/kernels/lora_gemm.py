@@ -57,6 +57,9 @@ TUNED: dict[tuple[int, int], LoRAGemmConfig] = {
 # (N, K) shapes measured slower in one launch than cuBLAS + the separate LoRA kernel, left to that path:
 # the o projection (best 24.9 vs 22.8 us).
 SEPARATE: set[tuple[int, int]] = {(4096, 4096)}
+# Only shapes in TUNED take the one-launch path: elsewhere (other models, tensor-parallel shards) it is unmeasured
+# and could be slower than the separate kernel (as o is here). Tests switch this off to run it on tiny shapes.
+TUNED_ONLY = True
 
 
 @triton.jit
@@ -227,6 +230,7 @@ def supports(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, s
         and x.dtype == weight.dtype == stack.lora_a.dtype and x.dtype in (torch.bfloat16, torch.float16, torch.float32)
         and weight.shape[0] == stack.out_features and weight.shape[1] == stack.in_features
         and _block_n(stack, weight.shape[0], 16) is not None and tuple(weight.shape) not in SEPARATE
+        and (tuple(weight.shape) in TUNED or not TUNED_ONLY)
     )
 
 
