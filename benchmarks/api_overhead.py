@@ -2,7 +2,14 @@
 
 One run, one machine, the same engine settings both ways:
 
-- in-process: an `AsyncEngine` in this process; workers call `generate` directly;
+- in-process: the engine alone, `LLMEngine.step` in a plain loop in this
+  process (`engine_alone`), closed-loop like the clients: the baseline the
+  added figures are measured from. Nothing else runs in the process then, so
+  its steps are as fast as the engine-core process's. An `AsyncEngine` on the
+  same engine (its loop thread sharing the GIL with the benchmark's consumer
+  coroutines, which slowed its steps below the engine core's and once made
+  the added time per token negative) is still timed, and reported beside it
+  (`..._vs_async_engine_...`);
 - HTTP: `loraplex serve` as it runs in production (a supervisor, the
   engine-core process, API server processes), called by `openai.AsyncOpenAI`
   clients, non-streaming and streaming. The clients are spread over several
@@ -18,10 +25,14 @@ equal to the in-process ones before any timing counts, and every stream must
 end with all its tokens and a finish chunk.
 
 Figures, at 16 and at 64 concurrent requests: p50 added latency per request
-(HTTP non-streaming p50 minus in-process p50), p50 added time per streamed
-token (inter-token gap, HTTP streaming minus in-process), decode throughput
-of HTTP streams over in-process at 64, errors at 64 streams; and requests/s
-for tiny requests (max_tokens 1) with one and with two API server processes.
+(HTTP non-streaming p50 minus the engine alone's p50), p50 added time per
+streamed token (HTTP streaming's gap per chunk, never less than its gap per
+token, minus the engine alone's gap per token),
+decode throughput of HTTP streams over the engine alone at 64, errors at 64
+streams; requests/s for tiny requests (max_tokens 1) with one and with two
+API server processes, and the CPU milliseconds each request cost the engine
+core and the API servers meanwhile. `--profile-dir` runs the tiny and
+streaming phases once more under py-spy, after everything is timed.
 
     python benchmarks/api_overhead.py           # full: writes benchmarks/results/api_overhead.json
     python benchmarks/api_overhead.py --quick   # small sizes, one repeat; writes nothing
@@ -43,6 +54,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
@@ -64,6 +76,7 @@ class Timing:
     token_times: list[float] = field(default_factory=list)  # arrival time of each text-bearing output/chunk
     text: str = ""
     num_tokens: int = 0
+    token_ids: list[int] = field(default_factory=list)
 
     @property
     def inter_token_s(self) -> float | None:
@@ -72,6 +85,16 @@ class Timing:
         if not self.token_times or self.num_tokens < 2:
             return None
         return (self.token_times[-1] - self.token_times[0]) / (self.num_tokens - 1)
+
+    @property
+    def inter_chunk_s(self) -> float | None:
+        """Time per output after the first: per token for the engine alone (one output per step); for an HTTP
+        stream, per chunk, which is never less than per token. Dividing by tokens instead (inter_token_s) comes
+        out too low when the first chunk carries several tokens (the server was busy as the stream started):
+        that made the added time per token negative. This one can only overstate it."""
+        if len(self.token_times) < 2:
+            return None
+        return (self.token_times[-1] - self.token_times[0]) / (len(self.token_times) - 1)
 
 
 def p50(values: list[float]) -> float:
@@ -111,11 +134,93 @@ async def inprocess_request(engine: Any, request_id: str, prompt_ids: list[int],
         for delta in output.choices:
             if delta.token_ids:
                 timing.token_times.append(now)
+                timing.token_ids += delta.token_ids
             parts.append(delta.text)
             timing.num_tokens = delta.num_output_tokens
     timing.latency_s = time.perf_counter() - start
     timing.text = "".join(parts)
     return timing
+
+
+class SharedEngine:
+    """The AsyncEngine's view of the LLMEngine: its loop thread steps only while `engine_alone` does not.
+
+    Both sides use one engine (one copy of the weights and KV cache on the card); `engine_alone` holds the
+    lock for its whole run, so the AsyncEngine's thread, if it wakes, waits (off the GIL) until it is over.
+    """
+
+    def __init__(self, engine: Any) -> None:
+        self.engine = engine
+        self.lock = threading.Lock()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.engine, name)
+
+    def step(self) -> Any:
+        with self.lock:
+            return self.engine.step()
+
+    def has_unfinished_requests(self) -> bool:
+        with self.lock:
+            return self.engine.has_unfinished_requests()
+
+    def stats(self) -> Any:
+        with self.lock:
+            return self.engine.stats()
+
+
+def engine_alone(shared: SharedEngine, prompt_ids: list[list[int]], num_requests: int, concurrency: int, max_tokens: int,
+                 prefix: str) -> tuple[list[Timing], float]:
+    """The engine by itself: `LLMEngine.step` in a plain loop in this thread, as the engine-core process runs it,
+    with nothing else in the process taking the GIL (no event loop, no consumers, no text made).
+
+    Closed loop, like the HTTP clients: `concurrency` requests run; each one that finishes is replaced by the
+    next before the next step. Returns the timings (in request order) and the wall time of the whole run.
+    The AsyncEngine built on the same LLMEngine does not step meanwhile (`SharedEngine`).
+    """
+    from loraplex.engine.protocol import EngineRequest, SamplingParams
+
+    with shared.lock:
+        return _engine_alone(shared.engine, prompt_ids, num_requests, concurrency, max_tokens, prefix)
+
+
+def _engine_alone(engine: Any, prompt_ids: list[list[int]], num_requests: int, concurrency: int, max_tokens: int,
+                  prefix: str) -> tuple[list[Timing], float]:
+    from loraplex.engine.protocol import EngineRequest, SamplingParams
+
+    results: list[Timing | None] = [None] * num_requests
+    running: dict[str, tuple[int, Timing, float]] = {}
+    next_index = 0
+
+    def add() -> None:
+        nonlocal next_index
+        i, next_index = next_index, next_index + 1
+        request_id = f"{prefix}-{i}"
+        sampling = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+        running[request_id] = (i, Timing(0.0), time.perf_counter())
+        engine.add_request(EngineRequest(request_id=request_id, prompt_token_ids=prompt_ids[i % len(prompt_ids)],
+                                         sampling=sampling))
+
+    start = time.perf_counter()
+    for _ in range(min(concurrency, num_requests)):
+        add()
+    while running:
+        outputs = engine.step()
+        now = time.perf_counter()
+        for output in outputs:
+            i, timing, started = running[output.request_id]
+            for delta in output.choices:
+                if delta.token_ids:
+                    timing.token_times.append(now)
+                    timing.token_ids += delta.token_ids
+                timing.num_tokens = delta.num_output_tokens
+            if output.finished:
+                timing.latency_s = now - started
+                results[i] = timing
+                del running[output.request_id]
+                if next_index < num_requests:
+                    add()
+    return [r for r in results if r is not None], time.perf_counter() - start
 
 
 async def http_request(client: Any, model: str, prompt: str, max_tokens: int, stream: bool) -> Timing:
@@ -349,6 +454,13 @@ class ServedProcesses:
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self.port}/v1"
 
+    def children(self) -> list[int]:
+        """The supervisor's processes in start order: the engine core, then the API servers."""
+        pid = self.process.pid
+        kids = [int(k) for k in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+        kids = [k for k in kids if b"resource_tracker" not in Path(f"/proc/{k}/cmdline").read_bytes()]
+        return sorted(kids, key=lambda k: int(Path(f"/proc/{k}/stat").read_text().rsplit(")", 1)[1].split()[19]))
+
     def wait_healthy(self, timeout_s: float = 900) -> None:
         import httpx
 
@@ -373,6 +485,38 @@ class ServedProcesses:
                 os.killpg(self.process.pid, signal.SIGKILL)
                 self.process.wait(timeout=30)
         self.log.close()
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far (all its threads)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class Profiler:
+    """py-spy recording the given processes (raw collapsed stacks, for diagnosis only) until stopped."""
+
+    def __init__(self, out_dir: Path, label: str, pids: dict[str, int]) -> None:
+        import shutil
+
+        binary = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+        out_dir.mkdir(parents=True, exist_ok=True)
+        self.processes = [
+            subprocess.Popen([binary, "record", "--nonblocking", "--threads", "-r", "200", "-f", "raw",
+                              "-p", str(pid), "-o", str(out_dir / f"{label}-{role}.txt")],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            for role, pid in pids.items()
+        ] if Path(binary).exists() else []
+        time.sleep(1.0 if self.processes else 0.0)  # attached before the load starts
+
+    def stop(self) -> None:
+        for process in self.processes:
+            process.send_signal(signal.SIGINT)
+        for process in self.processes:
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                process.kill()
 
 
 def create_key(settings: Any) -> str:
@@ -409,6 +553,8 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
         )
     else:
         engine = AsyncEngine.from_model_path(model_path, engine_config(settings))
+    shared = SharedEngine(engine.engine)
+    engine.engine = shared  # the AsyncEngine's thread steps through the lock engine_alone holds
     for server in servers.values():
         server.wait_healthy()
     clients = Clients(args.client_processes)
@@ -433,6 +579,10 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
         # Check first: identical greedy outputs both ways, every request exactly max_tokens long. One request
         # at a time, so batch composition (which may move near-tied logits) is the same.
         reference = await run_concurrently(inproc, len(PROMPTS), 1)
+        alone_check, _ = engine_alone(shared, prompt_ids, len(PROMPTS), 1, m, "check")
+        for ref, bare in zip(reference, alone_check, strict=True):
+            if ref.token_ids != bare.token_ids or bare.num_tokens != m:
+                raise SystemExit(f"the engine alone differs from the AsyncEngine: {bare.token_ids} / {ref.token_ids}")
         via_http = await http(len(PROMPTS), 1, False)
         via_stream = await http(len(PROMPTS), 1, True)
         for ref, whole, streamed in zip(reference, via_http, via_stream, strict=True):
@@ -443,14 +593,19 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
         for c in args.concurrencies:
             n = c * args.requests_per_worker
             await run_concurrently(inproc, c, c)  # warm-up at this concurrency, untimed
+            engine_alone(shared, prompt_ids, c, c, m, f"warm-{c}")
             await http(c, c, False)
             await http(c, c, True)
             rounds: list[dict[str, float]] = []
-            for _ in range(args.repeats):
+            for r in range(args.repeats):
+                alone, _ = engine_alone(shared, prompt_ids, n, c, m, f"alone-{c}-{r}")
                 inp = await run_concurrently(inproc, n, c)
                 whole = await http(n, c, False)
                 streamed = await http(n, c, True)
                 rounds.append({
+                    "engine_latency_ms": 1000 * p50([t.latency_s for t in alone]),
+                    "engine_inter_token_ms": 1000 * p50([t.inter_token_s for t in alone if t.inter_token_s is not None]),
+                    "http_inter_chunk_ms": 1000 * p50([t.inter_chunk_s for t in streamed if t.inter_chunk_s is not None]),
                     "inprocess_latency_ms": 1000 * p50([t.latency_s for t in inp]),
                     "http_latency_ms": 1000 * p50([t.latency_s for t in whole]),
                     "inprocess_inter_token_ms": 1000 * p50([t.inter_token_s for t in inp if t.inter_token_s is not None]),
@@ -460,30 +615,65 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
             def med(name: str, rounds: list[dict[str, float]] = rounds) -> float:
                 return statistics.median(r[name] for r in rounds)
 
-            metrics[f"p50_added_ms_per_request_{c}"] = med("http_latency_ms") - med("inprocess_latency_ms")
-            metrics[f"p50_added_ms_per_token_{c}"] = med("http_inter_token_ms") - med("inprocess_inter_token_ms")
+            # Added = HTTP minus the engine alone. The AsyncEngine figures (the engine thread sharing this
+            # process's GIL with its consumers, which slows its steps) are kept beside them for comparison.
+            metrics[f"p50_added_ms_per_request_{c}"] = med("http_latency_ms") - med("engine_latency_ms")
+            # Per token: the stream's gap per chunk (an upper bound of its gap per token) over the engine's per
+            # step; the tokens-based figure (biased low, see Timing.inter_chunk_s) is kept beside it.
+            metrics[f"p50_added_ms_per_token_{c}"] = med("http_inter_chunk_ms") - med("engine_inter_token_ms")
+            metrics[f"p50_added_ms_per_token_tokens_based_{c}"] = (med("http_inter_token_ms")
+                                                                   - med("engine_inter_token_ms"))
+            metrics[f"p50_added_ms_per_request_vs_async_engine_{c}"] = med("http_latency_ms") - med("inprocess_latency_ms")
+            metrics[f"p50_added_ms_per_token_vs_async_engine_{c}"] = (med("http_inter_token_ms")
+                                                                      - med("inprocess_inter_token_ms"))
             metrics.update({f"p50_{k}_{c}": med(k) for k in rounds[0]})
-            metrics[f"spread_added_ms_per_request_{c}"] = [r["http_latency_ms"] - r["inprocess_latency_ms"] for r in rounds]
-            metrics[f"spread_added_ms_per_token_{c}"] = [r["http_inter_token_ms"] - r["inprocess_inter_token_ms"]
+            metrics[f"spread_added_ms_per_request_{c}"] = [r["http_latency_ms"] - r["engine_latency_ms"] for r in rounds]
+            metrics[f"spread_added_ms_per_token_{c}"] = [r["http_inter_chunk_ms"] - r["engine_inter_token_ms"]
                                                         for r in rounds]
 
         # Decode throughput at the largest concurrency (64), each side alone on the machine.
-        ratios, errors, s = [], 0, max(args.concurrencies)
-        for _ in range(args.repeats):
+        ratios, async_ratios, errors, s = [], [], 0, max(args.concurrencies)
+        for r in range(args.repeats):
+            alone, alone_wall = engine_alone(shared, prompt_ids, s, s, args.stream_tokens, f"tps-{r}")
+            engine_tps = sum(t.num_tokens for t in alone) / alone_wall
             start = time.perf_counter()
             inp = await asyncio.gather(*(inproc(i, args.stream_tokens) for i in range(s)))
             inprocess_tps = sum(t.num_tokens for t in inp) / (time.perf_counter() - start)
             failed, wall, streams = await clients.streams(base_url, key, served, s, args.stream_tokens)
             errors += failed
-            ratios.append(sum(t.num_tokens for t in streams) / wall / inprocess_tps)
+            http_tps = sum(t.num_tokens for t in streams) / wall
+            ratios.append(http_tps / engine_tps)
+            async_ratios.append(http_tps / inprocess_tps)
+            metrics.setdefault(f"engine_decode_tokens_per_s_{s}", []).append(engine_tps)
             metrics.setdefault(f"inprocess_decode_tokens_per_s_{s}", []).append(inprocess_tps)
-            metrics.setdefault(f"http_decode_tokens_per_s_{s}", []).append(sum(t.num_tokens for t in streams) / wall)
+            metrics.setdefault(f"http_decode_tokens_per_s_{s}", []).append(http_tps)
+        # "in-process" is the engine alone (see engine_alone); the AsyncEngine ratio is kept beside it.
         metrics[f"http_over_inprocess_throughput_{s}"] = statistics.median(ratios)
+        metrics[f"http_over_async_engine_throughput_{s}"] = statistics.median(async_ratios)
         metrics[f"errors_at_{s}_streams"] = errors
 
         for n, server in servers.items():
+            pids = server.children()
+            before = {pid: cpu_seconds(pid) for pid in pids}
             metrics[f"tiny_requests_per_s_{n}_api_server{'s' if n > 1 else ''}"] = await clients.tiny(
                 server.base_url, key, served, args.tiny_requests, 64)
+            # Where the CPU goes (warm-up requests included: 64 more): is an API server the bottleneck?
+            spent = {pid: cpu_seconds(pid) - before[pid] for pid in pids}
+            num = args.tiny_requests + 64
+            metrics[f"tiny_cpu_ms_per_request_engine_core_{n}"] = 1000 * spent[pids[0]] / num
+            metrics[f"tiny_cpu_ms_per_request_api_servers_{n}"] = 1000 * sum(spent[p] for p in pids[1:]) / num
+
+        if args.profile_dir is not None:
+            # Untimed: the same tiny requests and 64 streams again, with py-spy on each process of one server.
+            server = servers[args.api_servers[0]]
+            pids = server.children()
+            roles = {"core": pids[0], **{f"api{i}": pid for i, pid in enumerate(pids[1:])}}
+            profiler = Profiler(args.profile_dir, "tiny", roles)
+            await clients.tiny(server.base_url, key, served, args.tiny_requests, 64)
+            profiler.stop()
+            profiler = Profiler(args.profile_dir, "streams", roles)
+            await clients.streams(server.base_url, key, served, s, args.stream_tokens)
+            profiler.stop()
     finally:
         clients.shutdown()
         for server in servers.values():
@@ -505,7 +695,9 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
             "max_tokens": m, "repeats": args.repeats, "stream_tokens_at_64": args.stream_tokens,
             "tiny_requests": args.tiny_requests, "client": f"openai.AsyncOpenAI, streams and requests spread over {args.client_processes} client processes",
             "server": "loraplex serve: supervisor + engine-core process + 1 API server (2 for the tiny-request "
-                      "comparison), ZeroMQ/msgspec between them; in-process: AsyncEngine in the benchmark process",
+                      "comparison), ZeroMQ/msgspec between them, SQLite and the file journal (no Redis); "
+                      "in-process: the engine alone (LLMEngine.step in a plain loop in the benchmark process, no event "
+                      "loop or consumer sharing its GIL), and an AsyncEngine on the same engine for comparison",
         },
         "metrics": metrics,
         "targets": {
@@ -527,6 +719,9 @@ def main() -> None:
     parser.add_argument("--client-processes", type=int, default=None,
                         help="client processes the HTTP requests are spread over (default: 8; quick: 2)")
     parser.add_argument("--out", type=Path, default=None, help="where to write the JSON (default: results/ on full runs)")
+    parser.add_argument("--profile-dir", type=Path, default=None,
+                        help="after timing, run the tiny and 64-stream phases once more under py-spy (if installed), "
+                             "writing collapsed stacks of each server process here")
     args = parser.parse_args()
     # Quick: the same phases on one server (two API server processes), at 4 and 8 concurrent requests.
     args.concurrencies, args.api_servers = ([4, 8], [2]) if args.quick else ([16, 64], [1, 2])
