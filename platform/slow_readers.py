@@ -37,7 +37,9 @@ class SlowReaderMiddleware:
                 await send(message)
                 return
             try:
-                await asyncio.wait_for(send(message), self.timeout_s)
+                # asyncio.timeout, not wait_for: on Python 3.11 wait_for wraps every chunk's send in a new task.
+                async with asyncio.timeout(self.timeout_s):
+                    await send(message)
             except TimeoutError:
                 log.warning("ending a stream whose client read nothing for %.0f s", self.timeout_s)
                 raise SlowReaderError(f"the client read nothing for {self.timeout_s} s") from None
