@@ -100,6 +100,10 @@ class Sampler:
                 seqs[i].matcher.fill_bitmask(bitmask, i)
             except Exception as exc:  # one request's grammar failing must not stop the batch
                 result.errors[seqs[i].seq_id] = exc
+        if len(rows) == len(seqs):  # every row constrained (the usual batch): in place, no gather and scatter
+            apply_token_bitmask(logits, bitmask)
+            logits[:, self.tokenizer_vocab_size :] = float("-inf")
+            return
         index = torch.tensor(rows, dtype=torch.long)
         sub = logits[index]
         apply_token_bitmask(sub, bitmask[index])
