@@ -83,7 +83,10 @@ def _attend_tiles(
     return acc, running_max, running_sum
 
 
-@triton.jit
+# Triton specializes integer arguments on ==1 and divisibility by 16: the batch's sequence count and its
+# block-table width change from step to step, and each new combination compiled a new kernel in the middle of
+# serving (most of the engine core's CPU time under many tiny requests). They are plain runtime values here.
+@triton.jit(do_not_specialize=["num_seqs", "block_table_stride"])
 def _prefill_kernel(
     query_ptr,
     key_cache_ptr,
