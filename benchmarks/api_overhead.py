@@ -178,7 +178,6 @@ def engine_alone(shared: SharedEngine, prompt_ids: list[list[int]], num_requests
     next before the next step. Returns the timings (in request order) and the wall time of the whole run.
     The AsyncEngine built on the same LLMEngine does not step meanwhile (`SharedEngine`).
     """
-    from loraplex.engine.protocol import EngineRequest, SamplingParams
 
     with shared.lock:
         return _engine_alone(shared.engine, prompt_ids, num_requests, concurrency, max_tokens, prefix)

@@ -46,7 +46,7 @@ def apply_token_bitmask(logits: torch.Tensor, bitmask: torch.Tensor) -> None:
             or logits.requires_grad or sys.byteorder != "little" or logits.stride(-1) != 1):
         _apply_token_bitmask_unpacked(logits, bitmask)
         return
-    rows, vocab = logits.shape
+    vocab = logits.shape[1]
     bits = logits.numpy().view(np.int32)
     words = bitmask.to(device="cpu", dtype=torch.int32).contiguous().numpy()
     allowed = np.unpackbits(words.view(np.uint8), axis=1, count=vocab, bitorder="little")  # 0/1, zero-padded

@@ -396,7 +396,7 @@ def scan(state: _State, data: bytes, plan: UniqueItemsPlan) -> _State | None:
                 role = ""
         elif byte == 0x7B or byte == 0x5B:  # { [
             top = stack[-1] if stack else None
-            path = () if top is None else top.path + ((top.key if top.is_object else top.index),)
+            path = () if top is None else (*top.path, top.key if top.is_object else top.index)
             if byte == 0x7B:
                 stack = (*stack, _Frame(True, path))
                 expect_key = True

@@ -135,5 +135,5 @@ def test_rollback_restores_what_was_seen(compiler, tokenizer):
 ])
 def test_what_the_matcher_cannot_check_exactly_stays_refused(compiler, schema):
     assert without_checked_unique_items(schema)[1] is None
-    with pytest.raises(InvalidRequestError, match="uniqueItems|not supported|cannot be enforced"):
+    with pytest.raises(InvalidRequestError, match=r"uniqueItems|not supported|cannot be enforced"):
         compiler.compile_blocking(GrammarSpec(GrammarKind.JSON_SCHEMA, schema, param="s", strict=True))
