@@ -17,7 +17,7 @@ from __future__ import annotations
 from itertools import pairwise
 from typing import Any
 
-from loraplex.grammar.schema_walk import ASSERTED_FORMATS, VALIDATION_KEYWORDS, resolve_ref
+from loraplex.grammar.schema_walk import ASSERTED_FORMATS, VALIDATION_KEYWORDS, json_type, resolve_ref
 
 TYPES = ("array", "boolean", "null", "number", "object", "string")
 _MAX_DEPTH = 12
@@ -159,7 +159,7 @@ def _negate_values(values: list[Any]) -> Any | None:
         return None
     by_type: dict[str, list[Any]] = {}
     for v in values:
-        by_type.setdefault(_json_type(v), []).append(v)
+        by_type.setdefault(json_type(v), []).append(v)
     if {"array", "object"} & by_type.keys():
         return None
     branches: list[Any] = [{"type": [t for t in TYPES if t not in by_type]}] if len(by_type) < len(TYPES) else []
@@ -172,16 +172,6 @@ def _negate_values(values: list[Any]) -> Any | None:
     if "number" in by_type:
         branches += _numbers_outside(by_type["number"])
     return _union(branches)
-
-
-def _json_type(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "boolean"
-    if isinstance(value, int | float):
-        return "number"
-    return {str: "string", list: "array", dict: "object"}[type(value)]
 
 
 def _numbers_outside(numbers: list[Any]) -> list[Any]:

@@ -31,7 +31,13 @@ import sre_constants
 from dataclasses import dataclass
 from typing import Any
 
-from loraplex.grammar.schema_walk import ASSERTED_FORMATS, VALIDATION_KEYWORDS, resolve_ref, subschemas
+from loraplex.grammar.schema_walk import (
+    ASSERTED_FORMATS,
+    VALIDATION_KEYWORDS,
+    json_type,
+    resolve_ref,
+    subschemas,
+)
 
 try:
     from re import _parser as sre_parse  # type: ignore[attr-defined]
@@ -60,20 +66,10 @@ def _types(node: Any, root: Any, depth: int = 0) -> set[str] | None:
     if isinstance(declared, list) and all(isinstance(t, str) for t in declared):
         return {"number" if t == "integer" else t for t in declared}
     if "const" in node:
-        return {_json_type(node["const"])}
+        return {json_type(node["const"])}
     if isinstance(node.get("enum"), list):
-        return {_json_type(v) for v in node["enum"]}
+        return {json_type(v) for v in node["enum"]}
     return None
-
-
-def _json_type(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "boolean"
-    if isinstance(value, int | float):
-        return "number"
-    return {str: "string", list: _ARRAY, dict: _OBJECT}.get(type(value), "null")
 
 
 def _children(node: dict, root: Any) -> list[tuple[Any, str | None]]:

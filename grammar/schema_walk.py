@@ -142,3 +142,14 @@ def resolve_ref(ref: Any, root: Any) -> Any | None:
 
 def _short(path: str) -> str:
     return path if len(path) <= 120 else path[:60] + "..." + path[-50:]
+
+
+def json_type(value: Any) -> str:
+    """The JSON Schema type of a parsed JSON value ("number" for integers too: a type set, not the narrowest)."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int | float):
+        return "number"
+    return {str: "string", list: "array", dict: "object"}[type(value)]
