@@ -39,6 +39,7 @@ from loraplex.grammar.matcher import StructuredGrammar
 from loraplex.grammar.schema_exact import exact_rewrite
 from loraplex.grammar.schema_rewrite import with_disjoint_one_of_as_any_of
 from loraplex.grammar.schema_unique import TokenBytes, UniqueItemsGrammar, without_checked_unique_items
+from loraplex.grammar.schema_walk import with_reachable_ref_targets
 from loraplex.grammar.selection import backend_order
 from loraplex.grammar.spec import GrammarKind, GrammarSpec
 from loraplex.grammar.xgrammar_backend import XGrammarBackend
@@ -151,7 +152,7 @@ class GrammarCompilerService:
         unique_items = None
         if spec.kind == GrammarKind.JSON_SCHEMA:
             # The same language, in words the backends know.
-            payload = exact_rewrite(with_disjoint_one_of_as_any_of(payload))
+            payload = exact_rewrite(with_disjoint_one_of_as_any_of(with_reachable_ref_targets(payload)))
             if payload is False:
                 raise InvalidRequestError(
                     f"{spec.param} cannot be enforced exactly: keyword 'schema' at # accepts no JSON value "

@@ -4,7 +4,8 @@ Each rewrite is an identity of JSON Schema:
 - a subschema drawn from a finite set becomes the `enum` of the values that
   validate (`schema_finite`);
 - `not: S` becomes the complement of S (`schema_negate`), when it can be written;
-- `if: I, then: T, else: E` becomes `anyOf: [allOf [I, T], allOf [not I, E]]`;
+- `if: I, then: T, else: E` becomes `anyOf: [allOf [I, T], allOf [not I, E]]`,
+  or `anyOf: [I, E]` when I is provably a subset of T (`schema_subset`);
 - `dependencies` / `dependentRequired` / `dependentSchemas` for property `p`
   become `anyOf: [{p absent}, S]` (an object without `p` owes nothing);
 - `oneOf: [B1..Bn]` whose branches may overlap becomes
@@ -39,6 +40,7 @@ from typing import Any
 
 from loraplex.grammar.schema_finite import FiniteValues
 from loraplex.grammar.schema_negate import negate, strings_outside
+from loraplex.grammar.schema_subset import subset
 from loraplex.grammar.schema_walk import (
     VALIDATION_KEYWORDS,
     SchemaShapeLimits,
@@ -197,6 +199,8 @@ class _Rewriter:
         condition, then, otherwise = node["if"], node.get("then", True), node.get("else", True)
         if then is True and otherwise is True:
             return rest
+        if subset(condition, then, self.root):  # I and T is I: (I and T) or (not I and E) is I or E
+            return _conjoin(rest, _any_of([condition, otherwise]))
         negated = negate(condition, self.root)
         if negated is None:
             return None

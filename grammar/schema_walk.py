@@ -153,3 +153,51 @@ def json_type(value: Any) -> str:
     if isinstance(value, int | float):
         return "number"
     return {str: "string", list: "array", dict: "object"}[type(value)]
+
+
+_HOISTED = "$defs"
+_MAX_HOISTED = 256
+
+
+def with_reachable_ref_targets(schema: Any) -> Any:
+    """`schema` with every local `$ref` target that `subschemas` does not walk copied under `$defs` (a copy).
+
+    A `$ref` may point anywhere by JSON pointer, also inside a key no keyword defines
+    (`{"definitions": {"a": {"full": {...}}}, "$ref": "#/definitions/a/full"}`); the passes that
+    rewrite subschemas only see what `subschemas` walks, so such a target is copied to a `$defs` entry
+    and its references repointed there: the same schema, every part of it now in view.
+    """
+    if not isinstance(schema, dict) or not isinstance(schema.get(_HOISTED, {}), dict):
+        return schema
+    existing = schema.get(_HOISTED, {})
+    moved: dict[str, str] = {}
+    hoisted: dict[str, Any] = {}
+    while True:
+        combined = {**schema, _HOISTED: {**existing, **hoisted}}
+        walked = {id(schema)} | {id(node) for _, node, _ in subschemas(combined)}
+        missing = []
+        for _, node, _ in subschemas(combined):
+            ref = node.get("$ref") if isinstance(node, dict) else None
+            if isinstance(ref, str) and ref.startswith("#/") and ref not in moved:
+                target = resolve_ref(ref, schema)
+                if isinstance(target, dict | bool) and id(target) not in walked:
+                    missing.append((ref, target))
+        if not missing:
+            break
+        for ref, target in missing:
+            if ref not in moved:
+                if len(moved) >= _MAX_HOISTED:
+                    return schema
+                number = len(moved)
+                while f"ref{number}" in existing or f"ref{number}" in hoisted:
+                    number += 1
+                name = f"ref{number}"
+                moved[ref] = f"#/{_HOISTED}/{name}"
+                hoisted[name] = target
+    if not moved:
+        return schema
+    out = copy.deepcopy(combined)
+    for _, node, _ in subschemas(out):
+        if isinstance(node, dict) and node.get("$ref") in moved:
+            node["$ref"] = moved[node["$ref"]]
+    return out
