@@ -15,7 +15,8 @@ Each rewrite is an identity of JSON Schema:
 - `minProperties`/`maxProperties` of a closed object (`additionalProperties:
   false`, no `patternProperties`) become the `anyOf` of the sets of its
   declared keys whose sizes are within the bounds (each set: those keys
-  required, the others absent);
+  required, the others absent); beside a few optional keys of an open
+  object, one branch per set of them present, each keeping the counts;
 - `propertyNames` becomes the keys it allows: a finite set (`enum`/`const`)
   becomes those `properties` and no others; the complement of a finite set
   (`not: {enum}`) becomes `patternProperties` over the strings outside it and
@@ -61,6 +62,7 @@ _MAX_DEPENDENCIES = 8
 _MAX_PASSES = 8
 _MAX_KEY_SETS = 64   # branches of a min/maxProperties rewrite
 _MAX_NAMES = 256     # keys of a finite propertyNames
+_MAX_OPTIONAL_COUNTED = 4  # optional keys split on beside min/maxProperties (2**4 branches)
 
 
 _REF_OVERRIDES_SIBLINGS = ("draft-03", "draft-04", "draft-06", "draft-07")
@@ -134,7 +136,8 @@ def _points_into_rewrites(ref: Any) -> bool:
 def _rewritable(node: dict) -> bool:
     return (bool(_MOVED & node.keys()) or (("enum" in node or "const" in node) and len(node) > 1)
             or node.get("minProperties") == 1 or "propertyNames" in node or _requires_forbidden_key(node)
-            or (("minProperties" in node or "maxProperties" in node) and node.get("additionalProperties") is False))
+            or (("minProperties" in node or "maxProperties" in node)
+                and (node.get("additionalProperties") is False or isinstance(node.get("properties"), dict))))
 
 
 class _Rewriter:
@@ -190,6 +193,10 @@ class _Rewriter:
         if node.get("minProperties") == 1 and isinstance(node.get("properties"), dict) and any(
                 sub is not False for sub in node["properties"].values()):
             return _at_least_one_property(node)
+        if "minProperties" in node or "maxProperties" in node:
+            rewritten = _property_count_by_presence(node)
+            if rewritten is not None:
+                return rewritten
         if isinstance(node.get("oneOf"), list) and "anyOf" not in node:
             return self._one_of(node)
         return None
@@ -283,6 +290,29 @@ def _at_least_one_property(node: dict) -> Any:
     if node.get("additionalProperties") is not False or node.get("patternProperties"):
         branches.append({"properties": dict.fromkeys(declared, False), "minProperties": 1})
     rest = {k: v for k, v in node.items() if k != "minProperties"}
+    return _conjoin(rest, _any_of(branches))
+
+
+_OBJECT_SHAPE = ("properties", "required", "patternProperties", "additionalProperties", "minProperties",
+                 "maxProperties")
+
+
+def _property_count_by_presence(node: dict) -> Any | None:
+    """min/maxProperties beside optional `properties`: one branch per set of them present (those required,
+    the others `false`), each keeping the counts; backends count keys once every listed key is required."""
+    properties, required = node.get("properties", {}), node.get("required", [])
+    if not isinstance(properties, dict) or not isinstance(required, list):
+        return None
+    optional = [k for k, sub in properties.items() if sub is not False and k not in required]
+    if not optional or len(optional) > _MAX_OPTIONAL_COUNTED:
+        return None
+    shape = {k: node[k] for k in _OBJECT_SHAPE if k in node}
+    branches = []
+    for n in range(len(optional) + 1):
+        for chosen in combinations(optional, n):
+            kept = {k: (False if k in optional and k not in chosen else sub) for k, sub in properties.items()}
+            branches.append({**shape, "properties": kept, "required": [*required, *chosen]})
+    rest = {k: v for k, v in node.items() if k not in _OBJECT_SHAPE}
     return _conjoin(rest, _any_of(branches))
 
 

@@ -79,6 +79,10 @@ REWRITTEN = [
      "minProperties": 2},
     {"type": "object", "properties": {"a": {"type": "integer"}, "b": {}}, "required": ["a"],
      "additionalProperties": False, "maxProperties": 1},
+    # the key counts beside optional keys of an open object: one branch per set of them present
+    {"type": "object", "properties": {"a": {"type": "integer"}}, "patternProperties": {"^[bc]$": {"type": "integer"}},
+     "additionalProperties": False, "minProperties": 2},
+    {"type": "object", "properties": {"a": {}, "b": {"type": "integer"}}, "maxProperties": 1},
     # propertyNames, as the keys it allows
     {"type": "object", "propertyNames": {"enum": ["a", "c"]}, "additionalProperties": {"type": "integer"}},
     {"type": "object", "properties": {"a": {"type": "integer"}}, "propertyNames": {"not": {"enum": ["b", "ab"]}},
