@@ -161,10 +161,23 @@ GEMM_CONFIGS = [  # block_n, block_k, warps, stages, shrink split_k, shrink bloc
     (32, 128, 4, 4, 1024, 128, 4, 1), (64, 128, 4, 4, 1024, 128, 4, 1), (128, 64, 4, 4, 1024, 128, 4, 1),
     (128, 128, 8, 3, 1024, 128, 4, 1), (64, 128, 4, 4, 1024, 128, 4, 2), (128, 128, 4, 3, 1024, 128, 4, 4),
     (128, 64, 4, 4, 1024, 128, 4, 2), (64, 256, 4, 3, 2048, 128, 4, 2), (32, 256, 4, 3, 2048, 128, 4, 2),
-    (128, 128, 8, 3, 2048, 128, 4, 4)]
+    (128, 128, 8, 3, 2048, 128, 4, 4),
+    # for the 70B's shards at TP 4: K 8192 with few output blocks (qkv 2560 columns) wants GEMM K splits
+    (32, 128, 4, 4, 2048, 128, 4, 4), (64, 128, 4, 3, 2048, 128, 4, 4), (32, 256, 4, 3, 2048, 128, 4, 4),
+    (64, 256, 4, 3, 2048, 128, 4, 4), (128, 128, 8, 3, 2048, 128, 4, 2), (32, 128, 4, 4, 2048, 128, 4, 8)]
 
 
-def lora_gemm_sweep(copy_gbps: float, rows: int = 64, adapters: int = 8) -> dict:
+# Per-rank (out slice sizes, in features) of each LoRA linear: the 8B on one GPU, the 70B's shards at TP 4
+# (q/k/v and gate/up split by output, o and down by input, as engine/parallel/plan.py shards them)
+LORA_GEMM_SHAPES = {
+    "8b": {"qkv": ((4096, 1024, 1024), 4096), "o": ((4096,), 4096), "gate_up": ((14336, 14336), 4096),
+           "down": ((4096,), 14336)},
+    "70b-tp4": {"qkv": ((2048, 256, 256), 8192), "o": ((8192,), 2048), "gate_up": ((7168, 7168), 8192),
+                "down": ((8192,), 7168)},
+}
+
+
+def lora_gemm_sweep(copy_gbps: float, rows: int = 64, adapters: int = 8, model: str = "8b") -> dict:
     """Per 8B shape at `rows` decode rows (8 adapters of rank 16 in a 64-slot pool, 8 rows each):
     cuBLAS alone, cuBLAS + the separate LoRA kernel (today's path), and the one-launch
     `lora_gemm.linear_with_lora` per config (with adapters, and with every row on the base model),
@@ -177,8 +190,7 @@ def lora_gemm_sweep(copy_gbps: float, rows: int = 64, adapters: int = 8) -> dict
     from loraplex.engine.kernels.lora_triton import add_lora
     from loraplex.engine.kernels.lora_weights import LoRAStack
 
-    shapes = {"qkv": ((4096, 1024, 1024), 4096), "o": ((4096,), 4096), "gate_up": ((14336, 14336), 4096),
-              "down": ((4096,), 14336)}
+    shapes = LORA_GEMM_SHAPES[model]
     gen = torch.Generator(device="cuda").manual_seed(0)
     slots = [i % adapters for i in range(rows)]
     meta = build_lora_metadata(slots, max_loras=64, device="cuda")
@@ -203,7 +215,7 @@ def lora_gemm_sweep(copy_gbps: float, rows: int = 64, adapters: int = 8) -> dict
         floor_us = (n * k * 2 + rows * (n + k) * 2) / copy_gbps / 1e3
         expected = F.linear(xs[0], ws[0])
         add_lora_ref(expected, xs[0], stacks[0], meta)
-        row = out[name] = {"floor_us": floor_us}
+        row = out[name] = {"floor_us": floor_us, "n": n, "k": k}
         row["cublas_us"] = graph_time_us(lambda i: torch.matmul(xs[i], ws[i].T, out=ys[i]), copies)
 
         def separate(i):
@@ -430,6 +442,8 @@ def main() -> None:
     parser.add_argument("--skip-sweep", action="store_true")
     parser.add_argument("--lora-only", action="store_true", help="one variant (all fused), then the LoRA runs")
     parser.add_argument("--lora-gemm", action="store_true", help="the one-launch LoRA linear sweep, then --lora-only")
+    parser.add_argument("--lora-gemm-shapes", choices=sorted(LORA_GEMM_SHAPES), default="8b",
+                        help="whose per-rank shapes --lora-gemm sweeps (70b-tp4: the sweep alone)")
     parser.add_argument("--tp-profile", type=int, default=0, help="only profile a TP engine's b1 step (2 GPUs)")
     options = parser.parse_args()
     if options.quick or not torch.cuda.is_available():
@@ -446,10 +460,10 @@ def main() -> None:
     if options.lora_gemm:
         from loraplex.engine.kernels import lora_gemm
 
-        RESULT["lora_gemm"] = lora_gemm_sweep(copy_gbps)
+        RESULT["lora_gemm"] = lora_gemm_sweep(copy_gbps, model=options.lora_gemm_shapes)
         save()
-        for (n, k), row in zip(((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336)),
-                               RESULT["lora_gemm"].values(), strict=True):
+        for row in RESULT["lora_gemm"].values():
+            n, k = row["n"], row["k"]
             if row["best"] and row["best"][1] < row["cublas_plus_lora_us"]:
                 lora_gemm.TUNED[(n, k)] = lora_gemm.LoRAGemmConfig(*row["best"][0])
             else:
@@ -457,6 +471,9 @@ def main() -> None:
         RESULT["lora_gemm_tuned"] = {str(k): str(v) for k, v in lora_gemm.TUNED.items()}
         RESULT["lora_gemm_separate"] = [str(k) for k in lora_gemm.SEPARATE]
         print("lora_gemm tuned", RESULT["lora_gemm_tuned"], "separate", RESULT["lora_gemm_separate"], flush=True)
+        if options.lora_gemm_shapes != "8b":  # shard shapes: the TP benchmark measures them in an engine
+            save()
+            return
         options.lora_only = options.skip_sweep = True
     if not options.skip_sweep:
         RESULT["gemv"] = gemv_sweep(copy_gbps)

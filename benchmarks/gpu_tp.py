@@ -31,7 +31,7 @@ import gpu_engine
 import torch
 import triton
 from attention_kernels import copy_bandwidth_gbps
-from gpu_engine import decode_steps_ms, lora_requests, preload, random_prompts, weight_bytes
+from gpu_engine import decode_steps_ms, lora_requests, preload, random_prompts, set_overlap, weight_bytes
 from loraplex.engine.config import AdapterLimits, EngineConfig, ModelConfig
 from loraplex.engine.cuda.random_weights import RandomAdapterSource, SyntheticTokenizer, named_config
 from loraplex.engine.llm_engine import LLMEngine
@@ -99,7 +99,8 @@ def save(report: dict, path: Path) -> None:
 def build_engine(config: ModelConfig, tp: int, source: RandomModelSource | None = None,
                  **overrides: object) -> LLMEngine:
     settings = {"block_size": 16, "max_model_len": 2048, "max_num_seqs": 64, "max_num_batched_tokens": 8192,
-                "dtype": "bfloat16", "device": "cuda", "tensor_parallel_size": tp, "num_blocks": 64 * 72 + 64}
+                "dtype": "bfloat16", "device": "cuda", "tensor_parallel_size": tp, "num_blocks": 64 * 72 + 64,
+                "overlap_scheduling": True}
     source = source or RandomModelSource(config, seed=0, whole=False)
     return LLMEngine.from_source(source, EngineConfig(**settings | overrides), SyntheticTokenizer(config.vocab_size))
 
@@ -197,7 +198,14 @@ def measure(report: dict, name: str, tp: int, copy_gbps: float, kind: str, with_
         metrics[f"{tag}_one_shot_all_reduce"] = engine.runner.model.embed_tokens.tp.one_shot is not None
     weights = weight_bytes(engine.runner.model)
     floor_b1 = weights / copy_gbps / 1e6
-    b1 = decode_steps_ms(engine, lora_requests(random_prompts(1, 128, config.vocab_size, 9), [None], 100), 60)
+    one = random_prompts(1, 128, config.vocab_size, 9)
+    set_overlap(engine, False)  # the same run's baseline: each step waits for the one before
+    b1_alone = decode_steps_ms(engine, lora_requests(one, [None], 100), 60)
+    set_overlap(engine, True)
+    ahead = engine.overlap.num_steps_ahead
+    b1 = decode_steps_ms(engine, lora_requests(one, [None], 100), 60)
+    metrics[f"{tag}_decode_b1_steps_run_ahead"] = engine.overlap.num_steps_ahead - ahead
+    metrics[f"{tag}_decode_b1_step_ms_no_overlap"] = b1_alone["step_ms"]
     prompts64 = random_prompts(64, 1024, config.vocab_size, 10)
     b64 = decode_steps_ms(engine, lora_requests(prompts64, [None], 40), 20)
     floor_b64 = (weights + kv_bytes_per_rank(config, tp, 64 * b64["mean_context"])) / copy_gbps / 1e6
@@ -331,7 +339,9 @@ def new_report(kind: str) -> dict:
               "checks": {}, "checked": False}
     report["config"] = {
         "models": "Llama-3.1-8B and Llama-3.1-70B shapes, random bf16 weights (std 0.02), each rank drawing its shard",
-        "decode": "engine step wall time (host work included), CUDA graphs on, max_num_seqs 64; floors = one rank's "
+        "decode": "engine step wall time (host work included), CUDA graphs and overlapped scheduling on (every rank "
+                  "launches step N+1 before step N's tokens reach the host; b1 also without), max_num_seqs 64; "
+                  "floors = one rank's "
                   "weight shard (embedding excluded) [+ its KV heads' cache at b64] / measured copy bandwidth",
         "all_reduce": "one-shot over symmetric memory (no multicast) for messages <= 2 MiB, NCCL above; legs "
                       "suffixed _nccl use NCCL for every all-reduce (the same run's baseline)",

@@ -17,8 +17,9 @@ blocks are freed by then, and anything that reuses them runs later on the same s
 Run ahead only when nothing can change under the placeholders: every running sequence
 decodes greedily on the device (no grammar, forced tokens, reasoning budget, logprobs,
 penalties or min_tokens), there are blocks for one more token each (no preemption, no pin
-eviction), no forks are pending and the runner has one device (no tensor-parallel workers).
-Otherwise the in-flight step is finished first and the step runs as before.
+eviction) and no forks are pending. Otherwise the in-flight step is finished first and the
+step runs as before. Under tensor parallelism every rank launches the step and samples the same
+greedy tokens from the same gathered logits, so a fed step finds them on each rank's GPU.
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ class StepOverlap:
 
     @classmethod
     def for_engine(cls, engine: LLMEngine) -> StepOverlap | None:
-        if not engine.config.overlap_scheduling or engine.runner.workers is not None:
+        if not engine.config.overlap_scheduling:
             return None
         return cls(engine)
 

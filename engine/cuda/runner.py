@@ -129,7 +129,7 @@ class CudaModelRunner(ModelRunner):
     # ---- overlapped steps (engine/step_overlap.py) ----------------------------------------
     def can_launch(self, step: SchedulerOutput) -> bool:
         """A decode-graph step whose every row samples greedily on the GPU without a grammar."""
-        if not self.use_graphs or self.workers is not None or step.blocks_to_copy:
+        if not self.use_graphs or step.blocks_to_copy:
             return False
         rows = StepRows.of(step)
         return (rows.is_plain_decode and len(rows.decodes) <= self.ladder[-1]
@@ -143,8 +143,6 @@ class CudaModelRunner(ModelRunner):
         tokens on the GPU: the host sends the row to read instead of the token."""
         rows = StepRows.of(step)
         size = self.padded_size(len(rows.decodes))
-        which = self._num_launched % 2
-        self._num_launched += 1
         batch = build_input_batch(rows, self.block_size, table_width=self.max_blocks_per_seq, pad_to=size)
         batch.use_graph = True
         lora = self._lora_for(rows.decodes + [_PADDING_SEQ] * (size - len(rows.decodes)), [1] * size, batch)
@@ -153,7 +151,11 @@ class CudaModelRunner(ModelRunner):
             batch.input_ids[:] = 0
             batch.input_ids[: len(rows.decodes)] = [feed.row_of[s.seq_id] for s in rows.decodes]
             feed_tokens = feed.tokens
-        graph = self._replay_decode(batch, lora, staging=self._launch_stagings[which], feed_tokens=feed_tokens)
+        # Tensor-parallel workers replay the same step and sample the same greedy tokens from the
+        # same gathered logits, so a fed step finds the previous tokens on every rank.
+        self.broadcast("launch", batch, feed is not None)
+        which = self._num_launched % 2
+        graph = self.replay_launched(batch, lora, feed_tokens)
         errors: dict[int, Exception] = {}
         self.masks.upload(self.masks.fill(rows.sampled, errors))  # no grammar rows: clears the indices
         graph.sample.replay()
@@ -164,6 +166,12 @@ class CudaModelRunner(ModelRunner):
         ready.record()
         return PendingStep(step, rows.sampled, {s.seq_id: i for i, s in enumerate(rows.sampled)}, graph.tokens,
                            host_tokens=host, ready=ready)
+
+    def replay_launched(self, batch: InputBatch, lora: Any | None, feed_tokens: torch.Tensor | None) -> DecodeGraph:
+        """Replay an overlapped step's decode graph from the next of the two launch stagings."""
+        which = self._num_launched % 2
+        self._num_launched += 1
+        return self._replay_decode(batch, lora, staging=self._launch_stagings[which], feed_tokens=feed_tokens)
 
     def collect(self, pending: PendingStep) -> StepResult:
         pending.ready.synchronize()

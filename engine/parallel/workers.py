@@ -5,7 +5,9 @@ each step's `InputBatch` once, sends it down a pipe to every worker, then runs i
 of the forward. Each worker holds its shard of the weights, its part of the KV pool (its KV
 heads, the same block numbers), its own CUDA graphs and its own LoRA slot stacks, and
 repeats the device work of every step (`ModelRunner.forward_batch`); the collectives inside
-the model (all-reduce, all-gather) keep the ranks in lockstep. Only rank 0 samples.
+the model (all-reduce, all-gather) keep the ranks in lockstep. Only rank 0 samples, except in
+an overlapped decode step (`launch`), where each rank takes the same greedy tokens from the same
+gathered logits, so that the step after it reads its input ids on every rank's own GPU.
 
 Messages are one way (no reply) except the KV pool plan, so a step costs one pickle of a
 few integer arrays per worker. Block copies, host swaps, graph captures and adapter slot
@@ -174,8 +176,10 @@ class Worker:
         self.runner_class = runner_class_for(engine_config.device)
         self.runner: Any = None
         self.lora_pool: LoRASlotPool | None = None
+        self.launched_tokens: torch.Tensor | None = None  # the last launched step's sampled tokens (device)
         self.ops: dict[str, Callable[..., Any]] = {
             "plan_num_blocks": self.plan_num_blocks, "start_runner": self.start_runner, "step": self.step,
+            "launch": self.launch,
             "copy_blocks": self.copy_blocks, "swap_kv": self.swap_kv,
             "capture_decode_graphs": self.capture_decode_graphs,
             "lora_pool": self.new_lora_pool, "lora_write": self.lora_write, "lora_clear": self.lora_clear,
@@ -197,19 +201,31 @@ class Worker:
         self.runner = self.runner_class(self.model, self.model_config, self.engine_config, num_blocks,
                                         tokenizer_vocab_size, num_host_blocks=num_host_blocks)
 
+    def _lora(self, batch: Any) -> Any:
+        if batch.lora_slots is None or self.lora_pool is None:
+            return None
+        build = LORA_BATCHES[self.runner.device.type]
+        return build(np.asarray(batch.lora_slots).tolist(), self.lora_pool)
+
     @torch.inference_mode()
     def step(self, batch: Any) -> None:
-        lora = None
-        if batch.lora_slots is not None and self.lora_pool is not None:
-            build = LORA_BATCHES[self.runner.device.type]
-            lora = build(np.asarray(batch.lora_slots).tolist(), self.lora_pool)
-        out = self.runner.forward_batch(batch, lora)
+        out = self.runner.forward_batch(batch, self._lora(batch))
         if out.hidden is not None and batch.prompt_logprob_spans:
             self.runner.prompt_logits(out.hidden, batch)  # rank 0 scores them; the gathers must match
         if self.runner.device.type == "cuda":
             # The next step refills the pinned staging buffer that this step's copy reads from;
             # rank 0 waits the same way (it reads the sampled tokens back).
             torch.cuda.current_stream().synchronize()
+
+    @torch.inference_mode()
+    def launch(self, batch: Any, fed: bool) -> None:
+        """An overlapped decode step (engine/step_overlap.py): replay it and sample greedily from the
+        gathered logits, as rank 0 does, without waiting. Every rank holds the same full logits and
+        its own copy of the sampled tokens, so a step launched ahead of the previous one's tokens
+        (`fed`: its input ids are rows of those tokens) reads them on this rank's GPU too."""
+        graph = self.runner.replay_launched(batch, self._lora(batch), self.launched_tokens if fed else None)
+        graph.sample.replay()  # this rank's grammar rows stay empty: no mask, the same argmax as rank 0's
+        self.launched_tokens = graph.tokens
 
     def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
         self.runner._copy_blocks(copies)

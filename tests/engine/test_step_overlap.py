@@ -114,6 +114,6 @@ def test_preemption_and_tiny_pools_fall_back_with_the_same_tokens() -> None:
     assert got == expected
 
 
-def test_off_by_default_and_never_with_tensor_parallel_workers() -> None:
+def test_off_by_default() -> None:
     assert EngineConfig().overlap_scheduling is False
     assert make_engine(overlap=False).overlap is None

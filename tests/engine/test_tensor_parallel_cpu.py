@@ -64,7 +64,9 @@ def run(engine: LLMEngine, requests: list[EngineRequest]) -> tuple[dict, dict]:
 
 def test_tp2_equals_tp1_with_mixed_adapters_prompt_logprobs_and_prefix_hits(engines: list[LLMEngine]) -> None:
     single = make_engine(LLAMA, 1, lora=True)
-    engines.append(parallel := make_engine(LLAMA, 2, lora=True))
+    # Overlapped scheduling on: plain greedy steps run ahead on every rank (the CPU runner's
+    # launches run at once, so this checks the bookkeeping; the GPU test runs them in flight).
+    engines.append(parallel := make_engine(LLAMA, 2, lora=True, overlap_scheduling=True))
     assert parallel.runner.workers is not None
     assert parallel.runner.model.layers[0].self_attn.num_heads == LLAMA.num_attention_heads // 2
     expected, expected_lp = run(single, mixed_requests("first"))
@@ -79,6 +81,7 @@ def test_tp2_equals_tp1_with_mixed_adapters_prompt_logprobs_and_prefix_hits(engi
     again, _ = run(parallel, mixed_requests("again"))
     assert again == expected
     assert parallel.stats()["prefix_cache_hits"] > hits
+    assert parallel.overlap.num_steps_ahead > 0
     # The adapters matter: request 1 without its adapter decodes differently.
     base, _ = run(single, [EngineRequest("x1", prompts([3, 17])[1], greedy(10, ignore_eos=True))])
     assert base["1"] != got["1"]

@@ -55,12 +55,16 @@ def engines() -> Iterator[list[LLMEngine]]:
 def test_mixed_adapters_and_grammar_rows_equal_the_cpu_engine_graphs_on_and_off(tp: int, engines) -> None:
     expected = generate(make_engine(CONFIG, 1, "cpu", lora=True), mixed_requests())
     expected_plain = generate(make_engine(CONFIG, 1, "cpu"), plain_requests())
-    engines.append(engine := make_engine(CONFIG, tp, "cuda", lora=True))
+    # Overlapped scheduling on: plain greedy steps are launched ahead of the previous step's tokens
+    # on every rank, each rank feeding its own copy of them (grammar rows make steps run one at a time).
+    engines.append(engine := make_engine(CONFIG, tp, "cuda", lora=True, overlap_scheduling=True))
     assert engine.runner.model.layers[0].self_attn.num_heads == CONFIG.num_attention_heads // tp
     assert generate(engine, mixed_requests()) == expected
     assert engine.runner.num_graph_steps > 0
     assert any(key[1] is not None for key in engine.runner.graphs)  # a LoRA graph replayed on every rank
+    ahead = engine.overlap.num_steps_ahead
     assert generate(engine, plain_requests()) == expected_plain
+    assert engine.overlap.num_steps_ahead > ahead
     engine.runner.use_graphs = False
     graphs_before = engine.runner.num_graph_steps
     assert generate(engine, [EngineRequest(f"again{i}", r.prompt_token_ids, r.sampling, adapter_id=r.adapter_id,
