@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import itertools
 import json
 import os
 import sys
@@ -51,30 +52,12 @@ CONFIGS = [(4, 512, 4, 3), (8, 512, 4, 3), (8, 256, 4, 3), (8, 1024, 4, 3), (8, 
 
 
 def graph_time_us(fn, copies: int, repeats: int = 20) -> float:
-    """Per-call µs of `fn(i)` for i in range(copies), captured in one graph, median of replays."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for i in range(copies):
-            fn(i)
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for i in range(copies):
-            fn(i)
-    graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / copies)
-    del graph
-    times.sort()
-    return times[len(times) // 2]
+    """Per-call µs of `fn(i)` for i in range(copies) (distinct weight copies, so that no call finds its
+    weights in L2), the copies captured in one graph, median of replays."""
+    from attention_kernels import time_graph_us
+
+    calls = itertools.count()
+    return time_graph_us(lambda: fn(next(calls) % copies), repeats=repeats, calls_per_graph=copies)
 
 
 def gemv_sweep(copy_gbps: float) -> dict:

@@ -108,22 +108,40 @@ def fuse_model(model: nn.Module, *, elementwise: bool = True, gemv: bool = True)
 
 
 @triton.jit
+def _rotate(x1, x2, c1, c2, s1, s2):
+    """As the reference: x * cos and rotate_half(x) * sin each rounded to x's dtype, then summed."""
+    dtype = x1.dtype
+    x1 = x1.to(tl.float32)
+    x2 = x2.to(tl.float32)
+    out1 = (x1 * c1).to(dtype).to(tl.float32) + (-x2 * s1).to(dtype).to(tl.float32)
+    out2 = (x2 * c2).to(dtype).to(tl.float32) + (x1 * s2).to(dtype).to(tl.float32)
+    return out1.to(dtype), out2.to(dtype)
+
+
+@triton.jit
+def _cos_sin(cos_ptr, sin_ptr, token, cos_sin_stride, half, dtype, BLOCK_HALF: tl.constexpr):
+    """The token's cos/sin halves, rounded to the activations' dtype like the reference's."""
+    dims = tl.arange(0, BLOCK_HALF)[None, :]
+    dim_mask = dims < half
+    table = token * cos_sin_stride + dims
+    c1 = tl.load(cos_ptr + table, mask=dim_mask, other=0.0).to(dtype).to(tl.float32)
+    c2 = tl.load(cos_ptr + table + half, mask=dim_mask, other=0.0).to(dtype).to(tl.float32)
+    s1 = tl.load(sin_ptr + table, mask=dim_mask, other=0.0).to(dtype).to(tl.float32)
+    s2 = tl.load(sin_ptr + table + half, mask=dim_mask, other=0.0).to(dtype).to(tl.float32)
+    return c1, c2, s1, s2
+
+
+@triton.jit
 def _rotate_heads(x_ptr, head_stride, num_heads, c1, c2, s1, s2, half, BLOCK_H: tl.constexpr,
                   BLOCK_HALF: tl.constexpr):
     heads = tl.arange(0, BLOCK_H)[:, None]
     dims = tl.arange(0, BLOCK_HALF)[None, :]
     mask = (heads < num_heads) & (dims < half)
     first = x_ptr + heads * head_stride + dims
-    x1 = tl.load(first, mask=mask, other=0.0)
-    x2 = tl.load(first + half, mask=mask, other=0.0)
-    dtype = x1.dtype
-    x1 = x1.to(tl.float32)
-    x2 = x2.to(tl.float32)
-    # As the reference: x * cos and rotate_half(x) * sin each rounded to x's dtype, then summed.
-    out1 = (x1 * c1).to(dtype).to(tl.float32) + (-x2 * s1).to(dtype).to(tl.float32)
-    out2 = (x2 * c2).to(dtype).to(tl.float32) + (x1 * s2).to(dtype).to(tl.float32)
-    tl.store(first, out1.to(dtype), mask=mask)
-    tl.store(first + half, out2.to(dtype), mask=mask)
+    out1, out2 = _rotate(tl.load(first, mask=mask, other=0.0), tl.load(first + half, mask=mask, other=0.0),
+                         c1, c2, s1, s2)
+    tl.store(first, out1, mask=mask)
+    tl.store(first + half, out2, mask=mask)
 
 
 @triton.jit
@@ -131,14 +149,7 @@ def _rotary_kernel(q_ptr, k_ptr, cos_ptr, sin_ptr, q_token_stride, q_head_stride
                    k_head_stride, cos_sin_stride, num_q_heads, num_k_heads, half,
                    BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr, BLOCK_HALF: tl.constexpr):
     token = tl.program_id(0).to(tl.int64)
-    dims = tl.arange(0, BLOCK_HALF)[None, :]
-    dim_mask = dims < half
-    dtype = q_ptr.dtype.element_ty
-    table = token * cos_sin_stride + dims
-    c1 = tl.load(cos_ptr + table, mask=dim_mask, other=0.0).to(dtype).to(tl.float32)
-    c2 = tl.load(cos_ptr + table + half, mask=dim_mask, other=0.0).to(dtype).to(tl.float32)
-    s1 = tl.load(sin_ptr + table, mask=dim_mask, other=0.0).to(dtype).to(tl.float32)
-    s2 = tl.load(sin_ptr + table + half, mask=dim_mask, other=0.0).to(dtype).to(tl.float32)
+    c1, c2, s1, s2 = _cos_sin(cos_ptr, sin_ptr, token, cos_sin_stride, half, q_ptr.dtype.element_ty, BLOCK_HALF)
     _rotate_heads(q_ptr + token * q_token_stride, q_head_stride, num_q_heads, c1, c2, s1, s2, half,
                   BLOCK_HQ, BLOCK_HALF)
     _rotate_heads(k_ptr + token * k_token_stride, k_head_stride, num_k_heads, c1, c2, s1, s2, half,
@@ -241,16 +252,6 @@ def silu_mul_reference(gate_up: torch.Tensor) -> torch.Tensor:
 
 # ---- rotary + paged K/V write ---------------------------------------------------------------
 @triton.jit
-def _rotate(x1, x2, c1, c2, s1, s2):
-    dtype = x1.dtype
-    x1 = x1.to(tl.float32)
-    x2 = x2.to(tl.float32)
-    out1 = (x1 * c1).to(dtype).to(tl.float32) + (-x2 * s1).to(dtype).to(tl.float32)
-    out2 = (x2 * c2).to(dtype).to(tl.float32) + (x1 * s2).to(dtype).to(tl.float32)
-    return out1.to(dtype), out2.to(dtype)
-
-
-@triton.jit
 def _rotary_kv_write_kernel(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, key_cache_ptr, value_cache_ptr, slot_ptr,
                             q_token_stride, q_head_stride, k_token_stride, k_head_stride, v_token_stride,
                             v_head_stride, cos_sin_stride, cache_block_stride, cache_slot_stride,
@@ -259,12 +260,7 @@ def _rotary_kv_write_kernel(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, key_cache_ptr
     token = tl.program_id(0).to(tl.int64)
     dims = tl.arange(0, BLOCK_HALF)[None, :]
     dim_mask = dims < half
-    dtype = q_ptr.dtype.element_ty
-    table = token * cos_sin_stride + dims
-    c1 = tl.load(cos_ptr + table, mask=dim_mask, other=0.0).to(dtype).to(tl.float32)
-    c2 = tl.load(cos_ptr + table + half, mask=dim_mask, other=0.0).to(dtype).to(tl.float32)
-    s1 = tl.load(sin_ptr + table, mask=dim_mask, other=0.0).to(dtype).to(tl.float32)
-    s2 = tl.load(sin_ptr + table + half, mask=dim_mask, other=0.0).to(dtype).to(tl.float32)
+    c1, c2, s1, s2 = _cos_sin(cos_ptr, sin_ptr, token, cos_sin_stride, half, q_ptr.dtype.element_ty, BLOCK_HALF)
     # q in place
     q_heads = tl.arange(0, BLOCK_HQ)[:, None]
     q_mask = (q_heads < num_q_heads) & dim_mask
