@@ -28,7 +28,7 @@ import triton
 import triton.language as tl
 from loraplex.engine.kernels.lora_metadata import LoRAMetadata
 from loraplex.engine.kernels.lora_triton import rank_pad
-from loraplex.engine.kernels.lora_triton_programs import _back_off, _load_tile, _publish
+from loraplex.engine.kernels.lora_triton_programs import _back_off, _load_tile, _publish, shrink_tile
 from loraplex.engine.kernels.lora_weights import LoRAStack
 
 MAX_ROWS = 64  # one BLOCK_M tile of rows; larger batches keep the GEMM + separate LoRA kernel
@@ -86,21 +86,9 @@ def _lora_gemm_kernel(
         slot, tokens, t_mask = _load_tile(tile_table_ptr, tile, TILE_M)
         offs_t = tl.arange(0, TILE_M)
         if slot >= 0:
-            offs_c = tl.arange(0, RANK_COLS)
-            c_slice = offs_c // R_PAD
-            c_rank = offs_c % R_PAD
-            c_valid = c_slice < NUM_SLICES
-            ranks = tl.load(ranks_ptr + slot * NUM_SLICES + c_slice, mask=c_valid, other=0)
-            c_mask = c_valid & (c_rank < ranks)
-            a_rows = a_ptr + slot.to(tl.int64) * stride_as + c_slice * stride_ai + c_rank * stride_ar
-            acc = tl.zeros([TILE_M, RANK_COLS], dtype=tl.float32)
-            for kk in range(0, SPLIT_K, SHRINK_BK):
-                offs_k = k_split * SPLIT_K + kk + tl.arange(0, SHRINK_BK)
-                k_mask = offs_k < K
-                x_tile = tl.load(x_ptr + tokens[:, None] * stride_xm + offs_k[None, :],
-                                 mask=t_mask[:, None] & k_mask[None, :], other=0.0)
-                a_tile = tl.load(a_rows[None, :] + offs_k[:, None], mask=c_mask[None, :] & k_mask[:, None], other=0.0)
-                acc += tl.dot(x_tile, a_tile, input_precision=INPUT_PRECISION)
+            acc, offs_c, _, _, _ = shrink_tile(
+                x_ptr, a_ptr, ranks_ptr, slot, tokens, t_mask, k_split * SPLIT_K, K, stride_xm, stride_as, stride_ai,
+                stride_ar, NUM_SLICES, R_PAD, RANK_COLS, TILE_M, SHRINK_BK, SPLIT_K, INPUT_PRECISION, True, R_PAD)
             part = part_ptr + (k_split * BLOCK_M + tokens[:, None]) * RANK_COLS + offs_c[None, :]
             tl.store(part, acc, mask=t_mask[:, None])
         _publish(offs_t, PTX)

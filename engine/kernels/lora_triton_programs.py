@@ -44,6 +44,41 @@ def _load_tile(tile_table_ptr, tile, BLOCK_M: tl.constexpr):
 
 
 @triton.jit
+def shrink_tile(
+    x_ptr, a_ptr, ranks_ptr, slot, tokens, m_mask, k_begin, in_features, stride_xm, stride_as, stride_ai, stride_ar,
+    NUM_SLICES: tl.constexpr, R_PAD: tl.constexpr, RANK_COLS: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+    RANK_MASKED_LOADS: tl.constexpr, R_MAX: tl.constexpr,
+):
+    """One tile's rows (one adapter `slot`) @ that adapter's A rows of every slice over input features
+    [k_begin, k_begin + SPLIT_K): float32 [BLOCK_M, RANK_COLS], column c = slice c // R_PAD, rank
+    c % R_PAD (columns past a slice's rank are zero)."""
+    offs_c = tl.arange(0, RANK_COLS)
+    c_slice = offs_c // R_PAD
+    c_rank = offs_c % R_PAD
+    c_valid = c_slice < NUM_SLICES
+    ranks = tl.load(ranks_ptr + slot * NUM_SLICES + c_slice, mask=c_valid, other=0)
+    c_mask = c_valid & (c_rank < ranks)
+    a_rows = a_ptr + slot.to(tl.int64) * stride_as + c_slice * stride_ai + c_rank * stride_ar
+    acc = tl.zeros([BLOCK_M, RANK_COLS], dtype=tl.float32)
+    for kk in range(0, SPLIT_K, BLOCK_K):
+        offs_k = k_begin + kk + tl.arange(0, BLOCK_K)
+        k_mask = offs_k < in_features
+        x_tile = tl.load(
+            x_ptr + tokens[:, None] * stride_xm + offs_k[None, :],
+            mask=m_mask[:, None] & k_mask[None, :], other=0.0,
+        )
+        if RANK_MASKED_LOADS:  # rows past a rank move no bytes, but the load waits for the ranks
+            a_tile = tl.load(a_rows[None, :] + offs_k[:, None], mask=c_mask[None, :] & k_mask[:, None], other=0.0)
+        else:  # no wait for the ranks; padding rows are read, then dropped (never trusted to be zero)
+            a_tile = tl.load(a_rows[None, :] + offs_k[:, None],
+                             mask=(c_valid & (c_rank < R_MAX))[None, :] & k_mask[:, None], other=0.0)
+            a_tile = tl.where(c_mask[None, :], a_tile, 0.0)
+        acc += tl.dot(x_tile, a_tile, input_precision=INPUT_PRECISION)
+    return acc, offs_c, c_slice, c_rank, c_mask
+
+
+@triton.jit
 def shrink_program(
     pid, x_ptr, a_ptr, ranks_ptr, out_ptr, sync_ptr, tile_table_ptr,
     in_features, stride_xm, stride_out, out_slice_stride, stride_as, stride_ai, stride_ar,
@@ -57,30 +92,10 @@ def shrink_program(
     slot, tokens, m_mask = _load_tile(tile_table_ptr, tile, BLOCK_M)
     if slot >= 0:
         offs_m = tl.arange(0, BLOCK_M)
-        offs_c = tl.arange(0, RANK_COLS)
-        c_slice = offs_c // R_PAD
-        c_rank = offs_c % R_PAD
-        c_valid = c_slice < NUM_SLICES
-        ranks = tl.load(ranks_ptr + slot * NUM_SLICES + c_slice, mask=c_valid, other=0)
-        c_mask = c_valid & (c_rank < ranks)
-        a_rows = a_ptr + slot.to(tl.int64) * stride_as + c_slice * stride_ai + c_rank * stride_ar
-        acc = tl.zeros([BLOCK_M, RANK_COLS], dtype=tl.float32)
-        k_begin = k_split * SPLIT_K
-        for kk in range(0, SPLIT_K, BLOCK_K):
-            offs_k = k_begin + kk + tl.arange(0, BLOCK_K)
-            k_mask = offs_k < in_features
-            x_tile = tl.load(
-                x_ptr + tokens[:, None] * stride_xm + offs_k[None, :],
-                mask=m_mask[:, None] & k_mask[None, :], other=0.0,
-            )
-            if RANK_MASKED_LOADS:  # rows past a rank move no bytes, but the load waits for the ranks
-                a_tile = tl.load(a_rows[None, :] + offs_k[:, None], mask=c_mask[None, :] & k_mask[:, None],
-                                 other=0.0)
-            else:  # no wait for the ranks; padding rows are read, then dropped (never trusted to be zero)
-                a_tile = tl.load(a_rows[None, :] + offs_k[:, None], mask=(c_valid & (c_rank < R_MAX))[None, :] & k_mask[:, None],
-                                 other=0.0)
-                a_tile = tl.where(c_mask[None, :], a_tile, 0.0)
-            acc += tl.dot(x_tile, a_tile, input_precision=INPUT_PRECISION)
+        acc, offs_c, c_slice, c_rank, c_mask = shrink_tile(
+            x_ptr, a_ptr, ranks_ptr, slot, tokens, m_mask, k_split * SPLIT_K, in_features, stride_xm,
+            stride_as, stride_ai, stride_ar, NUM_SLICES, R_PAD, RANK_COLS, BLOCK_M, BLOCK_K, SPLIT_K,
+            INPUT_PRECISION, RANK_MASKED_LOADS, R_MAX)
         if TO_TOKENS:  # the standalone shrink (one K split): rows go to their tokens' places
             out_ptrs = out_ptr + tokens[:, None] * stride_out + (c_slice * out_slice_stride + c_rank)[None, :]
             tl.store(out_ptrs, acc, mask=m_mask[:, None] & c_mask[None, :])
