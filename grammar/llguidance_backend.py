@@ -20,11 +20,13 @@ import torch
 from loraplex.grammar.backend import TokenizerContext, Unsupported, UnsupportedSchemaError, register_backend
 from loraplex.grammar.schema_walk import keyword_path, subschemas, without_annotation_formats
 from loraplex.grammar.spec import GrammarKind
+from loraplex.grammar.string_lark import string_schema_lark
 
 # Same output shape as the xgrammar backend: `{"a": 1, "b": 2}`, no other whitespace.
 _JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 _UNIMPLEMENTED = re.compile(r'Unimplemented keys: \[([^\]]*)\]')
 _UNKNOWN_FORMAT = re.compile(r"Unknown format: (.+)")
+_PROBE_STEPS = 6
 
 
 def _limits() -> llguidance.LLParserLimits:
@@ -86,6 +88,12 @@ class LLGuidanceBackend:
         matcher = llguidance.LLMatcher(self.tokenizer, grammar, log_level=0, limits=_limits())
         if matcher.is_error():
             error = matcher.get_error()
+            lark = string_schema_lark(payload)  # a string-only schema: one terminal, `&` and `~` where needed
+            if lark is not None:
+                grammar = llguidance.LLMatcher.grammar_from_lark(lark)
+                matcher = llguidance.LLMatcher(self.tokenizer, grammar, log_level=0, limits=_limits())
+                if not matcher.is_error() and self._survives_first_steps(matcher):
+                    return LLGuidanceGrammar(matcher, len(grammar), self)
             # Whatever llguidance refuses, another backend may still enforce exactly: never a hard error here.
             problem = _unsupported_from_error(payload, error) or Unsupported(
                 "schema", "#", self.name, error.splitlines()[0] if error else "refused")
@@ -94,6 +102,23 @@ class LLGuidanceBackend:
 
     def close(self) -> None:
         return None
+
+    def _survives_first_steps(self, matcher: llguidance.LLMatcher) -> bool:
+        """A few masks along one path, on a copy: a terminal whose `&`/`~` derivatives blow up fails here,
+        at compile time, rather than in the middle of a generation."""
+        probe = matcher.deep_copy()
+        row = torch.zeros((1, self.words), dtype=torch.int32)
+        for _ in range(_PROBE_STEPS):
+            llguidance.torch.fill_next_token_bitmask(probe, row, 0)
+            if probe.is_error() or probe.is_stopped():
+                break
+            allowed = torch.nonzero(row[0] & self.not_stop_bits)
+            if not len(allowed):
+                break
+            word = int(allowed[0])
+            bits = int(row[0, word] & self.not_stop_bits[word]) & 0xFFFFFFFF
+            probe.consume_token(word * 32 + (bits & -bits).bit_length() - 1)
+        return not probe.is_error()
 
 
 class LLGuidanceGrammar:

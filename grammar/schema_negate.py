@@ -4,7 +4,8 @@ A schema is the conjunction of its keywords, so its complement is the union
 (`anyOf`) of each keyword's complement. Most keywords constrain one type
 only: `minimum` fails exactly for numbers below it, so its complement is
 `{"type": "number", "exclusiveMaximum": m}`, and so on for lengths, counts,
-`required`, `properties`, `type`, finite `enum`/`const` sets (strings by a
+`required`, `properties`, `patternProperties` whose patterns match a finite
+set of keys, `type`, finite `enum`/`const` sets (strings by a
 regex of every string outside the set, numbers by open intervals) and the
 combinators (De Morgan; `oneOf` fails when no branch or two branches match). A keyword whose complement no backend can
 express (`pattern`, `multipleOf`, `items`, `additionalProperties`, ...) makes
@@ -14,16 +15,26 @@ refuses the `not` (never a looser grammar).
 
 from __future__ import annotations
 
+import re
 from itertools import pairwise
 from typing import Any
 
 from loraplex.grammar.schema_walk import ASSERTED_FORMATS, VALIDATION_KEYWORDS, json_type, resolve_ref
+
+try:
+    from re import _constants as sre_constants  # type: ignore[attr-defined]
+    from re import _parser as sre_parse  # type: ignore[attr-defined]
+except ImportError:  # pragma: no cover
+    import sre_constants  # type: ignore[no-redef]
+    import sre_parse  # type: ignore[no-redef]
 
 TYPES = ("array", "boolean", "null", "number", "object", "string")
 _MAX_DEPTH = 12
 _MAX_BRANCHES = 64
 _MAX_ENUM = 256
 _MAX_ONE_OF = 6
+_MAX_FINITE = 64   # keys of a pattern enumerated for a patternProperties complement
+_MAX_REPEAT = 4
 
 # keyword -> (the type it constrains, the keyword that is its complement within that type, value map)
 _FLIPPED_BOUNDS = {
@@ -90,8 +101,19 @@ def _negate_keyword(key: str, value: Any, schema: dict, root: Any, depth: int) -
         return _union(branches)
     if key in ("additionalProperties", "items", "additionalItems", "propertyNames") and (value is True or value == {}):
         return False  # a free subschema: no value fails it
-    if key == "patternProperties" and isinstance(value, dict) and all(v is True or v == {} for v in value.values()):
-        return False
+    if key == "patternProperties" and isinstance(value, dict):
+        # Some key matching a pattern has a value its subschema rejects: with each pattern's keys a finite
+        # set, one of those keys is present with such a value.
+        branches = []
+        for pattern, sub in value.items():
+            negated = negate(sub, root, depth + 1)
+            if negated is False:
+                continue
+            names = finite_matches(pattern) if isinstance(pattern, str) and negated is not None else None
+            if names is None:
+                return None
+            branches += [{"type": "object", "required": [name], "properties": {name: negated}} for name in names]
+        return _union(branches)
     if key == "propertyNames" and isinstance(value, dict) and set(value) == {"not"}:
         # Some key is not a name: with the names' complement a finite set, one of them is present.
         names = value["not"]
@@ -218,3 +240,68 @@ def _outside(node: dict) -> str:
 
 def _char(ch: str) -> str:
     return f"\\u{ord(ch):04x}" if ord(ch) <= 0xFFFF else f"\\u{{{ord(ch):x}}}"
+
+
+def finite_matches(pattern: str) -> list[str] | None:
+    """Every string an anchored pattern (`^...$`) of literals, small classes, alternation and bounded
+    repetition matches; None for any other pattern or more than a few dozen strings."""
+    try:
+        items = list(sre_parse.parse(pattern))
+    except (re.error, RecursionError, OverflowError):
+        return None
+    if (len(items) < 2 or items[0] != (sre_constants.AT, sre_constants.AT_BEGINNING)
+            or items[-1] != (sre_constants.AT, sre_constants.AT_END)):
+        return None
+    found = _finite(items[1:-1])
+    return None if found is None else sorted(set(found))
+
+
+def _finite(items: list) -> list[str] | None:
+    strings = [""]
+    for op, arg in items:
+        if op == sre_constants.LITERAL:
+            options = [chr(arg)]
+        elif op == sre_constants.IN:
+            options = _class_members(arg)
+        elif op == sre_constants.BRANCH:
+            options = []
+            for branch in arg[1]:
+                found = _finite(list(branch))
+                if found is None:
+                    return None
+                options += found
+        elif op == sre_constants.SUBPATTERN and not arg[1] and not arg[2]:
+            options = _finite(list(arg[3]))
+        elif op in (sre_constants.MAX_REPEAT, sre_constants.MIN_REPEAT) and arg[1] <= _MAX_REPEAT:
+            inner = _finite(list(arg[2]))
+            options = None if inner is None else _repeats(inner, arg[0], arg[1])
+        else:
+            return None  # `.`, categories, anchors inside, lookarounds, unbounded repetition
+        if options is None or len(strings) * len(options) > _MAX_FINITE:
+            return None
+        strings = [a + b for a in strings for b in options]
+    return strings
+
+
+def _class_members(items: list) -> list[str] | None:
+    members: list[str] = []
+    for op, arg in items:
+        if op == sre_constants.LITERAL:
+            members.append(chr(arg))
+        elif op == sre_constants.RANGE and arg[1] - arg[0] < _MAX_FINITE:
+            members += [chr(c) for c in range(arg[0], arg[1] + 1)]
+        else:
+            return None  # negated sets and categories (\d is not the same set in ECMA-262 and Python)
+    return members
+
+
+def _repeats(options: list[str], low: int, high: int) -> list[str] | None:
+    out: list[str] = []
+    current = [""]
+    for count in range(high + 1):
+        if count >= low:
+            out += current
+        if len(out) > _MAX_FINITE:
+            return None
+        current = [a + b for a in current for b in options] if count < high else []
+    return out

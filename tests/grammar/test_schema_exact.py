@@ -16,6 +16,7 @@ VALUES = [
     None, True, False, 0, 1, -3, 2.5, 7, 12, 25, 35, 100, "", "a", "ab", "abc", "linux", "lin", "linuxx", "x y",
     [], [1], [1, 2], ["a", "b", "c"], {}, {"a": 1}, {"b": 2}, {"a": 1, "b": 2}, {"a": "s", "c": True},
     {"a": 1, "b": 2, "c": 3}, {"c": None}, {"c": True}, {"b": 2, "c": 3}, {"ab": 1}, {"a": 1, "ba": 2},
+    {"xz": 1}, {"b": "s"}, {"a": 1, "b": [2]},
 ]
 
 NEGATABLE = [
@@ -26,6 +27,8 @@ NEGATABLE = [
     {"type": "object", "properties": {"a": {"enum": [1, "s"]}}, "required": ["a"]}, {}, True, False,
     {"propertyNames": {"not": {"const": "a"}}}, {"propertyNames": {"not": {"enum": ["b", "c", 3]}}},
     {"additionalProperties": True, "items": {}, "patternProperties": {"^a": True}},
+    # patterns matching a finite set of keys: one of those keys holds a value the subschema rejects
+    {"patternProperties": {"^(a|b)$": {"type": "number"}, "^c$": True, "^[xy]z?$": False}},
 ]
 
 
@@ -42,6 +45,7 @@ def test_negation_accepts_exactly_what_the_schema_rejects(schema):
 
 
 @pytest.mark.parametrize("schema", [{"pattern": "^a"}, {"multipleOf": 3}, {"items": {"type": "string"}},
+                                    {"patternProperties": {"^a": {"type": "integer"}}},
                                     {"type": "integer"}, {"enum": [[1]]}, {"uniqueItems": True}])
 def test_what_cannot_be_negated_exactly_is_not_negated(schema):
     assert negate(schema, schema) is None
@@ -79,6 +83,8 @@ REWRITTEN = [
      "minProperties": 2},
     {"type": "object", "properties": {"a": {"type": "integer"}, "b": {}}, "required": ["a"],
      "additionalProperties": False, "maxProperties": 1},
+    # "some key a or b is not a number", the complement of a patternProperties over a finite set of keys
+    {"type": "object", "not": {"patternProperties": {"^(a|b)$": {"type": "number"}}}},
     # the key counts beside optional keys of an open object: one branch per set of them present
     {"type": "object", "properties": {"a": {"type": "integer"}}, "patternProperties": {"^[bc]$": {"type": "integer"}},
      "additionalProperties": False, "minProperties": 2},
