@@ -147,7 +147,10 @@ GEMM_CONFIGS = [  # block_n, block_k, warps, stages, shrink split_k, shrink bloc
     (128, 128, 8, 3, 2048, 128, 4, 4),
     # for the 70B's shards at TP 4: K 8192 with few output blocks (qkv 2560 columns) wants GEMM K splits
     (32, 128, 4, 4, 2048, 128, 4, 4), (64, 128, 4, 3, 2048, 128, 4, 4), (32, 256, 4, 3, 2048, 128, 4, 4),
-    (64, 256, 4, 3, 2048, 128, 4, 4), (128, 128, 8, 3, 2048, 128, 4, 2), (32, 128, 4, 4, 2048, 128, 4, 8)]
+    (64, 256, 4, 3, 2048, 128, 4, 4), (128, 128, 8, 3, 2048, 128, 4, 2), (32, 128, 4, 4, 2048, 128, 4, 8),
+    # eight adapter groups in one epilogue dot (no second chunk after the wait)
+    (32, 128, 4, 4, 1024, 128, 8, 1), (64, 128, 4, 4, 1024, 128, 8, 1), (128, 128, 8, 3, 1024, 128, 8, 1),
+    (64, 256, 4, 3, 2048, 128, 8, 2), (64, 128, 4, 4, 1024, 128, 8, 2)]
 
 
 # Per-rank (out slice sizes, in features) of each LoRA linear: the 8B on one GPU, the 70B's shards at TP 4
@@ -449,6 +452,7 @@ def main() -> None:
             n, k = row["n"], row["k"]
             if row["best"] and row["best"][1] < row["cublas_plus_lora_us"]:
                 lora_gemm.TUNED[(n, k)] = lora_gemm.LoRAGemmConfig(*row["best"][0])
+                lora_gemm.SEPARATE.discard((n, k))
             else:
                 lora_gemm.SEPARATE.add((n, k))
         RESULT["lora_gemm_tuned"] = {str(k): str(v) for k, v in lora_gemm.TUNED.items()}
