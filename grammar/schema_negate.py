@@ -5,7 +5,8 @@ A schema is the conjunction of its keywords, so its complement is the union
 only: `minimum` fails exactly for numbers below it, so its complement is
 `{"type": "number", "exclusiveMaximum": m}`, and so on for lengths, counts,
 `required`, `properties`, `patternProperties` whose patterns match a finite
-set of keys, `type`, finite `enum`/`const` sets (strings by a
+set of keys, `items` beside a small `maxItems` (position by position, with
+`prefixItems`), `type`, finite `enum`/`const` sets (strings by a
 regex of every string outside the set, numbers by open intervals) and the
 combinators (De Morgan; `oneOf` fails when no branch or two branches match). A keyword whose complement no backend can
 express (`pattern`, `multipleOf`, `items`, `additionalProperties`, ...) makes
@@ -35,6 +36,7 @@ _MAX_ENUM = 256
 _MAX_ONE_OF = 6
 _MAX_FINITE = 64   # keys of a pattern enumerated for a patternProperties complement
 _MAX_REPEAT = 4
+_MAX_POSITIONS = 8  # items negated position by position (under maxItems)
 
 # keyword -> (the type it constrains, the keyword that is its complement within that type, value map)
 _FLIPPED_BOUNDS = {
@@ -101,6 +103,19 @@ def _negate_keyword(key: str, value: Any, schema: dict, root: Any, depth: int) -
         return _union(branches)
     if key in ("additionalProperties", "items", "additionalItems", "propertyNames") and (value is True or value == {}):
         return False  # a free subschema: no value fails it
+    if key == "additionalItems" and not isinstance(schema.get("items"), list):
+        return False  # it applies after a tuple `items` only: here no value fails it
+    if key == "items" and isinstance(value, dict | bool) and "prefixItems" not in schema:
+        # Some item fails: beside `maxItems: n` (whose own complement covers longer arrays), item i fails
+        # for some i < n, which `prefixItems` can say position by position.
+        high = schema.get("maxItems")
+        negated = negate(value, root, depth + 1)
+        if negated is None or not isinstance(high, int) or isinstance(high, bool) or high > _MAX_POSITIONS:
+            return None
+        if negated is False:
+            return False
+        return _union([{"type": "array", "minItems": i + 1, "prefixItems": [True] * i + [negated]}
+                       for i in range(high)])
     if key == "patternProperties" and isinstance(value, dict):
         # Some key matching a pattern has a value its subschema rejects: with each pattern's keys a finite
         # set, one of those keys is present with such a value.

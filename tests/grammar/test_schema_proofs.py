@@ -121,3 +121,17 @@ def test_ref_targets_outside_the_walked_tree_are_brought_into_view(compiler, tok
         assert accepts(compiler, tokenizer, schema, value) == valid(schema, value), value
     assert with_reachable_ref_targets({"$ref": "#/$defs/x", "$defs": {"x": {"type": "string"}}}) == {
         "$ref": "#/$defs/x", "$defs": {"x": {"type": "string"}}}
+
+
+def test_items_beside_a_small_max_items_are_negated_position_by_position(compiler, tokenizer):
+    from loraplex.grammar.schema_negate import negate
+
+    float3 = {"type": "array", "items": {"type": "number"}, "minItems": 3, "maxItems": 3, "additionalItems": False}
+    negated = negate(float3, float3)
+    assert negated is not None and negate({"type": "array", "items": {"type": "number"}}, {}) is None
+    values = [[1, 2, 3], [1, 2], [1, 2, "x"], ["x", 2, 3], [1, 2, 3, 4], [1, [2], 3], "s", None, [], {"a": 1}]
+    for value in values:
+        assert valid(negated, value) != valid(float3, value), value
+    schema = {"type": "object", "properties": {"p": {"not": float3}}}
+    for value in ({"p": [1, 2, 3]}, {"p": [1, "y", 3]}, {"p": [1]}, {"p": 7}, {}):
+        assert accepts(compiler, tokenizer, schema, value) == valid(schema, value), value
