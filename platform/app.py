@@ -9,14 +9,13 @@ from typing import Any
 from fastapi import FastAPI
 from loraplex.platform.api.cors import install_cors
 from loraplex.platform.api.request_limits import RequestLimits
-from loraplex.platform.body_limit import BodyLimitMiddleware
+from loraplex.platform.body_limit import BodyLimits
+from loraplex.platform.edge import EdgeMiddleware
 from loraplex.platform.errors import install_error_handlers
-from loraplex.platform.metrics import Metrics, RequestMetricsMiddleware
+from loraplex.platform.metrics import Metrics
 from loraplex.platform.portal import build_portal_router
-from loraplex.platform.request_context import RequestIdMiddleware
 from loraplex.platform.routers import all_routers
 from loraplex.platform.settings import Settings
-from loraplex.platform.slow_readers import SlowReaderMiddleware
 from loraplex.platform.wiring import build_services, close_services
 
 
@@ -43,11 +42,10 @@ def create_app(settings: Settings | None = None, engine: Any | None = None) -> F
     for router in all_routers():
         app.include_router(router)
     app.include_router(build_portal_router())  # the tenant portal: /portal pages and /portal/static
-    app.add_middleware(BodyLimitMiddleware, max_body_bytes=settings.max_request_body_bytes,
-                       max_upload_bytes=settings.max_upload_request_bytes,
-                       request_limits=RequestLimits.from_settings(settings), max_tools=settings.grammar_max_tools)
-    app.add_middleware(RequestMetricsMiddleware, metrics=metrics)
-    app.add_middleware(SlowReaderMiddleware, timeout_s=settings.stream_send_timeout_s)
-    app.add_middleware(RequestIdMiddleware)
-    install_cors(app, settings)  # outermost: preflights carry no API key
+    limits = BodyLimits(max_body_bytes=settings.max_request_body_bytes,
+                        max_upload_bytes=settings.max_upload_request_bytes,
+                        request_limits=RequestLimits.from_settings(settings), max_tools=settings.grammar_max_tools)
+    # One pure-ASGI layer for request id, edge limits, metrics and slow readers (platform/edge.py).
+    app.add_middleware(EdgeMiddleware, limits=limits, metrics=metrics, send_timeout_s=settings.stream_send_timeout_s)
+    install_cors(app, settings)  # outermost, and only when configured: preflights carry no API key
     return app

@@ -3,12 +3,12 @@
 Why here and not in the routes: FastAPI reads and parses a JSON body before
 it runs a route's dependencies, so without this an 80 MB body with no key is
 received and parsed (seconds of the event loop, for every tenant) before its
-401. This pure ASGI middleware answers at once when the key is missing or
-cannot be a key (checking the key against the database stays in the
+401. The edge answers at once when the key is missing or cannot be a key (checking the key against the database stays in the
 `CurrentKey` dependency), refuses a declared `Content-Length` over the limit
 before reading a byte, and counts the bytes of a streamed (chunked) body as
 they arrive, answering 413 the moment they pass the limit. Adapter uploads
-(`POST /v1/adapters`) have their own, larger limit.
+(`POST /v1/adapters`) have their own, larger limit. The checks run in the
+one edge middleware (platform/edge.py); this module holds them.
 
 Given the request limits, a large body of the two generation routes is also
 read whole here and its counted lists checked before anything parses it
@@ -19,122 +19,60 @@ milliseconds' cost instead of a full parse on the event loop.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 
 from loraplex.platform.api.body_probe import PROBE_MIN_BYTES, PROBED_PATHS, probe_counts
 from loraplex.platform.api.request_limits import RequestLimits
 from loraplex.platform.auth.keys import looks_like_api_key
 from loraplex.platform.errors import error_body
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import Receive, Send
 
-_AUTHENTICATED_PREFIX = "/v1/"
-_UPLOAD_PATH = "/v1/adapters"
+AUTHENTICATED_PREFIX = "/v1/"
+UPLOAD_PATH = "/v1/adapters"
 _MAX_KEY_LENGTH = 256  # our keys are 47 characters; anything far longer cannot be one
 
 
-class BodyLimitMiddleware:
-    def __init__(self, app: ASGIApp, *, max_body_bytes: int, max_upload_bytes: int,
-                 request_limits: RequestLimits | None = None, max_tools: int = 128) -> None:
-        self.app = app
-        self.max_body_bytes = max_body_bytes
-        self.max_upload_bytes = max_upload_bytes
-        self.request_limits = request_limits
-        self.max_tools = max_tools
+@dataclass(frozen=True, slots=True)
+class BodyLimits:
+    max_body_bytes: int
+    max_upload_bytes: int
+    request_limits: RequestLimits | None = None  # None: generation bodies are not probed
+    max_tools: int = 128
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        path: str = scope.get("path", "")
-        headers = {name.lower(): value for name, value in scope.get("headers", [])}
-        if path.startswith(_AUTHENTICATED_PREFIX):
-            refusal = _key_refusal(headers.get(b"authorization", b""))
-            if refusal is not None:
-                await _send_error(send, 401, refusal[0], code=refusal[1], headers=[(b"www-authenticate", b"Bearer")])
-                return
-        limit = self.max_upload_bytes if (path == _UPLOAD_PATH and scope.get("method") == "POST") else self.max_body_bytes
-        declared = headers.get(b"content-length", b"")
-        if declared.isdigit() and int(declared) > limit:
-            await _send_too_large(send, limit)
-            return
-        if self.request_limits is not None and path in PROBED_PATHS and scope.get("method") == "POST":
-            await self._probed(scope, receive, send, limit, self.request_limits)
-            return
-        await _LimitedBody(self.app, limit).run(scope, receive, send)
+    def limit_for(self, path: str, method: str) -> int:
+        return self.max_upload_bytes if (path == UPLOAD_PATH and method == "POST") else self.max_body_bytes
 
-    async def _probed(self, scope: Scope, receive: Receive, send: Send, limit: int, limits: RequestLimits) -> None:
-        """Read the whole body (within `limit`), refuse it if a counted list is too long, else replay it."""
-        chunks: list[bytes] = []
-        num_received = 0
-        while True:
-            message = await receive()
-            if message["type"] != "http.request":
-                return  # the client left before its body was through
-            chunk = message.get("body", b"")
-            num_received += len(chunk)
-            if num_received > limit:
-                await _send_too_large(send, limit)
-                return
-            chunks.append(chunk)
-            if not message.get("more_body", False):
-                break
-        body = b"".join(chunks)
-        if len(body) >= PROBE_MIN_BYTES:
-            refusal = probe_counts(body, limits, max_tools=self.max_tools)
-            if refusal is not None:
-                await _send_error(send, 400, refusal.message, code=None, param=refusal.param)
-                return
-        replayed = False
-
-        async def replay() -> Message:
-            nonlocal replayed
-            if replayed:
-                return await receive()  # what follows the body: a disconnect, when the client leaves
-            replayed = True
-            return {"type": "http.request", "body": body, "more_body": False}
-
-        await self.app(scope, replay, send)
+    def probes(self, path: str, method: str) -> bool:
+        return self.request_limits is not None and method == "POST" and path in PROBED_PATHS
 
 
-class _LimitedBody:
-    """One request: counts body bytes as the app reads them; past the limit, answers 413 and cuts it off."""
-
-    def __init__(self, app: ASGIApp, limit: int) -> None:
-        self.app = app
-        self.limit = limit
-        self.num_received = 0
-        self.refused = False
-        self.response_started = False
-
-    async def run(self, scope: Scope, receive: Receive, send: Send) -> None:
-        async def limited_receive() -> Message:
-            if self.refused:
-                return {"type": "http.disconnect"}
-            message = await receive()
-            if message["type"] == "http.request":
-                self.num_received += len(message.get("body", b""))
-                if self.num_received > self.limit:
-                    self.refused = True
-                    if not self.response_started:
-                        self.response_started = True
-                        await _send_too_large(send, self.limit)
-                    return {"type": "http.disconnect"}  # the app stops reading as for a client that left
-            return message
-
-        async def guarded_send(message: Message) -> None:
-            if self.refused:
-                return  # the 413 went out already; whatever the app answers to the cut-off body is dropped
-            if message["type"] == "http.response.start":
-                self.response_started = True
-            await send(message)
-
-        try:
-            await self.app(scope, limited_receive, guarded_send)
-        except Exception:
-            if not self.refused:
-                raise
+async def read_probed_body(receive: Receive, send: Send, limits: BodyLimits, limit: int) -> bytes | None:
+    """The whole body (within `limit`), or None once refused (413, or 400 for a counted list past its limit)
+    or when the client left before its body was through."""
+    chunks: list[bytes] = []
+    num_received = 0
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            return None
+        chunk = message.get("body", b"")
+        num_received += len(chunk)
+        if num_received > limit:
+            await send_too_large(send, limit)
+            return None
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            break
+    body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+    if len(body) >= PROBE_MIN_BYTES and limits.request_limits is not None:
+        refusal = probe_counts(body, limits.request_limits, max_tools=limits.max_tools)
+        if refusal is not None:
+            await send_error(send, 400, refusal.message, code=None, param=refusal.param)
+            return None
+    return body
 
 
-def _key_refusal(header: bytes) -> tuple[str, str] | None:
+def key_refusal(header: bytes) -> tuple[str, str] | None:
     """(message, code) when the Authorization header cannot carry a valid key; None when it might."""
     if not header:
         return "missing API key: send it as 'Authorization: Bearer lpx_...'", "missing_api_key"
@@ -147,13 +85,13 @@ def _key_refusal(header: bytes) -> tuple[str, str] | None:
     return None
 
 
-async def _send_too_large(send: Send, limit: int) -> None:
-    await _send_error(send, 413, f"the request body is larger than the limit of {limit} bytes",
-                      code="request_too_large")
+async def send_too_large(send: Send, limit: int) -> None:
+    await send_error(send, 413, f"the request body is larger than the limit of {limit} bytes",
+                     code="request_too_large")
 
 
-async def _send_error(send: Send, status: int, message: str, *, code: str | None, param: str | None = None,
-                      headers: list[tuple[bytes, bytes]] | None = None) -> None:
+async def send_error(send: Send, status: int, message: str, *, code: str | None, param: str | None = None,
+                     headers: list[tuple[bytes, bytes]] | None = None) -> None:
     body = json.dumps(error_body(status, message, code=code, param=param)).encode()
     await send({
         "type": "http.response.start",

@@ -19,7 +19,6 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, multiprocess
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 _INTER_TOKEN_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
@@ -57,8 +56,16 @@ class Metrics:
         self.tokens_reasoning = Counter(
             "loraplex_reasoning_tokens", "Generated tokens inside a reasoning segment", registry=self.registry
         )
+        self._requests_by_label: dict[tuple[str, int], Any] = {}
         self.inflight = Gauge("loraplex_api_inflight_requests", "Generation requests in the API",
                               registry=self.registry, multiprocess_mode="livesum")
+
+    def count_response(self, route: str, status: int) -> None:
+        """One HTTP response, by its route template (bounded labels) and status (counted by the edge)."""
+        child = self._requests_by_label.get((route, status))
+        if child is None:  # labels() takes a lock and builds the label tuple: done once per pair
+            child = self._requests_by_label[(route, status)] = self.requests.labels(route=route, status=str(status))
+        child.inc()
 
     def register_collector(self, collector: Collector) -> None:
         self._collectors.append(collector)
@@ -93,31 +100,6 @@ class _EngineCollector(Collector):
             "loraplex_prefix_cache_hit_rate", "Prefix-cache block hits / lookups since start",
             value=hits / queries if queries else 0.0,
         )
-
-
-class RequestMetricsMiddleware:
-    """Counts every HTTP response by its route template (bounded labels) and status."""
-
-    def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
-        self.app = app
-        self.metrics = metrics
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        status = {"code": 500}
-
-        async def capture(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                status["code"] = message["status"]
-            await send(message)
-
-        try:
-            await self.app(scope, receive, capture)
-        finally:
-            route = getattr(scope.get("route"), "path", "unmatched")
-            self.metrics.requests.labels(route=route, status=str(status["code"])).inc()
 
 
 class TokenTimer:
