@@ -129,21 +129,34 @@ def stream_chat(
     def chunk(index: int, delta: dict[str, Any], finish_reason: str | None = None, logprobs: Any = None) -> bytes:
         return encoder.encode([{"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}])
 
+    def delta_chunk(index: int, message: MessageDelta, logprobs: Any) -> bytes:
+        if logprobs is None and not message.reasoning_content and not message.tool_calls:
+            return encoder.content(index, message.content) if message.content else b""
+        body = _delta_dict(message)
+        return chunk(index, body, logprobs=logprobs) if body or logprobs else b""
+
     async def chunks() -> AsyncIterator[bytes]:
-        for index in range(len(gen.choices)):
-            yield chunk(index, {"role": "assistant", "content": ""})
+        """One bytes object per engine output: all the events it makes go out in one write."""
+        first = b"".join(chunk(index, {"role": "assistant", "content": ""}) for index in range(len(gen.choices)))
         async for _, output in outputs:
             if output.error:
+                if first:
+                    yield first
                 raise ChoiceFailed(f"generation failed: {output.error}")
+            events = [first] if first else []
+            first = b""
             for delta in output.choices:
                 parser = parsers[delta.index]
-                body = _delta_dict(parser.feed(delta.text)) if delta.text else {}
                 logprobs = {"content": chat_logprobs(delta.logprobs, texts)} if want_logprobs and delta.logprobs else None
-                if body or logprobs:
-                    yield chunk(delta.index, body, logprobs=logprobs)
+                if delta.text or logprobs:
+                    event = delta_chunk(delta.index, parser.feed(delta.text) if delta.text else MessageDelta(), logprobs)
+                    if event:
+                        events.append(event)
                 if delta.finish_reason is not None:
                     rest, finish_reason = parser.finish(delta.finish_reason)
-                    yield chunk(delta.index, _delta_dict(rest), finish_reason=finish_reason)
+                    events.append(chunk(delta.index, _delta_dict(rest), finish_reason=finish_reason))
+            if events:
+                yield events[0] if len(events) == 1 else b"".join(events)
 
     def usage_chunk() -> bytes:
         return sse({**base, "choices": [], "usage": gen.usage()})

@@ -101,9 +101,11 @@ def stream_completion(
         return encoder.encode([{"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}])
 
     async def chunks() -> AsyncIterator[bytes]:
+        """One bytes object per engine output: all the events it makes go out in one write."""
         async for prompt_index, output in outputs:
             if output.error:
                 raise ChoiceFailed(f"generation failed: {output.error}")
+            events = []
             for delta in output.choices:
                 index = prompt_index * n + delta.index
                 text = delta.text
@@ -115,11 +117,14 @@ def stream_completion(
                         logprobs.add_prompt(prepared.prompts[prompt_index], output.prompt_logprobs)
                 if logprobs is not None and delta.logprobs:
                     logprobs.add(delta.logprobs)
-                logprobs_body = logprobs.as_dict() if logprobs is not None and len(logprobs) else None
-                if text or logprobs_body:
-                    yield chunk(index, text, logprobs_body)
+                if logprobs is not None and len(logprobs):
+                    events.append(chunk(index, text, logprobs.as_dict()))
+                elif text:
+                    events.append(encoder.text(index, text))
                 if delta.finish_reason is not None:
-                    yield chunk(index, "", finish_reason=delta.finish_reason)
+                    events.append(chunk(index, "", finish_reason=delta.finish_reason))
+            if events:
+                yield events[0] if len(events) == 1 else b"".join(events)
 
     def usage_chunk() -> bytes:
         return sse({**base, "choices": [], "usage": gen.usage()})

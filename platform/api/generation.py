@@ -62,6 +62,7 @@ class Generation:
             prepared.request_id if num_prompts == 1 else f"{prepared.request_id}-{i}" for i in range(num_prompts)
         ]
         self._started: set[int] = set()
+        self._num_finished = 0
         self._engine_streams: dict[int, AsyncGenerator[RequestOutput, None]] = {}
         self._admitted = False
         self._closed = False
@@ -158,6 +159,8 @@ class Generation:
         counts.num_outputs += 1
         counts.num_prompt_tokens = output.num_prompt_tokens
         counts.num_cached_tokens = output.num_cached_tokens
+        if output.finished and not counts.finished:
+            self._num_finished += 1
         counts.finished = output.finished
         n = self.prepared.sampling.n
         for delta in output.choices:
@@ -167,6 +170,11 @@ class Generation:
             if delta.finish_reason is not None:
                 choice.finish_reason = delta.finish_reason
                 choice.stop_reason = delta.stop_reason
+
+    @property
+    def finished(self) -> bool:
+        """Every prompt's last output has arrived: nothing more will come from the engine."""
+        return self._num_finished == len(self.prompt_counts)
 
     # -- usage ------------------------------------------------------------------------------
 

@@ -1,32 +1,62 @@
-"""Server-Sent Events framing shared by both endpoints."""
+"""Server-Sent Events framing shared by both endpoints, and the response that streams it.
+
+Per streamed token the API server does little more than this module: the
+fields every chunk of a request repeats are serialised once (`ChunkEncoder`),
+the common chunk (text only) is a byte template around the one encoded
+string, and all the events one engine output makes go to the client in one
+write (`EventStreamResponse` sends what the body yields; the body yields one
+bytes object per output). The client parses the same events, in the same
+order, as if each had been written alone.
+"""
 
 from __future__ import annotations
 
-import json
+import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
 
+import msgspec
 from loraplex.platform.errors import error_body
-from starlette.responses import StreamingResponse
+from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 DONE = b"data: [DONE]\n\n"
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
+_encode = msgspec.json.Encoder().encode
+_TEXT_TAIL = b',"logprobs":null,"finish_reason":null}]}\n\n'
+
 
 def sse(payload: dict[str, Any]) -> bytes:
-    return b"data: " + json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode() + b"\n\n"
+    return b"data: " + _encode(payload) + b"\n\n"
 
 
 class ChunkEncoder:
-    """SSE bytes of one chunk; the fields every chunk of a request repeats are serialised once."""
+    """SSE bytes of one request's chunks; the fields every chunk repeats are serialised once."""
 
     def __init__(self, base: dict[str, Any]) -> None:
-        head = json.dumps(base, separators=(",", ":"), ensure_ascii=False)
-        self._prefix = b"data: " + head[:-1].encode() + (b',"choices":' if base else b'"choices":')
+        head = _encode(base)
+        self._prefix = b"data: " + head[:-1] + (b',"choices":' if base else b'"choices":')
+        self._content_heads: dict[int, bytes] = {}
+        self._text_heads: dict[int, bytes] = {}
 
     def encode(self, choices: list[dict[str, Any]]) -> bytes:
-        return self._prefix + json.dumps(choices, separators=(",", ":"), ensure_ascii=False).encode() + b"}\n\n"
+        return self._prefix + _encode(choices) + b"}\n\n"
+
+    def content(self, index: int, text: str) -> bytes:
+        """A chat chunk whose delta is only `content` (no logprobs, not finished): the common one."""
+        head = self._content_heads.get(index)
+        if head is None:
+            head = self._content_heads[index] = self._prefix + b'[{"index":%d,"delta":{"content":' % index
+        return head + _encode(text) + b"}" + _TEXT_TAIL
+
+    def text(self, index: int, text: str) -> bytes:
+        """A completion chunk with only `text` (no logprobs, not finished): the common one."""
+        head = self._text_heads.get(index)
+        if head is None:
+            head = self._text_heads[index] = self._prefix + b'[{"index":%d,"text":' % index
+        return head + _encode(text) + _TEXT_TAIL
 
 
 def sse_error(status: int, message: str, *, code: str | None = None) -> bytes:
@@ -34,20 +64,52 @@ def sse_error(status: int, message: str, *, code: str | None = None) -> bytes:
     return sse(error_body(status, message, code=code))
 
 
-class EventStreamResponse(StreamingResponse):
-    """Closes its generator however the response ends, so the generator's `finally` (abort, metering)
-    runs at once on a client disconnect instead of whenever the garbage collector gets to it."""
+class EventStreamResponse(Response):
+    """Sends each bytes object the body yields as one body message; closes the body however the response ends,
+    so its `finally` (abort, metering) runs at once on a client disconnect.
+
+    Pure ASGI, unlike Starlette's StreamingResponse (an AnyIO task group per response and its send passed
+    through a child task): one task per response waits for the client's disconnect and, if it comes first,
+    cancels the stream where it waits.
+    """
 
     media_type = "text/event-stream"
 
     def __init__(self, content: AsyncIterator[bytes]) -> None:
-        super().__init__(content, headers=SSE_HEADERS)
-        self._generator = content
+        self.body_iterator = content
+        self.status_code = 200
+        self.background = None
+        self.init_headers(SSE_HEADERS)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        task = asyncio.current_task()
+        client_gone = False
+        done = False
+
+        async def wait_for_disconnect() -> None:
+            nonlocal client_gone
+            while (await receive())["type"] != "http.disconnect":
+                pass
+            if not done and task is not None:
+                client_gone = True
+                task.cancel()
+
+        listener = asyncio.get_running_loop().create_task(wait_for_disconnect())
+        body = self.body_iterator
         try:
-            await super().__call__(scope, receive, send)
+            await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+            async for data in body:
+                await send({"type": "http.response.body", "body": data, "more_body": True})
+            done = True
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        except asyncio.CancelledError:
+            if not client_gone or task is None:
+                raise
+            task.uncancel()  # our own cancellation: the client left, and nothing is left to say to it
         finally:
-            aclose = getattr(self._generator, "aclose", None)
+            done = True
+            listener.cancel()
+            aclose = getattr(body, "aclose", None)
             if aclose is not None:
-                await aclose()
+                with contextlib.suppress(RuntimeError):  # still running (a cancelled send inside it)
+                    await aclose()
