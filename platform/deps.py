@@ -68,21 +68,27 @@ def get_db(services: AppServices) -> Iterator[Session]:
 DbSession = Annotated[Session, Depends(get_db, scope="function")]
 
 
-async def get_current_key(request: Request, services: AppServices) -> Principal:
+async def get_current_key(request: Request) -> Principal:
+    return await authenticate_request(request, request.app.state.services)
+
+
+async def authenticate_request(request: Request, services: Services) -> Principal:
+    """The caller's live API key; from this process's cache when fresh (no thread, no database)."""
     header = request.headers.get("authorization", "")
     scheme, _, token = header.partition(" ")
     if not header:
         raise AuthenticationError(
             "missing API key: send it as 'Authorization: Bearer lpx_...'", code="missing_api_key"
         )
-    if scheme.lower() != "bearer" or not token.strip():
+    token = token.strip()
+    if scheme.lower() != "bearer" or not token:
         raise AuthenticationError("malformed Authorization header: expected 'Bearer <API key>'")
-    key_hash = hash_api_key(token.strip())
+    key_hash = hash_api_key(token)
     cached = services.key_cache.fresh(key_hash)
     if cached is not None:
         return cached
     try:
-        principal = await asyncio.to_thread(_look_up_key, services, token.strip())
+        principal = await asyncio.to_thread(_look_up_key, services, token)
     except DB_UNAVAILABLE_ERRORS as exc:
         stale = services.key_cache.stale(key_hash)
         if stale is not None:
@@ -114,8 +120,11 @@ def _principal(record: ApiKey, settings: Settings) -> Principal:
 CurrentKey = Annotated[Principal, Depends(get_current_key)]
 
 
-def require_scope(scope: Scope) -> Callable[[Principal], Awaitable[Principal]]:
-    async def check(key: CurrentKey) -> Principal:
+def require_scope(scope: Scope) -> Callable[[Request], Awaitable[Principal]]:
+    """One dependency (of the request alone) that authenticates and checks the scope: FastAPI resolves each
+    dependency of a dependency separately, and the generation routes pay that on every request."""
+    async def check(request: Request) -> Principal:
+        key = await authenticate_request(request, request.app.state.services)
         if scope.value not in key.scopes:
             raise PermissionDeniedError(f"this API key lacks the '{scope.value}' scope")
         return key

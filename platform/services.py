@@ -7,6 +7,7 @@ from typing import Any
 
 from loraplex.engine.core.client import EngineClient
 from loraplex.platform.api.logprobs import TokenTexts
+from loraplex.platform.api.request_limits import RequestLimits
 from loraplex.platform.auth.key_cache import KeyCache
 from loraplex.platform.extensions import Extensions
 from loraplex.platform.metrics import Metrics
@@ -31,6 +32,7 @@ class Services:
     pipeline: RequestPipeline        # the declared stages, built once from extensions.stages
     metrics: Metrics
     key_cache: KeyCache[Any]         # authenticated keys (deps.Principal) by key hash
+    request_limits: RequestLimits    # the settings' counted limits, built once (checked on every request)
     owns_engine: bool = True         # False when a test passed its own engine in
     num_inflight: int = field(default=0)        # requests (prompts) admitted and not yet finished
     inflight_by_tenant: dict[str, int] = field(default_factory=dict)

@@ -14,6 +14,7 @@ from typing import Any
 
 from loraplex.engine.core.client import EngineClient
 from loraplex.platform.api.logprobs import TokenTexts
+from loraplex.platform.api.request_limits import RequestLimits
 from loraplex.platform.auth.revocation import build_key_cache
 from loraplex.platform.db import migrate
 from loraplex.platform.db.session import make_db_engine, make_session_factory
@@ -138,6 +139,7 @@ def build_services(settings: Settings, engine: EngineClient | None = None, *, me
         pipeline=RequestPipeline(extensions.stages),
         metrics=metrics,
         key_cache=build_key_cache(settings, extensions.on_shutdown),
+        request_limits=RequestLimits.from_settings(settings),
         owns_engine=owns_engine,
     )
 

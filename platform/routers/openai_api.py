@@ -10,11 +10,12 @@ from loraplex.platform.api.chat_response import collect_chat, stream_chat
 from loraplex.platform.api.completion_response import collect_completion, stream_completion
 from loraplex.platform.api.generation import Generation
 from loraplex.platform.api.preparation import prepare_chat, prepare_completion
-from loraplex.platform.api.request_limits import RequestLimits, check_request_limits
+from loraplex.platform.api.request_limits import check_request_limits
 from loraplex.platform.api.respond import respond
 from loraplex.platform.api.schemas import ChatCompletionRequest, CompletionRequest
 from loraplex.platform.deps import AppServices, InferenceKey
 from loraplex.platform.extensions import ServedModel
+from loraplex.platform.services import Services
 
 router = APIRouter(prefix="/v1", tags=["openai"])
 
@@ -40,11 +41,12 @@ def _model_public(model: ServedModel, base_model_name: str) -> dict:
     return {"id": model.id, "object": "model", "created": model.created, "owned_by": model.owned_by, "parent": parent}
 
 
+# The generation routes take their services from the app, not as a dependency: FastAPI resolves every declared
+# dependency on every request, and these two routes carry most of the traffic.
 @router.post("/chat/completions")
-async def create_chat_completion(
-    body: ChatCompletionRequest, key: InferenceKey, services: AppServices, request: Request
-) -> Response:
-    check_request_limits(body, RequestLimits.from_settings(services.settings))
+async def create_chat_completion(body: ChatCompletionRequest, key: InferenceKey, request: Request) -> Response:
+    services: Services = request.app.state.services
+    check_request_limits(body, services.request_limits)
     prepared = await prepare_chat(services, key, body, request.state.request_id)
     gen = Generation(services, key, prepared)
     return await respond(
@@ -55,8 +57,9 @@ async def create_chat_completion(
 
 
 @router.post("/completions")
-async def create_completion(body: CompletionRequest, key: InferenceKey, services: AppServices, request: Request) -> Response:
-    check_request_limits(body, RequestLimits.from_settings(services.settings))
+async def create_completion(body: CompletionRequest, key: InferenceKey, request: Request) -> Response:
+    services: Services = request.app.state.services
+    check_request_limits(body, services.request_limits)
     prepared = await prepare_completion(services, key, body, request.state.request_id)
     gen = Generation(services, key, prepared)
     return await respond(
