@@ -8,6 +8,7 @@ on one machine).
 from __future__ import annotations
 
 import json
+import os
 from functools import cached_property
 from pathlib import Path
 from typing import Annotated
@@ -52,8 +53,9 @@ class Settings(BaseSettings):
     # makes the HTTP side wait up to that long whenever the engine thread holds it (a whole token's time).
     gil_switch_interval_ms: float | None = 0.5  # None: leave Python's default
 
-    # Process layout of `loraplex serve`: one engine-core process, `api_servers` uvicorn processes on one port
-    api_servers: int = Field(default=1, ge=1, le=64)
+    # Process layout of `loraplex serve`: one engine-core process, `api_servers` uvicorn processes on one port.
+    # None: one without Redis (sessions and limits would be per process), else min(4, cores // 2), at least 1
+    api_servers: int | None = Field(default=None, ge=1, le=64)
     engine_core_address: str | None = None  # set by `serve` for its API servers; None: the engine runs in-process
     engine_core_start_timeout_s: float = Field(default=600.0, gt=0)  # loading (and converting) the model
     drain_timeout_s: float = Field(default=30.0, ge=0)  # SIGTERM: in-flight requests get this long to finish
@@ -72,7 +74,7 @@ class Settings(BaseSettings):
     # Longer than clients' idle pools hold connections, so a reused connection is never one the server
     # is closing at that very moment (uvicorn's default of 5 s makes idle SDK clients fail now and then).
     keep_alive_timeout_s: int = 75
-    # Request bodies, refused with 413 before they are read or parsed (platform/body_limit.py)
+    # Request bodies, refused with 413 before they are read or parsed (platform/body_limit.py, checked by platform/edge.py)
     max_request_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
     max_upload_request_bytes: int = Field(default=1026 * 1024 * 1024, ge=1024)  # POST /v1/adapters
 
@@ -154,6 +156,15 @@ class Settings(BaseSettings):
         return value
 
     @model_validator(mode="after")
+    def _default_api_servers(self) -> Settings:
+        """One API server turns every chunk of up to `max_num_seqs` streams into SSE on one core: past a few
+        dozen streams it, not the engine, sets the pace. With Redis (shared sessions and limits) several share
+        the load, leaving half the cores to the engine core, tokenizing threads and the OS."""
+        if self.api_servers is None:
+            self.api_servers = default_api_servers(self.redis_url)
+        return self
+
+    @model_validator(mode="after")
     def _absolute_paths(self) -> Settings:
         """Paths are made absolute once, here. The default `./data` is relative, and a relative path kept in a
         symlink, handed to a Celery worker or opened after a chdir points somewhere else (uploads failed so)."""
@@ -201,3 +212,9 @@ class Settings(BaseSettings):
         from loraplex.engine.model.default_model import ensure_default_model
 
         return ensure_default_model(self.models_dir)
+
+
+def default_api_servers(redis_url: str | None) -> int:
+    if not redis_url:
+        return 1
+    return max(1, min(4, len(os.sched_getaffinity(0)) // 2))

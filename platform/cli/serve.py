@@ -38,7 +38,8 @@ def serve(
     model_path: str | None = typer.Option(None, help="HF model folder (default: the bundled SmolLM2-135M)."),
     api_servers: int | None = typer.Option(
         None, "--api-servers", min=1, max=64,
-        help="API server processes sharing the port and one engine core (default: LORAPLEX_API_SERVERS or 1).",
+        help="API server processes sharing the port and one engine core (default: LORAPLEX_API_SERVERS, else 1 "
+             "without Redis and min(4, cores // 2) with LORAPLEX_REDIS_URL).",
     ),
 ) -> None:
     """Serve the OpenAI-compatible API (converts the bundled model and migrates SQLite on first run)."""
