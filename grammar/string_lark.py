@@ -68,42 +68,47 @@ def string_schema_lark(schema: Any) -> str | None:
     string-only or uses something this translation does not cover."""
     if not isinstance(schema, dict) or schema.get("type") != "string":
         return None
-    builder = _Builder(schema)
+    terms = StringTerms(schema)
     try:
-        body = builder.term(schema, 0)
-    except _Untranslatable:
+        body = terms.term(schema)
+    except Untranslatable:
         return None
     if body is _EMPTY:
         return None
-    rules = "\n".join(f"T{i}: {text}" for i, text in enumerate(builder.terms))
-    return f'start: STR\nSTR: "\\"" T{body} "\\""\n{_BASE}: /{_base_regex()}*/\n{rules}\n'
+    rules = "\n".join(terms.rules())
+    return f'start: STR\nSTR: "\\"" T{body} "\\""\n{rules}\n'
 
 
-class _Untranslatable(Exception):
-    pass
+class Untranslatable(Exception):
+    """The schema uses something a Lark terminal here does not say."""
 
 
-class _Builder:
+class StringTerms:
+    """Terminals `T0`, `T1`, ... for string schemas under one root (their `$ref`s resolved there)."""
+
     def __init__(self, root: dict) -> None:
         self.root = root
         self.terms: list[str] = []
 
+    def rules(self) -> list[str]:
+        return [f"{_BASE}: /{_base_regex()}*/", *(f"T{i}: {text}" for i, text in enumerate(self.terms))]
+
     def add(self, text: str) -> int:
         if len(self.terms) >= _MAX_TERMS:
-            raise _Untranslatable
+            raise Untranslatable
         self.terms.append(text)
         return len(self.terms) - 1
 
-    def term(self, node: Any, depth: int) -> int | None:
+    def term(self, node: Any, depth: int = 0) -> int | None:
         """The index of a terminal for the string contents `node` accepts (None: no string)."""
         if depth > _MAX_DEPTH:
-            raise _Untranslatable
+            raise Untranslatable
         if node is True:
             return self.add(_BASE)
         if node is False:
             return _EMPTY
         if not isinstance(node, dict):
-            raise _Untranslatable
+            raise Untranslatable
         parts: list[int | None] = []
         for key, value in node.items():
             if key in _NOT_FOR_STRINGS:
@@ -111,7 +116,7 @@ class _Builder:
             if key not in _STRING_KEYWORDS:
                 if key not in VALIDATION_KEYWORDS:
                     continue  # an annotation
-                raise _Untranslatable  # format, contentSchema, ...: left to the JSON compiler
+                raise Untranslatable  # format, contentSchema, ...: left to the JSON compiler
             if key in ("then", "else"):
                 continue  # read with `if`
             parts.append(self._keyword(key, value, node, depth))
@@ -121,33 +126,33 @@ class _Builder:
         if key == "type":
             types = {value} if isinstance(value, str) else set(value) if isinstance(value, list) else None
             if types is None:
-                raise _Untranslatable
+                raise Untranslatable
             return self.add(_BASE) if "string" in types else _EMPTY
         if key in ("enum", "const"):
             values = [value] if key == "const" else value
             if not isinstance(values, list):
-                raise _Untranslatable
+                raise Untranslatable
             strings = [v for v in values if isinstance(v, str)]
             if not strings:
                 return _EMPTY
             return self.add(f"/{'|'.join('(?:' + _literal(s) + ')' for s in strings)}/")
         if key == "pattern":
             if not isinstance(value, str):
-                raise _Untranslatable
+                raise Untranslatable
             return self.add(f"/{_pattern(value)}/")
         if key in ("minLength", "maxLength"):
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-                raise _Untranslatable
+                raise Untranslatable
             bounds = f"{{{value},}}" if key == "minLength" else f"{{0,{value}}}"
             return self.add(f"/(?:{_base_regex()}){bounds}/")
         if key == "$ref":
             target = resolve_ref(value, self.root)
             if target is None:
-                raise _Untranslatable
+                raise Untranslatable
             return self.term(target, depth + 1)
         if key in ("allOf", "anyOf", "oneOf"):
             if not isinstance(value, list) or not value:
-                raise _Untranslatable
+                raise Untranslatable
             members = [self.term(m, depth + 1) for m in value]
             if key == "allOf":
                 return self._all(members)
@@ -200,7 +205,7 @@ def _forms(ranges: list[tuple[int, int]]) -> str:
             if code < 0x20:
                 options.append(f"{backslash}u00{code >> 4}{_hex_digit(code & 0xF)}")
     if not options:
-        raise _Untranslatable  # a class matching no character
+        raise Untranslatable  # a class matching no character
     return "(?:" + "|".join(options) + ")"
 
 
@@ -246,7 +251,7 @@ def _pattern(pattern: str) -> str:
     try:
         items = list(sre_parse.parse(pattern))
     except (re.error, RecursionError, OverflowError) as exc:
-        raise _Untranslatable from exc
+        raise Untranslatable from exc
     start = bool(items) and items[0] == (sre_constants.AT, sre_constants.AT_BEGINNING)
     end = len(items) > int(start) and items[-1] == (sre_constants.AT, sre_constants.AT_END)
     inner = items[int(start):len(items) - int(end)]
@@ -275,7 +280,7 @@ def _item(op: Any, arg: Any) -> str:
         low, high, sub = arg
         bounds = f"{{{low},}}" if high == sre_constants.MAXREPEAT else f"{{{low},{high}}}"
         return "(?:" + _sequence(list(sub)) + ")" + bounds
-    raise _Untranslatable  # anchors inside, lookarounds, back-references, word boundaries
+    raise Untranslatable  # anchors inside, lookarounds, back-references, word boundaries
 
 
 def _class(items: list) -> list[tuple[int, int]]:
@@ -292,5 +297,5 @@ def _class(items: list) -> list[tuple[int, int]]:
             members, inverted = _CATEGORIES[arg]
             ranges += _complement(members) if inverted else members
         else:
-            raise _Untranslatable
+            raise Untranslatable
     return _complement(ranges) if negate else _normalize(ranges)

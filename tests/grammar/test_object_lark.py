@@ -1,0 +1,54 @@
+"""Objects of one key at most as a Lark grammar (the key one terminal, the value embedded JSON schema):
+the grammar accepts exactly the objects `jsonschema` accepts."""
+
+from __future__ import annotations
+
+import json
+
+import jsonschema
+import pytest
+from grammar_helpers import feed
+from loraplex.grammar.object_lark import single_member_object_lark
+from loraplex.grammar.spec import GrammarKind, GrammarSpec
+
+SCHEMAS = [
+    # some key holds "a", some key holds "b" and has an integer: with one key, that key does both
+    {"type": "object", "maxProperties": 1, "minProperties": 1, "propertyNames": {"pattern": "^...$"},
+     "allOf": [{"not": {"propertyNames": {"not": {"pattern": "a"}}}},
+               {"not": {"patternProperties": {"b": {"not": {"type": "integer"}}}}}]},
+    # empty, or one key starting with x holding a string, or "k" holding a number
+    {"type": "object", "maxProperties": 1, "anyOf": [
+        {"patternProperties": {"^x": {"type": "string"}}, "additionalProperties": False},
+        {"properties": {"k": {"type": "number"}}, "additionalProperties": False}]},
+    # regions of the key space: keys with "a" owe a string, keys ending in "z" a short one, the rest null
+    {"type": "object", "maxProperties": 1, "patternProperties": {"a": {"type": "string"}, "z$": {"maxLength": 2}},
+     "additionalProperties": {"type": "null"}, "required": ["abz"]},
+]
+VALUES = [{}, {"abc": 1}, {"bac": "s"}, {"bac": 1}, {"ab": 1}, {"xab": 1}, {"x": "s"}, {"xa": "s"}, {"k": 2},
+          {"k": "s"}, {"xk": "s"}, {"a": 1, "b": 2}, {"abz": "st"}, {"abz": "str"}, {"abz": None}, {"q": None},
+          {"qz": None}, {"az": "s"}, {'a"b': 3}, {"a\\b": 3}, [], "abc", 3]
+
+
+def valid(schema, value) -> bool:
+    return jsonschema.Draft202012Validator(schema).is_valid(value)
+
+
+@pytest.mark.parametrize("schema", SCHEMAS, ids=[json.dumps(s)[:60] for s in SCHEMAS])
+def test_one_key_objects_are_enforced_exactly(compiler, tokenizer, schema):
+    assert single_member_object_lark(schema) is not None
+    grammar = compiler.compile_blocking(GrammarSpec(GrammarKind.JSON_SCHEMA, schema, strict=True))
+    assert grammar.backend == "llguidance" and grammar.relaxed is None
+    assert any(valid(schema, v) for v in VALUES) and any(not valid(schema, v) for v in VALUES)
+    for value in VALUES:
+        matcher, ok = feed(grammar, tokenizer, json.dumps(value, ensure_ascii=False))
+        assert (ok and matcher.is_completed()) == valid(schema, value), value
+
+
+@pytest.mark.parametrize("schema", [
+    {"type": "object", "maxProperties": 2, "not": {"propertyNames": {"not": {"pattern": "a"}}}},
+    {"type": "object", "not": {"propertyNames": {"not": {"pattern": "a"}}}},
+    {"type": "object", "maxProperties": 1, "properties": {"a": {"type": "string"}}, "minItems": 2, "items": False},
+    {"type": ["object", "null"], "maxProperties": 1},
+])
+def test_objects_that_may_hold_more_keys_or_other_keywords_are_left_alone(schema):
+    assert single_member_object_lark(schema) is None
