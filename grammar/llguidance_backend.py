@@ -18,7 +18,7 @@ import llguidance.hf
 import llguidance.torch
 import torch
 from loraplex.grammar.backend import TokenizerContext, Unsupported, UnsupportedSchemaError, register_backend
-from loraplex.grammar.object_lark import single_member_object_lark
+from loraplex.grammar.object_lark import small_object_lark
 from loraplex.grammar.schema_walk import keyword_path, subschemas, without_annotation_formats
 from loraplex.grammar.spec import GrammarKind
 from loraplex.grammar.string_lark import string_schema_lark
@@ -89,8 +89,8 @@ class LLGuidanceBackend:
         matcher = llguidance.LLMatcher(self.tokenizer, grammar, log_level=0, limits=_limits())
         if matcher.is_error():
             error = matcher.get_error()
-            # A string-only schema as one terminal (`&`, `~`), an object of one key as that key and its value.
-            lark = string_schema_lark(payload) or single_member_object_lark(payload)
+            # A string-only schema as one terminal (`&`, `~`), an object of two keys at most as its members.
+            lark = string_schema_lark(payload) or small_object_lark(payload)
             if lark is not None:
                 grammar = llguidance.LLMatcher.grammar_from_lark(lark)
                 matcher = llguidance.LLMatcher(self.tokenizer, grammar, log_level=0, limits=_limits())

@@ -1,16 +1,19 @@
-"""An object schema allowing one key at most, as an llguidance Lark grammar: the key one terminal, the value
-an embedded JSON schema.
+"""An object schema allowing two keys at most, as an llguidance Lark grammar: each key one terminal, each
+value an embedded JSON schema.
 
-With `maxProperties: 1`, "some key matches P and its value V" (`not` of a
-`patternProperties`, or of a `propertyNames`) is a constraint on the one key
-there is: the key lies in every such set, and the value meets every such V.
-llguidance's JSON compiler has no complement and wants `patternProperties`
-disjoint; a Lark grammar can say it: the key is a string terminal (`&`, `~`,
-as in `string_lark`), the value `%json{...}`. Every "each key matching C
-has a value in V" (`properties`, `patternProperties`, `additionalProperties`)
-splits the key space in regions (in C or not), each with the values it owes.
-`anyOf` over such conditions is read in disjunctive form, one set of members
-per clause. Anything else leaves the schema to the JSON compiler (None).
+With `maxProperties` 1 or 2, "some key matches P and its value V" (`not` of a
+`patternProperties`, or of a `propertyNames`; `required`) is a constraint on
+one of the few members there are: each such constraint is given to a member
+(every way of giving them is an alternative), whose key then lies in the
+constraint's set and whose value meets its V. llguidance's JSON compiler has
+no complement and wants `patternProperties` disjoint; a Lark grammar can say
+it: a key is a string terminal (`&`, `~`, as in `string_lark`), a value
+`%json{...}`. Every "each key matching C has a value in V" (`properties`,
+`patternProperties`, `additionalProperties`) splits the key space in regions
+(in C or not), each with the values it owes. `anyOf` over such conditions is
+read in disjunctive form, one set of members per clause. Anything else
+leaves the schema to the JSON compiler (None). Like llguidance's own object
+grammars, two members are not checked for the same key text.
 """
 
 from __future__ import annotations
@@ -26,20 +29,21 @@ from loraplex.grammar.schema_walk import VALIDATION_KEYWORDS, resolve_ref
 from loraplex.grammar.string_lark import StringTerms, Untranslatable
 
 _MAX_CLAUSES = 32
-_MAX_CONDITIONS = 5   # regions: 2 ** conditions per clause
+_MAX_CONDITIONS = 5   # regions: 2 ** conditions per member
+_MAX_MEMBERS = 2
+_MAX_EXISTS = 6       # ways of giving them to two members: 2 ** constraints
 _MAX_DEPTH = 16
 _JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 
 
 @dataclass(slots=True)
 class _Clause:
-    """One conjunction of constraints on an object of at most one member."""
+    """One conjunction of constraints on an object of at most two members."""
 
     low: int = 0
     high: int | None = None
     keys: list[Any] = field(default_factory=list)         # string schemas every key meets
-    values: list[Any] = field(default_factory=list)       # schemas the value meets (once there is a key)
-    present: bool = False                                  # some constraint needs a member
+    exists: list[tuple[Any, Any]] = field(default_factory=list)  # (key schema, value schema) some member meets
     # (key schema, value schema owed there, the node it comes from, whether it is that node's
     # additionalProperties: its keys are none of the node's other conditions')
     conditions: list[tuple[Any, Any, int, bool]] = field(default_factory=list)
@@ -47,17 +51,16 @@ class _Clause:
     def merged(self, other: _Clause) -> _Clause:
         highs = [h for h in (self.high, other.high) if h is not None]
         return _Clause(max(self.low, other.low), min(highs) if highs else None, self.keys + other.keys,
-                       self.values + other.values, self.present or other.present,
-                       self.conditions + other.conditions)
+                       self.exists + other.exists, self.conditions + other.conditions)
 
 
-def single_member_object_lark(schema: Any) -> str | None:
-    """A Lark grammar for `schema` when every object it accepts has at most one key; None otherwise."""
+def small_object_lark(schema: Any) -> str | None:
+    """A Lark grammar for `schema` when every object it accepts has two keys at most; None otherwise."""
     if not isinstance(schema, dict) or schema.get("type") != "object":
         return None
     try:
         clauses = _Reader(schema).clauses(schema, 0)
-        if not clauses or any(c.high is None or c.high > 1 for c in clauses):
+        if not clauses or any(c.high is None or c.high > _MAX_MEMBERS for c in clauses):
             return None
         return _Writer(schema).grammar(clauses)
     except Untranslatable:
@@ -97,7 +100,7 @@ class _Reader:
         if key == "required":
             if not isinstance(value, list) or not all(isinstance(k, str) for k in value):
                 raise Untranslatable
-            return [_Clause(keys=[{"const": k} for k in value], present=bool(value))]
+            return [_Clause(exists=[({"const": k}, True) for k in value])]
         if key == "propertyNames":
             return [_Clause(keys=[value])]
         if key == "additionalProperties":
@@ -142,9 +145,9 @@ class _Reader:
             value = negate(sub, self.root)
             if value is None:
                 raise Untranslatable
-            return _Clause(keys=[{"pattern": pattern}], values=[value], present=True)
+            return _Clause(exists=[({"pattern": pattern}, value)])
         if set(negated) == {"propertyNames"}:
-            return _Clause(keys=[{"not": negated["propertyNames"]}], present=True)
+            return _Clause(exists=[({"not": negated["propertyNames"]}, True)])
         raise Untranslatable
 
 
@@ -158,32 +161,48 @@ class _Writer:
     def __init__(self, root: dict) -> None:
         self.root = root
         self.terms = StringTerms(root)
-        self.members: list[str] = []
-        self.empty = False
+        self.rules: list[str] = []
+        self.objects: list[str] = []
 
     def grammar(self, clauses: list[_Clause]) -> str | None:
         for clause in clauses:
             self._clause(clause)
-        if not self.members and not self.empty:
+        if not self.objects:
             return None
-        options = (['"{}"'] if self.empty else []) + [f'"{{" m{i} "}}"' for i in range(len(self.members))]
-        lines = [f"start: {' | '.join(options)}", *self.members, *self.terms.rules()]
+        lines = [f"start: {' | '.join(dict.fromkeys(self.objects))}", *self.rules, *self.terms.rules()]
         return "\n".join(lines) + "\n"
 
     def _clause(self, clause: _Clause) -> None:
-        if clause.low <= 0 and not clause.present:
-            self.empty = True
-        if clause.low > 1 or clause.high is None or clause.high < 1:
-            return
-        conditions = clause.conditions
-        if len(conditions) > _MAX_CONDITIONS:
+        if len(clause.exists) > _MAX_EXISTS or len(clause.conditions) > _MAX_CONDITIONS:
             raise Untranslatable
+        high = min(clause.high if clause.high is not None else _MAX_MEMBERS, _MAX_MEMBERS)
+        if clause.low <= 0 and not clause.exists:
+            self.objects.append('"{}"')
+        if clause.low <= 1 <= high:
+            member = self._member(clause, clause.exists)
+            if member is not None:
+                self.objects.append(f'"{{" {member} "}}"')
+        if clause.low <= 2 <= high:
+            members: dict[tuple[int, ...], str | None] = {}
+            for owners in product((0, 1), repeat=len(clause.exists)):
+                picks = [tuple(i for i, o in enumerate(owners) if o == side) for side in (0, 1)]
+                for pick in picks:
+                    if pick not in members:
+                        members[pick] = self._member(clause, [clause.exists[i] for i in pick])
+                first, second = members[picks[0]], members[picks[1]]
+                if first is not None and second is not None:
+                    self.objects.append(f'"{{" {first} ", " {second} "}}"')
+
+    def _member(self, clause: _Clause, exists: list[tuple[Any, Any]]) -> str | None:
+        """A rule for one member meeting `exists` (and every condition on members); None when none can."""
+        conditions = clause.conditions
+        alternatives = []
         for inside in product((True, False), repeat=len(conditions)):
-            chosen = [c for c, yes in zip(conditions, inside, strict=True) if yes]
             if not _consistent(conditions, inside):
                 continue
-            values = clause.values + [c[1] for c in chosen]
-            keys = clause.keys + [c[0] if yes else {"not": c[0]} for c, yes in zip(conditions, inside, strict=True)]
+            values = [v for _, v in exists] + [c[1] for c, yes in zip(conditions, inside, strict=True) if yes]
+            keys = clause.keys + [k for k, _ in exists] + [
+                c[0] if yes else {"not": c[0]} for c, yes in zip(conditions, inside, strict=True)]
             value = {"allOf": values} if values else {}
             embedded = {**value, "x-guidance": _JSON_OPTIONS}
             if '"$ref"' in json.dumps(value):
@@ -193,8 +212,13 @@ class _Writer:
             key = self.terms.term({"allOf": keys} if keys else True)
             if key is None:
                 continue
-            number = len(self.members)
-            self.members.append(f'm{number}: K{number} ": " %json {json.dumps(embedded)}\nK{number}: "\\"" T{key} "\\""')
+            number = len(self.rules)
+            self.rules.append(f'v{number}: K{number} ": " %json {json.dumps(embedded)}\nK{number}: "\\"" T{key} "\\""')
+            alternatives.append(f"v{number}")
+        if not alternatives:
+            return None
+        self.rules.append(f"m{len(self.rules)}: {' | '.join(alternatives)}")
+        return f"m{len(self.rules) - 1}"
 
     def _definitions(self) -> dict:
         return {k: self.root[k] for k in ("definitions", "$defs") if isinstance(self.root.get(k), dict)}

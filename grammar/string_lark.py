@@ -35,7 +35,7 @@ except ImportError:  # pragma: no cover
 
 _MAX_CHAR = 0x10FFFF
 _MAX_DEPTH = 32
-_MAX_TERMS = 512
+_MAX_TERMS = 2048
 # The escapes a character may take besides `\u00XX` (control characters only) or itself (printable ones).
 _ESCAPED = {0x08: "b", 0x09: "t", 0x0A: "n", 0x0C: "f", 0x0D: "r", 0x22: '"', 0x2F: "/", 0x5C: "\\"}
 _LINE_TERMINATORS = [(0x0A, 0x0A), (0x0D, 0x0D), (0x2028, 0x2029)]

@@ -1,4 +1,4 @@
-"""Objects of one key at most as a Lark grammar (the key one terminal, the value embedded JSON schema):
+"""Objects of two keys at most as a Lark grammar (the key one terminal, the value embedded JSON schema):
 the grammar accepts exactly the objects `jsonschema` accepts."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import json
 import jsonschema
 import pytest
 from grammar_helpers import feed
-from loraplex.grammar.object_lark import single_member_object_lark
+from loraplex.grammar.object_lark import small_object_lark
 from loraplex.grammar.spec import GrammarKind, GrammarSpec
 
 SCHEMAS = [
@@ -23,10 +23,14 @@ SCHEMAS = [
     # regions of the key space: keys with "a" owe a string, keys ending in "z" a short one, the rest null
     {"type": "object", "maxProperties": 1, "patternProperties": {"a": {"type": "string"}, "z$": {"maxLength": 2}},
      "additionalProperties": {"type": "null"}, "required": ["abz"]},
+    # two members: "k" holding an integer, and some key starting with x (holding a string), in either order
+    {"type": "object", "maxProperties": 2, "required": ["k"], "not": {"propertyNames": {"not": {"pattern": "^x"}}},
+     "properties": {"k": {"type": "integer"}}, "additionalProperties": {"type": "string"}},
 ]
 VALUES = [{}, {"abc": 1}, {"bac": "s"}, {"bac": 1}, {"ab": 1}, {"xab": 1}, {"x": "s"}, {"xa": "s"}, {"k": 2},
           {"k": "s"}, {"xk": "s"}, {"a": 1, "b": 2}, {"abz": "st"}, {"abz": "str"}, {"abz": None}, {"q": None},
-          {"qz": None}, {"az": "s"}, {'a"b': 3}, {"a\\b": 3}, [], "abc", 3]
+          {"qz": None}, {"az": "s"}, {'a"b': 3}, {"a\\b": 3}, [], "abc", 3, {"k": 1, "xa": "s"}, {"xa": "s", "k": 1},
+          {"k": 1, "xa": 2}, {"k": "s", "xa": "s"}, {"k": 1, "xa": "s", "xb": "t"}, {"k": 1, "q": "s"}]
 
 
 def valid(schema, value) -> bool:
@@ -34,8 +38,8 @@ def valid(schema, value) -> bool:
 
 
 @pytest.mark.parametrize("schema", SCHEMAS, ids=[json.dumps(s)[:60] for s in SCHEMAS])
-def test_one_key_objects_are_enforced_exactly(compiler, tokenizer, schema):
-    assert single_member_object_lark(schema) is not None
+def test_small_objects_are_enforced_exactly(compiler, tokenizer, schema):
+    assert small_object_lark(schema) is not None
     grammar = compiler.compile_blocking(GrammarSpec(GrammarKind.JSON_SCHEMA, schema, strict=True))
     assert grammar.backend == "llguidance" and grammar.relaxed is None
     assert any(valid(schema, v) for v in VALUES) and any(not valid(schema, v) for v in VALUES)
@@ -45,10 +49,10 @@ def test_one_key_objects_are_enforced_exactly(compiler, tokenizer, schema):
 
 
 @pytest.mark.parametrize("schema", [
-    {"type": "object", "maxProperties": 2, "not": {"propertyNames": {"not": {"pattern": "a"}}}},
+    {"type": "object", "maxProperties": 3, "not": {"propertyNames": {"not": {"pattern": "a"}}}},
     {"type": "object", "not": {"propertyNames": {"not": {"pattern": "a"}}}},
     {"type": "object", "maxProperties": 1, "properties": {"a": {"type": "string"}}, "minItems": 2, "items": False},
     {"type": ["object", "null"], "maxProperties": 1},
 ])
 def test_objects_that_may_hold_more_keys_or_other_keywords_are_left_alone(schema):
-    assert single_member_object_lark(schema) is None
+    assert small_object_lark(schema) is None
