@@ -228,6 +228,7 @@ class Generation:
             if index in self._started and not counts.finished:
                 await self._abort_and_count_tail(index)
         self.prepared.admission.release()
+        self._timer.flush()
         if not self._admitted:
             return
         usage = self.usage()
