@@ -124,7 +124,7 @@ class _Reader:
             return [self._some_member(value)]
         raise Untranslatable
 
-    def _member_conditions(self, node: dict, extra: Any) -> list[tuple[Any, Any]]:
+    def _member_conditions(self, node: dict, extra: Any) -> list[tuple[Any, Any, int, bool]]:
         properties = node.get("properties") or {}
         patterns = node.get("patternProperties") or {}
         if not isinstance(properties, dict) or not isinstance(patterns, dict):
