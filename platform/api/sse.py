@@ -16,6 +16,7 @@ import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
 
+import anyio
 import msgspec
 from loraplex.platform.errors import error_body
 from starlette.responses import Response
@@ -68,9 +69,10 @@ class EventStreamResponse(Response):
     """Sends each bytes object the body yields as one body message; closes the body however the response ends,
     so its `finally` (abort, metering) runs at once on a client disconnect.
 
-    Pure ASGI, unlike Starlette's StreamingResponse (an AnyIO task group per response and its send passed
-    through a child task): one task per response waits for the client's disconnect and, if it comes first,
-    cancels the stream where it waits.
+    Pure ASGI, unlike Starlette's StreamingResponse (an AnyIO task group per response, its sends made from a
+    child task): one task per response waits for the client's disconnect and, if it comes first, cancels the
+    stream's scope. An AnyIO scope, not `Task.cancel`: the generation's close is shielded (metering must
+    finish), and only AnyIO's cancellation waits for a shield to end.
     """
 
     media_type = "text/event-stream"
@@ -82,30 +84,24 @@ class EventStreamResponse(Response):
         self.init_headers(SSE_HEADERS)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        task = asyncio.current_task()
-        client_gone = False
+        cancel_scope = anyio.CancelScope()
         done = False
 
         async def wait_for_disconnect() -> None:
-            nonlocal client_gone
             while (await receive())["type"] != "http.disconnect":
                 pass
-            if not done and task is not None:
-                client_gone = True
-                task.cancel()
+            if not done:
+                cancel_scope.cancel()
 
         listener = asyncio.get_running_loop().create_task(wait_for_disconnect())
         body = self.body_iterator
         try:
-            await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
-            async for data in body:
-                await send({"type": "http.response.body", "body": data, "more_body": True})
-            done = True
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
-        except asyncio.CancelledError:
-            if not client_gone or task is None:
-                raise
-            task.uncancel()  # our own cancellation: the client left, and nothing is left to say to it
+            with cancel_scope:  # a cancellation of this scope ends here: the client left, nothing more to say
+                await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+                async for data in body:
+                    await send({"type": "http.response.body", "body": data, "more_body": True})
+                done = True
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
         finally:
             done = True
             listener.cancel()

@@ -7,11 +7,12 @@ import socket
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import httpx
 import pytest
-from conftest import free_port, serve_in_thread
+import uvicorn
 from fastapi import FastAPI, Request
 from loraplex.platform.api.sse import EventStreamResponse
 from loraplex.platform.body_limit import BodyLimits
@@ -20,6 +21,24 @@ from loraplex.platform.metrics import Metrics
 
 LIMIT = 4096
 SEND_TIMEOUT_S = 0.5
+
+
+@contextmanager
+def served(app: FastAPI) -> Iterator[str]:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 60
+    while not server.started and thread.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
 
 
 class StreamLog:
@@ -55,7 +74,7 @@ def edge_server() -> Iterator[tuple[str, Metrics, dict[str, StreamLog]]]:
 
     app.add_middleware(EdgeMiddleware, limits=BodyLimits(max_body_bytes=LIMIT, max_upload_bytes=LIMIT),
                        metrics=metrics, send_timeout_s=SEND_TIMEOUT_S)
-    with serve_in_thread(app, free_port()) as base_url:
+    with served(app) as base_url:
         yield base_url, metrics, streams
 
 
