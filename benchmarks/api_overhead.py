@@ -31,7 +31,9 @@ token, minus the engine alone's gap per token),
 decode throughput of HTTP streams over the engine alone at 64, errors at 64
 streams; requests/s for tiny requests (max_tokens 1) with one and with two
 API server processes, and the CPU milliseconds each request cost the engine
-core and the API servers meanwhile. `--profile-dir` runs the tiny and
+core and the API servers meanwhile; the API servers' CPU microseconds per
+streamed chunk at the largest concurrency (what bounds how many streams one
+API server keeps up with, whatever the engine's speed). `--profile-dir` runs the tiny and
 streaming phases once more under py-spy, after everything is timed.
 
     python benchmarks/api_overhead.py           # full: writes benchmarks/results/api_overhead.json
@@ -632,14 +634,21 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
 
         # Decode throughput at the largest concurrency (64), each side alone on the machine.
         ratios, async_ratios, errors, s = [], [], 0, max(args.concurrencies)
+        api_pids = servers[args.api_servers[0]].children()[1:]
         for r in range(args.repeats):
             alone, alone_wall = engine_alone(shared, prompt_ids, s, s, args.stream_tokens, f"tps-{r}")
             engine_tps = sum(t.num_tokens for t in alone) / alone_wall
             start = time.perf_counter()
             inp = await asyncio.gather(*(inproc(i, args.stream_tokens) for i in range(s)))
             inprocess_tps = sum(t.num_tokens for t in inp) / (time.perf_counter() - start)
+            api_cpu_before = sum(cpu_seconds(pid) for pid in api_pids)
             failed, wall, streams = await clients.streams(base_url, key, served, s, args.stream_tokens)
+            api_cpu = sum(cpu_seconds(pid) for pid in api_pids) - api_cpu_before
             errors += failed
+            # The API servers' CPU per content chunk its clients received (requests' own costs included): what
+            # bounds the chunks one API server can stream, whatever the engine's speed (CPU time, not wall).
+            num_chunks = sum(len(t.token_times) for t in streams)
+            metrics.setdefault(f"stream_cpu_us_per_chunk_api_servers_{s}", []).append(1e6 * api_cpu / max(num_chunks, 1))
             http_tps = sum(t.num_tokens for t in streams) / wall
             ratios.append(http_tps / engine_tps)
             async_ratios.append(http_tps / inprocess_tps)
