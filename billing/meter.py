@@ -104,6 +104,10 @@ class Meter:
         """Queue the event; the returned future completes once it is durable (await it before answering)."""
         self.stats.num_recorded += 1
         pending = _Pending(event, Future())
+        # Running from the start, so it cannot be cancelled: a request whose task is cancelled while it awaits
+        # the future (asyncio.wrap_future cancels the future it wraps) must not make set_result raise in the
+        # journal thread, which would stop it and leave every later record waiting.
+        pending.durable.set_running_or_notify_cancel()
         if self._stopping.is_set() or not self._threads:
             # Not running (yet, or any more: a request that ends during shutdown): journal it here and now.
             self._journal([pending], queued=False)

@@ -172,3 +172,26 @@ def test_an_event_recorded_after_close_is_still_journaled(session_factory, make_
     assert late.done()
     reader = FileSpool(tmp_path)  # the next process
     assert [e.request_id for e in reader.peek(5).events] == ["late"]
+
+
+def test_a_cancelled_waiter_neither_stops_the_journal_nor_loses_its_event(session_factory, make_event, tmp_path):
+    """The platform awaits each record through asyncio.wrap_future; a request cancelled meanwhile (its client
+    left) cancels that wrapper. Its event is still journaled and written, and later records still complete."""
+    import asyncio
+
+    meter = Meter(Ledger(session_factory), spools=[FileSpool(tmp_path)])
+    meter.start()
+
+    async def cancelled_then_more() -> None:
+        waiter = asyncio.ensure_future(asyncio.wrap_future(meter.record(make_event("cancelled"))))
+        await asyncio.sleep(0)
+        waiter.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiter
+        for i in range(3):
+            await asyncio.wait_for(asyncio.wrap_future(meter.record(make_event(f"after{i}"))), timeout=10)
+
+    asyncio.run(cancelled_then_more())
+    assert meter.flush() and meter.wait_written()
+    meter.close()
+    assert _ledger_totals(session_factory)[0] == 4
