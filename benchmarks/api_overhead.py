@@ -29,8 +29,10 @@ Figures, at 16 and at 64 concurrent requests: p50 added latency per request
 streamed token (HTTP streaming's gap per chunk, never less than its gap per
 token, minus the engine alone's gap per token),
 decode throughput of HTTP streams over the engine alone at 64, errors at 64
-streams; requests/s for tiny requests (max_tokens 1) with one and with two
-API server processes, and the CPU milliseconds each request cost the engine
+streams; the 64 streams' throughput and added time per chunk again through 2
+and 4 API server processes on one engine core (the layout `serve` defaults to
+where Redis is configured); requests/s for tiny requests (max_tokens 1) with
+1, 2 and 4 API server processes, and the CPU milliseconds each request cost the engine
 core and the API servers meanwhile; the API servers' CPU microseconds per
 streamed chunk at the largest concurrency (what bounds how many streams one
 API server keeps up with, whatever the engine's speed). `--profile-dir` runs the tiny and
@@ -423,7 +425,7 @@ def bench_settings(data_dir: Path, model_path: Path, max_tokens: int, device: st
         max_model_len=max(512, 64 + max_tokens), default_rpm=0, default_tpm=0, log_level="warning",
         enable_prefix_caching=False,  # both sides prefill every prompt in full
         random_weights=random_weights, max_pending_requests=4096,
-        gpu_memory_utilization=0.25,  # three engines share one GPU: in-process, 1 and 2 API servers
+        gpu_memory_utilization=0.2,  # four engines share one GPU: in-process, 1, 2 and 4 API servers
     )
 
 
@@ -655,8 +657,23 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
             metrics.setdefault(f"engine_decode_tokens_per_s_{s}", []).append(engine_tps)
             metrics.setdefault(f"inprocess_decode_tokens_per_s_{s}", []).append(inprocess_tps)
             metrics.setdefault(f"http_decode_tokens_per_s_{s}", []).append(http_tps)
+            engine_gap_ms = 1000 * p50([t.inter_token_s for t in alone if t.inter_token_s is not None])
+            # The same streams through several API servers on one engine core (the layout `serve` defaults to
+            # where Redis shares sessions and limits): each server turns only its share of the chunks into SSE.
+            for n in args.api_servers[1:]:
+                failed, wall, streams = await clients.streams(servers[n].base_url, key, served, s, args.stream_tokens)
+                errors += failed
+                many = metrics.setdefault(f"api_servers_{n}", {"ratios": [], "added_ms_per_chunk": []})
+                many["ratios"].append(sum(t.num_tokens for t in streams) / wall / engine_tps)
+                gap_ms = 1000 * p50([t.inter_chunk_s for t in streams if t.inter_chunk_s is not None])
+                many["added_ms_per_chunk"].append(gap_ms - engine_gap_ms)
         # "in-process" is the engine alone (see engine_alone); the AsyncEngine ratio is kept beside it.
         metrics[f"http_over_inprocess_throughput_{s}"] = statistics.median(ratios)
+        for n in args.api_servers[1:]:
+            many = metrics.pop(f"api_servers_{n}")
+            metrics[f"http_over_inprocess_throughput_{s}_api_servers_{n}"] = statistics.median(many["ratios"])
+            metrics[f"p50_added_ms_per_token_{s}_api_servers_{n}"] = statistics.median(many["added_ms_per_chunk"])
+            metrics[f"spread_http_over_inprocess_throughput_{s}_api_servers_{n}"] = many["ratios"]
         metrics[f"http_over_async_engine_throughput_{s}"] = statistics.median(async_ratios)
         metrics[f"errors_at_{s}_streams"] = errors
 
@@ -702,8 +719,8 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
                                                                         for c in args.concurrencies],
             "max_tokens": m, "repeats": args.repeats, "stream_tokens_at_64": args.stream_tokens,
             "tiny_requests": args.tiny_requests, "client": f"openai.AsyncOpenAI, streams and requests spread over {args.client_processes} client processes",
-            "server": "loraplex serve: supervisor + engine-core process + 1 API server (2 for the tiny-request "
-                      "comparison), ZeroMQ/msgspec between them, SQLite and the file journal (no Redis); "
+            "server": "loraplex serve: supervisor + engine-core process + 1 API server (2 and 4 for the 64-stream "
+                      "throughput and tiny-request comparisons), ZeroMQ/msgspec between them, SQLite and the file journal (no Redis); "
                       "in-process: the engine alone (LLMEngine.step in a plain loop in the benchmark process, no event "
                       "loop or consumer sharing its GIL), and an AsyncEngine on the same engine for comparison",
         },
@@ -732,7 +749,7 @@ def main() -> None:
                              "writing collapsed stacks of each server process here")
     args = parser.parse_args()
     # Quick: the same phases on one server (two API server processes), at 4 and 8 concurrent requests.
-    args.concurrencies, args.api_servers = ([4, 8], [2]) if args.quick else ([16, 64], [1, 2])
+    args.concurrencies, args.api_servers = ([4, 8], [2]) if args.quick else ([16, 64], [1, 2, 4])
     args.requests_per_worker, args.max_tokens, args.repeats, args.stream_tokens, args.tiny_requests = (
         (1, 4, 1, 4, 32) if args.quick else (3, 32, 3, 32, 512)
     )

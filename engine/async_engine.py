@@ -43,22 +43,24 @@ class _Stream:
     def __init__(self, loop: asyncio.AbstractEventLoop, output: OutputStream) -> None:
         self.loop = loop
         self.output = output
-        self.queue = output.queue
 
     def put(self, item: RequestOutput | BaseException) -> None:
-        _post(self.loop, [(self.queue, item)])
+        _post(self.loop, [(self.output, item)])
 
 
-def _post(loop: asyncio.AbstractEventLoop, items: list[tuple[asyncio.Queue, Any]]) -> None:
-    """Hand `items` to their queues on `loop` with ONE thread-safe wake-up (not one per item)."""
+def _post(loop: asyncio.AbstractEventLoop, items: list[tuple[OutputStream, Any]]) -> None:
+    """Hand `items` to their streams on `loop` with ONE thread-safe wake-up (not one per item)."""
     # RuntimeError: the caller's loop is closed; nobody is listening.
     with contextlib.suppress(RuntimeError):
         loop.call_soon_threadsafe(_put_all, items)
 
 
-def _put_all(items: list[tuple[asyncio.Queue, Any]]) -> None:
-    for q, item in items:
-        q.put_nowait(item)
+def _put_all(items: list[tuple[OutputStream, Any]]) -> None:
+    for stream, item in items:
+        if isinstance(item, BaseException):
+            stream.fail(item)
+        else:
+            stream.deliver(item)
 
 
 class AsyncEngine:
@@ -91,8 +93,9 @@ class AsyncEngine:
         return cls(LLMEngine.from_random(model_config, config, tokenizer, seed, **kwargs))
 
     # ---- public API -----------------------------------------------------------------------
-    async def generate(self, request: EngineRequest) -> AsyncIterator[RequestOutput]:
-        """Stream the request's outputs (deltas); the last one has `finished=True`.
+    async def generate(self, request: EngineRequest, *, whole: bool = False) -> AsyncIterator[RequestOutput]:
+        """Stream the request's outputs (deltas); the last one has `finished=True`. `whole`: the caller
+        reads only the finished output, so the steps are held and handed over merged (`OutputStream`).
 
         Raises a typed `EngineError` before queueing anything if the input is bad.
         Stopping the iteration early (or cancelling it) aborts the request.
@@ -100,7 +103,7 @@ class AsyncEngine:
         if self._dead is not None or not self._thread.is_alive():
             raise EngineDeadError(f"the engine loop has stopped: {self._dead or 'shut down'}")
         self.engine.validate(request)
-        stream = _Stream(asyncio.get_running_loop(), OutputStream(request, self.tokenizer))
+        stream = _Stream(asyncio.get_running_loop(), OutputStream(request, self.tokenizer, whole=whole))
         with self._lock:
             if request.request_id in self._streams:
                 raise DuplicateRequestError(
@@ -258,13 +261,13 @@ class AsyncEngine:
         taking the GIL from the HTTP server) once per stream; order per request is kept because
         each loop runs its batches in the order they were posted.
         """
-        batches: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Queue, Any]]] = {}
+        batches: dict[asyncio.AbstractEventLoop, list[tuple[OutputStream, Any]]] = {}
         with self._lock:
             for out in outputs:
                 stream = self._streams.get(out.request_id)
                 if out.finished:
                     self._streams.pop(out.request_id, None)
                 if stream is not None:
-                    batches.setdefault(stream.loop, []).append((stream.queue, out))
+                    batches.setdefault(stream.loop, []).append((stream.output, out))
         for loop, items in batches.items():
             _post(loop, items)

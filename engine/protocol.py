@@ -145,3 +145,6 @@ class RequestOutput:
     num_cached_tokens: int               # prompt tokens whose KV came from the prefix cache or a session
     prompt_logprobs: list[TokenLogprob | None] | None = None  # first output only; None for the first token
     error: str | None = None             # set when the request failed inside the engine
+    # time.monotonic() when the caller's side received the first step merged into this output, where outputs
+    # are held back until the request ends (OutputStream's whole mode); None: received as it is read
+    received_at: float | None = None

@@ -118,10 +118,12 @@ class TokenTimer:
         self._gaps: list[float] = []
         self.time_to_first_token_s: float | None = None
 
-    def on_output(self) -> None:
+    def on_output(self, received_at: float | None = None) -> None:
+        """An output read; `received_at`: when its first token reached this process, where outputs were held
+        back and merged (a non-streaming request's time to first token is still its first token's)."""
         now = time.monotonic()
         if self._last is None:
-            self.time_to_first_token_s = now - self._arrival
+            self.time_to_first_token_s = (received_at if received_at is not None else now) - self._arrival
             self._metrics.time_to_first_token.observe(self.time_to_first_token_s)
         else:
             self._gaps.append(now - self._last)

@@ -33,9 +33,11 @@ class EngineClient(Protocol):
     model_config: ModelConfig
     max_model_len: int
 
-    def generate(self, request: EngineRequest) -> AsyncIterator[RequestOutput]:
+    def generate(self, request: EngineRequest, *, whole: bool = False) -> AsyncIterator[RequestOutput]:
         """The request's outputs (deltas), the last with `finished=True`; a typed EngineError before
-        anything is queued for bad input. Stopping early (or cancelling) aborts the request."""
+        anything is queued for bad input. Stopping early (or cancelling) aborts the request. `whole`: the
+        caller reads only the finished output (a non-streaming response): the steps' outputs may come as
+        one, merged, with `received_at` set to when the first of them arrived."""
 
     def abort(self, request_id: str) -> None:
         """Free the request's KV blocks at the engine's next step."""

@@ -123,7 +123,7 @@ class MultiProcessEngineClient:
         return cls(address, tokenizer=tokenizer, model_config=model_config, ready=ready, grammar_codec=grammar_codec)
 
     # ---- requests -------------------------------------------------------------------------
-    async def generate(self, request: EngineRequest) -> AsyncIterator[RequestOutput]:
+    async def generate(self, request: EngineRequest, *, whole: bool = False) -> AsyncIterator[RequestOutput]:
         self._check_alive()
         if request.request_id in self._streams:
             raise DuplicateRequestError(f"request id {request.request_id!r} is already running", param="request_id")
@@ -132,7 +132,7 @@ class MultiProcessEngineClient:
             if self.grammar_codec is None:
                 raise EngineDeadError("this API server has no grammar codec for the engine core")
             grammar = self.grammar_codec.encode(request.grammar)
-        stream = OutputStream(request, self.tokenizer)
+        stream = OutputStream(request, self.tokenizer, whole=whole)
         self._streams[request.request_id] = stream
         self._send(Add(to_wire(request, grammar)))
         finished = False
@@ -269,11 +269,11 @@ class MultiProcessEngineClient:
             if output.finished:
                 self._streams.pop(output.request_id, None)
             if stream is not None:
-                stream.queue.put_nowait(output)
+                stream.deliver(output)
         for item in message.failures:
             stream = self._streams.pop(item.request_id, None)
             if stream is not None:
-                stream.queue.put_nowait(error_of(item))
+                stream.fail(error_of(item))
 
     async def _watch(self) -> None:
         last_ping = 0.0
@@ -288,7 +288,7 @@ class MultiProcessEngineClient:
 
     def _fail_all(self, reason: str) -> None:
         for stream in self._streams.values():
-            stream.queue.put_nowait(EngineDeadError(reason))
+            stream.fail(EngineDeadError(reason))
         self._streams.clear()
         for future in self._calls.values():
             if not future.done():

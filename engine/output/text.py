@@ -11,6 +11,7 @@ loop itself never detokenizes.
 from __future__ import annotations
 
 import asyncio
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -122,10 +123,37 @@ class OutputStream:
     """One request's outputs as its caller reads them: queued by the engine side as they come, made into text
     here, and whatever queued up while the caller was busy handed over merged, as one output."""
 
-    def __init__(self, request: EngineRequest, tokenizer: Any) -> None:
+    def __init__(self, request: EngineRequest, tokenizer: Any, *, whole: bool = False) -> None:
         self.queue: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
         self.text = RequestText(request, tokenizer)
         self._error: BaseException | None = None
+        # Whole: the caller reads only the finished output (a non-streaming response), so the steps' outputs
+        # are held here and handed over, merged and made into text, once the request ends: no wake-up and no
+        # detokenizer call per step. Not where stop strings must be matched as the text grows (to stop the
+        # engine early).
+        self.whole = whole and not request.sampling.stop
+        self._held: list[RequestOutput] = []
+
+    def deliver(self, output: RequestOutput) -> None:
+        """The engine side's next output (on the caller's event loop)."""
+        if self.whole and not output.finished:
+            if not self._held:
+                output.received_at = time.monotonic()
+            self._held.append(output)
+            return
+        self._release()
+        self.queue.put_nowait(output)
+
+    def fail(self, error: BaseException) -> None:
+        """The engine side's error, after whatever it had sent before it."""
+        self._release()
+        self.queue.put_nowait(error)
+
+    def _release(self) -> None:
+        if self._held:
+            held, self._held = self._held, []
+            for item in held:
+                self.queue.put_nowait(item)
 
     @property
     def finished(self) -> bool:
@@ -139,6 +167,8 @@ class OutputStream:
             items = [await self.queue.get()]
             while not self.queue.empty():
                 items.append(self.queue.get_nowait())
+            if self.whole and len(items) > 1 and not any(isinstance(item, BaseException) for item in items):
+                items = [merge(items)]  # one detokenizing pass over all the tokens
             outputs = []
             for item in items:
                 if isinstance(item, BaseException):

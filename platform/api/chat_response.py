@@ -56,7 +56,7 @@ async def collect_chat(gen: Generation, *, texts: TokenTexts, created: int) -> d
     want_logprobs = prepared.sampling.logprobs is not None
     choices = [_ChoiceText(prepared.parser_factory()) for _ in gen.choices]
     finish: list[str] = ["stop"] * len(choices)
-    async for _, output in gen.outputs():
+    async for _, output in gen.outputs(whole=True):
         if output.error:
             raise ChoiceFailed(f"generation failed: {output.error}")
         for delta in output.choices:

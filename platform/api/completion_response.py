@@ -44,7 +44,7 @@ async def collect_completion(gen: Generation, *, texts: TokenTexts, tokenizer: A
     echoes = prompt_texts(gen, tokenizer) if echo else [""] * len(prepared.prompts)
     choices = [_Choice(texts, echoes[i // n]) for i in range(len(gen.choices))]
     want_logprobs = prepared.sampling.logprobs is not None
-    async for prompt_index, output in gen.outputs():
+    async for prompt_index, output in gen.outputs(whole=True):
         if output.error:
             raise ChoiceFailed(f"generation failed: {output.error}")
         for delta in output.choices:

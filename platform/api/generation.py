@@ -102,10 +102,12 @@ class Generation:
             session_id=prepared.session_id,
         )
 
-    async def outputs(self) -> AsyncGenerator[tuple[int, RequestOutput], None]:
-        """(prompt index, output) as the engine produces them; counts are updated on the way."""
+    async def outputs(self, *, whole: bool = False) -> AsyncGenerator[tuple[int, RequestOutput], None]:
+        """(prompt index, output) as the engine produces them; counts are updated on the way. `whole`: the
+        caller answers only once every output is in (a non-streaming response), so each prompt's outputs
+        may come merged into one (no wake-up and no detokenizer call per engine step)."""
         if len(self.prepared.prompts) == 1:
-            stream = self._engine_streams[0] = self.services.engine.generate(self._engine_request(0))
+            stream = self._engine_streams[0] = self.services.engine.generate(self._engine_request(0), whole=whole)
             with self._refusals_counted(0):
                 async for output in stream:
                     self._account(0, output)
@@ -115,7 +117,8 @@ class Generation:
 
         async def pump(index: int) -> None:
             try:
-                stream = self._engine_streams[index] = self.services.engine.generate(self._engine_request(index))
+                stream = self._engine_streams[index] = self.services.engine.generate(self._engine_request(index),
+                                                                                     whole=whole)
                 with self._refusals_counted(index):
                     async for output in stream:
                         self._account(index, output)  # counted on arrival: what the engine did, read or not
@@ -154,7 +157,7 @@ class Generation:
             raise
 
     def _account(self, prompt_index: int, output: RequestOutput) -> None:
-        self._timer.on_output()
+        self._timer.on_output(output.received_at)
         counts = self.prompt_counts[prompt_index]
         counts.num_outputs += 1
         counts.num_prompt_tokens = output.num_prompt_tokens

@@ -66,7 +66,7 @@ async def _store(turn: ResponseTurn, chains: ResponseChains, gen: Generation, bo
 
 async def collect_response(gen: Generation, *, turn: ResponseTurn, chains: ResponseChains) -> dict[str, Any]:
     answer = _Answer(gen)
-    async for _, output in gen.outputs():
+    async for _, output in gen.outputs(whole=True):
         answer.feed(output)
     body = answer.public(turn, gen)
     await _store(turn, chains, gen, body)

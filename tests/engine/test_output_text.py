@@ -108,3 +108,49 @@ async def test_a_stop_string_through_the_async_engine_stops_the_request_and_coun
     discarded = after["discarded_tokens_total"] - before["discarded_tokens_total"]
     assert generated - discarded == len(delivered)  # the engine's counts reconcile with what was billed
     smollm_engine.release_session("stop-session")
+
+
+def test_a_whole_stream_holds_the_steps_and_hands_over_one_output_with_the_same_text(smol):
+    """A non-streaming caller: no wake-up per step; one merged output whose text is what the steps make one
+    by one, its first step's arrival kept for the time to first token; an error still comes after them."""
+    tok = smol.tokenizer
+    ids = tok.encode(" a whole answer, made into text once", add_special_tokens=False)
+    steps = [_output("w", ids[:i + 1][-1:], i + 1) for i in range(len(ids) - 1)]
+    steps.append(_output("w", ids[-1:], len(ids), FinishReason.LENGTH))
+
+    async def read(whole: bool) -> tuple[list[RequestOutput], int]:
+        stream = OutputStream(EngineRequest("w", [1, 2, 3], greedy(50)), tok, whole=whole)
+        for step in steps[:-1]:
+            stream.deliver(RequestOutput("w", [ChoiceDelta(0, token_ids=list(step.choices[0].token_ids),
+                                                           num_output_tokens=step.choices[0].num_output_tokens)],
+                                         False, 3, 0))
+        queued = stream.queue.qsize()
+        last = steps[-1]
+        stream.deliver(RequestOutput("w", [ChoiceDelta(0, token_ids=list(last.choices[0].token_ids),
+                                                       num_output_tokens=len(ids), finish_reason=FinishReason.LENGTH)],
+                                     True, 3, 0))
+        got = [await stream.next()]
+        while not got[-1].finished:
+            got.append(await stream.next())
+        return got, queued
+
+    whole, held_back = asyncio.run(read(True))
+    steps_one_by_one, queued = asyncio.run(read(False))
+    assert held_back == 0 and queued == len(ids) - 1
+    assert len(whole) == 1 and whole[0].received_at is not None
+    assert whole[0].choices[0].text == "".join(o.choices[0].text for o in steps_one_by_one) == tok.decode(ids)
+    assert whole[0].choices[0].token_ids == ids and whole[0].choices[0].num_output_tokens == len(ids)
+    assert whole[0].choices[0].finish_reason == FinishReason.LENGTH
+
+    async def failed() -> None:
+        stream = OutputStream(EngineRequest("f", [1], greedy(50)), tok, whole=True)
+        stream.deliver(_output("f", ids[:2], 2))
+        stream.fail(RuntimeError("engine gone"))
+        first = await stream.next()
+        assert first.choices[0].token_ids == ids[:2]
+        with pytest.raises(RuntimeError, match="engine gone"):
+            await stream.next()
+
+    asyncio.run(failed())
+    # Stop strings are matched as the text grows (to stop the engine early): such a stream is never whole.
+    assert not OutputStream(EngineRequest("s", [1], greedy(50, stop=["x"])), tok, whole=True).whole
