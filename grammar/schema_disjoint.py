@@ -27,7 +27,7 @@ from typing import Any
 import jsonschema
 import referencing
 import referencing.exceptions
-from loraplex.grammar.schema_walk import VALIDATION_KEYWORDS, resolve_ref
+from loraplex.grammar.schema_walk import VALIDATION_KEYWORDS, conjuncts
 
 try:
     from re import _constants as sre_constants  # type: ignore[attr-defined]
@@ -40,7 +40,6 @@ _OBJECT_ONLY = frozenset({
     "properties", "required", "additionalProperties", "patternProperties", "minProperties", "maxProperties",
     "propertyNames", "dependencies", "dependentRequired", "dependentSchemas", "$ref", "allOf",
 })
-_MAX_CONJUNCTS = 32
 _MAX_DEPTH = 4
 _MAX_VALUES = 64
 _NON_ASCII = (128, 0x10FFFF)
@@ -89,23 +88,7 @@ class Disjointness:
         return parts is not None and all(set(part) & VALIDATION_KEYWORDS <= _OBJECT_ONLY for part in parts)
 
     def _conjuncts(self, node: Any) -> list[dict] | None:
-        out: list[dict] = []
-        stack = [node]
-        while stack:
-            current = stack.pop()
-            if current is True:
-                continue
-            if not isinstance(current, dict) or len(out) >= _MAX_CONJUNCTS:
-                return None
-            out.append(current)
-            if isinstance(current.get("$ref"), str):
-                target = resolve_ref(current["$ref"], self.root)
-                if target is None:
-                    return None
-                stack.append(target)
-            if isinstance(current.get("allOf"), list):
-                stack.extend(current["allOf"])
-        return out
+        return conjuncts(node, self.root)
 
     def _keys_disjoint(self, parts_a: list[dict], parts_b: list[dict], depth: int) -> bool:
         required = {k for part in (*parts_a, *parts_b) for k in part.get("required") or [] if isinstance(k, str)}

@@ -14,10 +14,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from loraplex.grammar.schema_walk import VALIDATION_KEYWORDS, resolve_ref
+from loraplex.grammar.schema_walk import VALIDATION_KEYWORDS, conjuncts, resolve_ref
 
 _MAX_DEPTH = 8
-_MAX_CONJUNCTS = 32
 _CONDITIONAL = ("if", "then", "else")
 _CONTAINS = ("contains", "minContains", "maxContains")
 _SIBLING_BOUND = {
@@ -33,7 +32,7 @@ def subset(a: Any, b: Any, root: Any, depth: int = 0) -> bool:
         return True
     if depth > _MAX_DEPTH or not isinstance(b, dict):
         return False
-    parts = _conjuncts(a, root)
+    parts = conjuncts(a, root)
     if parts is None:
         return False
     for key in set(b) & VALIDATION_KEYWORDS:
@@ -85,26 +84,6 @@ def _same_siblings(part: dict, b: dict, key: str) -> bool:
     siblings = {"items": ("prefixItems",), "additionalItems": ("items",),
                 "additionalProperties": ("properties", "patternProperties")}[key]
     return all(_same(part.get(s), b.get(s)) for s in siblings)
-
-
-def _conjuncts(node: Any, root: Any) -> list[dict] | None:
-    out: list[dict] = []
-    stack = [node]
-    while stack:
-        current = stack.pop()
-        if current is True:
-            continue
-        if not isinstance(current, dict) or len(out) >= _MAX_CONJUNCTS:
-            return None
-        out.append(current)
-        if isinstance(current.get("$ref"), str):
-            target = resolve_ref(current["$ref"], root)
-            if target is None:
-                return None
-            stack.append(target)
-        if isinstance(current.get("allOf"), list):
-            stack.extend(current["allOf"])
-    return out
 
 
 def _types(declared: Any) -> set[str] | None:

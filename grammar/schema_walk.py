@@ -201,3 +201,29 @@ def with_reachable_ref_targets(schema: Any) -> Any:
         if isinstance(node, dict) and node.get("$ref") in moved:
             node["$ref"] = moved[node["$ref"]]
     return out
+
+
+MAX_CONJUNCTS = 32  # a schema whose allOf/$ref closure is larger is not taken apart
+
+
+def conjuncts(node: Any, root: Any) -> list[dict] | None:
+    """Every schema an instance of `node` must match: `node` itself, its `allOf` members and `$ref` targets,
+    transitively (`true` dropped). None where one is not a schema object, a reference does not resolve, or
+    there are more than MAX_CONJUNCTS of them."""
+    out: list[dict] = []
+    stack = [node]
+    while stack:
+        current = stack.pop()
+        if current is True:
+            continue
+        if not isinstance(current, dict) or len(out) >= MAX_CONJUNCTS:
+            return None
+        out.append(current)
+        if isinstance(current.get("$ref"), str):
+            target = resolve_ref(current["$ref"], root)
+            if target is None:
+                return None
+            stack.append(target)
+        if isinstance(current.get("allOf"), list):
+            stack.extend(current["allOf"])
+    return out
