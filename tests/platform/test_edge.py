@@ -7,12 +7,11 @@ import socket
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import httpx
 import pytest
-import uvicorn
+from conftest import free_port, serve_in_thread
 from fastapi import FastAPI, Request
 from loraplex.platform.api.sse import EventStreamResponse
 from loraplex.platform.body_limit import BodyLimits
@@ -23,22 +22,8 @@ LIMIT = 4096
 SEND_TIMEOUT_S = 0.5
 
 
-@contextmanager
-def served(app: FastAPI) -> Iterator[str]:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 60
-    while not server.started and thread.is_alive() and time.monotonic() < deadline:
-        time.sleep(0.02)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=30)
+def served(app: FastAPI) -> Any:
+    return serve_in_thread(app, free_port())
 
 
 class StreamLog:
