@@ -27,6 +27,7 @@ from typing import Any
 import jsonschema
 import referencing
 import referencing.exceptions
+from loraplex.grammar.schema_finite import offline_validators
 from loraplex.grammar.schema_walk import VALIDATION_KEYWORDS, conjuncts
 
 try:
@@ -128,15 +129,7 @@ class Disjointness:
 
     def _get_validators(self) -> list[Any]:
         if self._validators is None:
-            declared = isinstance(self.root, dict) and "$schema" in self.root
-            classes = ([jsonschema.validators.validator_for(self.root, default=jsonschema.Draft202012Validator)]
-                       if declared else [jsonschema.Draft7Validator, jsonschema.Draft202012Validator])
-            try:
-                # An empty registry: a remote $ref is unresolvable here, never fetched.
-                self._validators = [cls(self.root, format_checker=cls.FORMAT_CHECKER, registry=referencing.Registry())
-                                    for cls in classes]
-            except (jsonschema.SchemaError, TypeError, ValueError):
-                self._validators = []
+            self._validators = offline_validators(self.root)
         return self._validators
 
 

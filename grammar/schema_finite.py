@@ -58,19 +58,7 @@ class FiniteValues:
 
     def _get_validators(self) -> list[Any]:
         if self._validators is None:
-            declared = isinstance(self.root, dict) and "$schema" in self.root
-            classes = ([jsonschema.validators.validator_for(self.root, default=jsonschema.Draft202012Validator)]
-                       if declared else [jsonschema.Draft7Validator, jsonschema.Draft202012Validator])
-            self._validators = []
-            for cls in classes:
-                try:
-                    cls.check_schema(self.root)
-                except (jsonschema.SchemaError, referencing.exceptions.Unresolvable, RecursionError):
-                    self._validators = []
-                    break
-                # An empty registry: a remote $ref is unresolvable here, never fetched.
-                self._validators.append(cls(self.root, format_checker=cls.FORMAT_CHECKER,
-                                            registry=referencing.Registry()))
+            self._validators = offline_validators(self.root)
         return self._validators
 
     def _candidates(self, node: Any, depth: int) -> list[Any] | None:
@@ -109,3 +97,20 @@ def _contains(values: list[Any], value: Any) -> bool:
 
 def _number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def offline_validators(root: Any) -> list[Any]:
+    """jsonschema validators for `root`: its declared draft, else draft 7 and 2020-12 (a value must satisfy
+    both to count); none when `root` is not a valid schema. An empty registry: a remote $ref is unresolvable
+    here, never fetched."""
+    declared = isinstance(root, dict) and "$schema" in root
+    classes = ([jsonschema.validators.validator_for(root, default=jsonschema.Draft202012Validator)]
+               if declared else [jsonschema.Draft7Validator, jsonschema.Draft202012Validator])
+    validators = []
+    for cls in classes:
+        try:
+            cls.check_schema(root)
+        except (jsonschema.SchemaError, referencing.exceptions.Unresolvable, RecursionError):
+            return []
+        validators.append(cls(root, format_checker=cls.FORMAT_CHECKER, registry=referencing.Registry()))
+    return validators
