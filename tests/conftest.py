@@ -16,9 +16,6 @@ from __future__ import annotations
 
 import os
 import secrets
-import socket
-import threading
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -27,6 +24,7 @@ from typing import Any
 
 import pytest
 import torch
+from local_serving import free_port, serve_in_thread
 
 # Triton picks compile or interpret when a kernel is decorated, i.e. when its module is
 # first imported, and other test folders import engine code (with kernels) long before
@@ -156,11 +154,6 @@ def smollm_engine(smollm_path: Path) -> Iterator[Any]:
 
 # ---- servers ------------------------------------------------------------------------------------
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
 
 @dataclass
 class RunningServer:
@@ -179,26 +172,6 @@ class RunningServer:
         import openai
 
         return openai.OpenAI(base_url=self.base_url + "/v1", api_key=self.keys[key_label], max_retries=0, **kwargs)
-
-
-@contextmanager
-def serve_in_thread(app: Any, port: int) -> Iterator[str]:
-    """uvicorn in a background thread with its own event loop; yields the base URL once it accepts."""
-    import uvicorn
-
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on"))
-    thread = threading.Thread(target=server.run, name=f"uvicorn-{port}", daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 120
-    while not server.started:
-        if not thread.is_alive() or time.monotonic() > deadline:
-            raise RuntimeError(f"uvicorn on port {port} did not start")
-        time.sleep(0.02)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=30)
 
 
 def seed_tenants(database_url: str) -> tuple[dict[str, str], dict[str, str], dict[str, str]]:

@@ -18,17 +18,10 @@ import time
 from pathlib import Path
 
 import psycopg
+from local_serving import free_port
 
 PG_BIN = Path(os.environ.get("LORAPLEX_TEST_PG_BIN", "/usr/local/bin"))
 PG_OS_USER = "postgres"
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 class PrivatePostgres:
@@ -53,7 +46,7 @@ class PrivatePostgres:
         """initdb a new cluster and start it."""
         # Not under pytest's tmp_path: its parents are private to root and the postgres user must reach it.
         root = Path(tempfile.mkdtemp(prefix="lpx-pg-"))
-        server = cls(root, _free_port())
+        server = cls(root, free_port())
         try:
             server.socket_dir.mkdir()
             shutil.chown(root, PG_OS_USER, PG_OS_USER)

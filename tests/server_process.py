@@ -16,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -25,16 +24,12 @@ from types import TracebackType
 from typing import Any
 
 import httpx
+from local_serving import free_port
 from loraplex.platform.engine_process import die_with_parent
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SERVE_COMMAND = [sys.executable, "-m", "loraplex.platform.cli.main", "serve"]
 
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def server_env(

@@ -68,3 +68,12 @@ def test_every_subpackage_has_init() -> None:
 @pytest.mark.parametrize("module", _modules())
 def test_module_imports(module: str) -> None:
     importlib.import_module(module)
+
+
+def test_no_test_module_imports_from_conftest() -> None:
+    """Each test folder has a conftest.py and pytest names every one of them `conftest`, so `from conftest import`
+    gets whichever loaded last: it passes alone and fails in the full run. Shared helpers live in plain modules."""
+    offenders = [str(path.relative_to(ROOT)) for path in sorted((ROOT / "tests").rglob("*.py"))
+                 if any(line.startswith(("from conftest import", "import conftest"))
+                        for line in path.read_text().splitlines())]
+    assert offenders == []

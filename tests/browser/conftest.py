@@ -6,7 +6,6 @@ Screenshots go to `test-artifacts/browser/` (gitignored) for a human to look at.
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -15,6 +14,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from local_serving import free_port
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM = Path("/usr/bin/chromium")
@@ -34,11 +34,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         if here in Path(item.fspath).parents:
             item.add_marker(pytest.mark.browser)
 
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def wait_until_serving(url: str, process: subprocess.Popen, timeout_s: float) -> None:

@@ -11,8 +11,8 @@ from typing import Any
 
 import httpx
 import pytest
-from conftest import free_port, serve_in_thread
 from fastapi import FastAPI, Request
+from local_serving import free_port, serve_in_thread
 from loraplex.platform.api.sse import EventStreamResponse
 from loraplex.platform.body_limit import BodyLimits
 from loraplex.platform.edge import EdgeMiddleware

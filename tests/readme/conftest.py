@@ -18,7 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures"))
 
 from make_serve import MakeServe, newcomer_env, prepare_checkout
-from readme_examples import Example, PythonRun, readme_examples, run_python
+from readme_examples import Example, PythonRun, named, run_python
 
 
 @pytest.fixture
@@ -27,17 +27,7 @@ def example(request: pytest.FixtureRequest) -> Example:
     marker = request.node.get_closest_marker("readme_example")
     if marker is None:
         raise RuntimeError(f"{request.node.name} uses `example` without @readme_example(name)")
-    examples = readme_examples()
-    if marker.args[0] not in examples:
-        pytest.fail(f"README.md has no block marked <!-- example: {marker.args[0]} -->")
-    return examples[marker.args[0]]
-
-
-def named(name: str) -> Example:
-    examples = readme_examples()
-    if name not in examples:
-        pytest.fail(f"README.md has no block marked <!-- example: {name} -->")
-    return examples[name]
+    return named(marker.args[0])
 
 
 @pytest.fixture(scope="package")

@@ -14,12 +14,12 @@ from __future__ import annotations
 import os
 import re
 import signal
-import socket
 import subprocess
 import time
 from pathlib import Path
 
 import httpx
+from local_serving import free_port
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CONVERTED_MODEL = REPO_ROOT / "data" / "models" / "SmolLM2-135M-Instruct"
@@ -28,11 +28,6 @@ DEMO_KEY = re.compile(r"^\s+(lpx_[A-Za-z0-9_-]{20,})\s*$", re.MULTILINE)
 # Variables the test process has that a newcomer's shell would not (TRITON_INTERPRET is set by tests/conftest.py).
 NOT_INHERITED = ("LORAPLEX_", "TRITON_INTERPRET", "PYTEST_", "COV_")
 
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def newcomer_env() -> dict[str, str]:

@@ -67,6 +67,14 @@ def readme_examples() -> dict[str, Example]:
     return {e.name: e for e in parse_examples(README.read_text()) if e.name}
 
 
+def named(name: str) -> Example:
+    """The README block marked `<!-- example: name -->`; the test fails if the README has none."""
+    examples = readme_examples()
+    if name not in examples:
+        pytest.fail(f"README.md has no block marked <!-- example: {name} -->")
+    return examples[name]
+
+
 def readme_example(name: str) -> pytest.MarkDecorator:
     """Marks a test as the one that runs the README block `name` (its `example` fixture)."""
     return pytest.mark.readme_example(name)

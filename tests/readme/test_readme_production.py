@@ -17,6 +17,7 @@ from typing import Any
 import httpx
 import pytest
 import redis
+from local_serving import free_port
 from make_serve import CONVERTED_MODEL, newcomer_env, prepare_checkout
 from readme_examples import REPO_ROOT, BashSession, Example, bash_commands, readme_example
 
@@ -74,7 +75,7 @@ def production_env(tmp_path: Path, new_postgres_database: Any) -> Iterator[tuple
     (data_dir / "models" / CONVERTED_MODEL.name).symlink_to(CONVERTED_MODEL)   # no second GGUF conversion
     client = redis.Redis.from_url(REDIS_FOR_README)
     client.delete("celery")   # messages an aborted earlier run left in the queue
-    env = {**newcomer_env(), "LORAPLEX_PORT": str(_free_port()),
+    env = {**newcomer_env(), "LORAPLEX_PORT": str(free_port()),
            "LORAPLEX_REDIS_KEY_PREFIX": f"lpxtest-readme-{os.getpid()}:", "LORAPLEX_KV_CACHE_MEMORY_MB": "64"}
     with new_postgres_database("loraplex_readme") as database_url:
         yield checkout, env, {
@@ -87,11 +88,6 @@ def production_env(tmp_path: Path, new_postgres_database: Any) -> Iterator[tuple
         client.delete(key)
     client.close()
 
-
-def _free_port() -> int:
-    from make_serve import free_port
-
-    return free_port()
 
 
 @readme_example("production-services")

@@ -6,8 +6,7 @@ import json
 
 import openai
 import pytest
-from conftest import named
-from readme_examples import Example, PythonRun, readme_example, run_python
+from readme_examples import Example, PythonRun, named, readme_example, run_python
 
 
 @pytest.fixture(scope="package")

@@ -1,0 +1,41 @@
+"""Ports and in-thread servers for tests: one home for helpers every test folder uses.
+
+A plain module rather than conftest.py, because test modules cannot import from conftest reliably:
+each test folder has its own conftest.py, and whichever pytest loaded last is the `conftest` module.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+
+def free_port() -> int:
+    """A TCP port nothing listens on now (the OS picks it; a race with other processes is possible but rare)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@contextmanager
+def serve_in_thread(app: Any, port: int) -> Iterator[str]:
+    """uvicorn in a background thread with its own event loop; yields the base URL once it accepts."""
+    import uvicorn
+
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on"))
+    thread = threading.Thread(target=server.run, name=f"uvicorn-{port}", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 120
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise RuntimeError(f"uvicorn on port {port} did not start")
+        time.sleep(0.02)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
