@@ -57,6 +57,11 @@ def run_engine_core(settings: Settings, address: str) -> None:
     from loraplex.platform.wiring import engine_config, served_model_name
 
     configure_logging(settings.log_level)
+    threads = settings.resolve_engine_cpu_threads()
+    if threads is not None:
+        import torch
+
+        torch.set_num_threads(threads)
     signal.signal(signal.SIGTERM, _exit)
     # Ctrl-C reaches the whole process group: the core keeps stepping while the API servers drain, and the
     # supervisor stops it (SIGTERM) once they are done.

@@ -32,6 +32,10 @@ class Settings(BaseSettings):
     served_model_name: str | None = None  # None: the model folder's name
     device: str = "auto"                # auto (cuda when available) | cpu | cuda
     dtype: str = "auto"                 # auto (bfloat16 on cuda, float32 on cpu) | float32 | bfloat16 | float16
+    # torch's CPU threads in the engine-core process; 0: every core on the CPU device, 1 on CUDA, where the
+    # core's CPU tensor work is small bookkeeping and idle OpenMP threads spinning between steps took cores
+    # from the API servers and the tokenizer
+    engine_cpu_threads: int = Field(default=0, ge=0)
     kv_cache_memory_mb: int = 256
     kv_host_memory_mb: int = 256        # host memory for pinned session KV offloaded under pressure; 0: drop instead
     num_kv_blocks: int | None = None    # overrides the memory budget (tests use tiny pools)
@@ -199,6 +203,12 @@ class Settings(BaseSettings):
         import torch
 
         return "cuda" if torch.cuda.is_available() else "cpu"
+
+    def resolve_engine_cpu_threads(self) -> int | None:
+        """torch threads for the engine core; None: leave torch's default (all cores)."""
+        if self.engine_cpu_threads:
+            return self.engine_cpu_threads
+        return 1 if self.resolve_device() == "cuda" else None
 
     def resolve_dtype(self) -> str:
         if self.dtype != "auto":

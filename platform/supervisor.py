@@ -65,6 +65,11 @@ def keep_the_loop_responsive() -> None:
     """
     sys.setswitchinterval(0.0005)
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    # An API server does no tensor math worth a thread pool; N of them each spinning torch's OpenMP pool (all
+    # cores by default) would take cores from the engine core.
+    import torch
+
+    torch.set_num_threads(1)
 
 
 class DrainingServer(uvicorn.Server):

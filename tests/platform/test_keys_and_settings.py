@@ -50,3 +50,12 @@ def test_settings_defaults_work_on_one_machine(monkeypatch: pytest.MonkeyPatch) 
     assert settings.redis_url is None and settings.model_path is None
     assert settings.resolved_database_url.endswith("data/loraplex.db")
     assert (settings.host, settings.port) == ("127.0.0.1", 8000)
+
+
+def test_engine_core_cpu_threads_default_to_one_on_cuda_and_all_cores_on_the_cpu() -> None:
+    assert Settings(device="cuda").resolve_engine_cpu_threads() == 1     # the core's CPU work there is bookkeeping
+    assert Settings(device="cpu").resolve_engine_cpu_threads() is None   # torch's default: every core computes
+    assert Settings(device="cuda", engine_cpu_threads=4).resolve_engine_cpu_threads() == 4
+    assert Settings(device="cpu", engine_cpu_threads=2).resolve_engine_cpu_threads() == 2
+    with pytest.raises(ValueError):
+        Settings(engine_cpu_threads=-1)
