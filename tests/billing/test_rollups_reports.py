@@ -16,7 +16,10 @@ from loraplex.billing.rollups import pending_days, rollup_day, rollup_pending_da
 from loraplex.engine.errors import InvalidRequestError
 from sqlalchemy import func, select
 
-TODAY = datetime.now(UTC).date()
+# One instant for the whole module: its fixtures date events from it, so a run that crosses midnight UTC
+# must not let the code under test read a later clock.
+NOW = datetime.now(UTC)
+TODAY = NOW.date()
 DAYS = [TODAY - timedelta(days=k) for k in (3, 2, 1, 0)]
 
 
@@ -73,8 +76,8 @@ def _as_dict(rows, keys) -> dict:
 def test_rollups_match_raw_events_and_recompute_idempotently(session_factory, ledger_with_mix):
     with session_factory() as session:
         assert pending_days(session, today=TODAY) == DAYS[:3]
-    assert rollup_pending_days(session_factory) == DAYS[:3]
-    assert rollup_pending_days(session_factory) == [], "nothing pending twice"
+    assert rollup_pending_days(session_factory, now=NOW) == DAYS[:3]
+    assert rollup_pending_days(session_factory, now=NOW) == [], "nothing pending twice"
     rollup_day(session_factory, DAYS[0])  # recompute: same rows, not doubled
     e, d = UsageEventRow, DailyUsageRow
     sums = [func.sum(c) for c in (e.input_tokens, e.cached_input_tokens, e.output_tokens, e.thinking_tokens,
@@ -92,37 +95,37 @@ def test_rollups_match_raw_events_and_recompute_idempotently(session_factory, le
 
 @pytest.mark.parametrize("group_by", ["day", "model", "adapter", "api_key", "day,model"])
 def test_report_groups_match_the_ledger(session_factory, ledger_with_mix, group_by):
-    rollup_pending_days(session_factory)  # closed days from rollups, today from raw events
+    rollup_pending_days(session_factory, now=NOW)  # closed days from rollups, today from raw events
     key_funcs = {
         "day": lambda r: r.day.isoformat(), "model": lambda r: r.model,
         "adapter": lambda r: r.adapter_id, "api_key": lambda r: r.api_key_id,
     }
     keys = group_by.split(",")
     query = ReportQuery.parse(start=DAYS[0].isoformat(), end=TODAY.isoformat(), group_by=group_by,
-                              tenant_id="ten_a")
+                              tenant_id="ten_a", today=TODAY)
     with session_factory() as session:
-        rows = usage_report(session, query)
+        rows = usage_report(session, query, today=TODAY)
     expected = _raw(session_factory, "ten_a",
                     lambda r: tuple(key_funcs[k](r) for k in keys) if len(keys) > 1 else key_funcs[keys[0]](r))
     assert _as_dict(rows, keys) == expected
 
 
 def test_report_reads_late_events_of_a_rolled_up_day(session_factory, ledger_with_mix, make_event):
-    rollup_pending_days(session_factory)
+    rollup_pending_days(session_factory, now=NOW)
     Ledger(session_factory).write([make_event("late", tenant_id="ten_a", created_at=datetime.combine(
         DAYS[1], datetime.min.time(), UTC), input_tokens=1000, cached_input_tokens=0)])
     query = ReportQuery(start=DAYS[0], end=TODAY, group_by=("day",), tenant_id="ten_a")
     with session_factory() as session:
-        rows = usage_report(session, query)
+        rows = usage_report(session, query, today=TODAY)
     assert _as_dict(rows, ["day"]) == _raw(session_factory, "ten_a", lambda r: r.day.isoformat())
 
 
 def test_tenant_sees_only_its_own_usage(session_factory, ledger_with_mix):
     with session_factory() as session:
-        a = usage_report(session, ReportQuery(start=DAYS[0], end=TODAY, group_by=("day",), tenant_id="ten_a"))
-        b = usage_report(session, ReportQuery(start=DAYS[0], end=TODAY, group_by=("day",), tenant_id="ten_b"))
-        everyone = usage_report(session, ReportQuery(start=DAYS[0], end=TODAY, group_by=("tenant",)))
-        nobody = usage_report(session, ReportQuery(start=DAYS[0], end=TODAY, tenant_id="ten_zzz"))
+        a = usage_report(session, ReportQuery(start=DAYS[0], end=TODAY, group_by=("day",), tenant_id="ten_a"), today=TODAY)
+        b = usage_report(session, ReportQuery(start=DAYS[0], end=TODAY, group_by=("day",), tenant_id="ten_b"), today=TODAY)
+        everyone = usage_report(session, ReportQuery(start=DAYS[0], end=TODAY, group_by=("tenant",)), today=TODAY)
+        nobody = usage_report(session, ReportQuery(start=DAYS[0], end=TODAY, tenant_id="ten_zzz"), today=TODAY)
     requests = {row["tenant"]: row["requests"] for row in everyone}
     assert sum(r["requests"] for r in a) == requests["ten_a"]
     assert sum(r["requests"] for r in b) == requests["ten_b"]
@@ -132,15 +135,15 @@ def test_tenant_sees_only_its_own_usage(session_factory, ledger_with_mix):
 
 def test_report_range_excludes_days_outside(session_factory, ledger_with_mix):
     with session_factory() as session:
-        rows = usage_report(session, ReportQuery(start=DAYS[1], end=DAYS[2], group_by=("day",), tenant_id="ten_a"))
+        rows = usage_report(session, ReportQuery(start=DAYS[1], end=DAYS[2], group_by=("day",), tenant_id="ten_a"), today=TODAY)
     assert [row["day"] for row in rows] == [DAYS[1].isoformat(), DAYS[2].isoformat()]
 
 
 def test_json_and_csv_carry_the_same_figures(session_factory, ledger_with_mix):
-    rollup_pending_days(session_factory)
+    rollup_pending_days(session_factory, now=NOW)
     query = ReportQuery(start=DAYS[0], end=TODAY, group_by=("model", "adapter"), tenant_id="ten_a")
     with session_factory() as session:
-        rows = usage_report(session, query)
+        rows = usage_report(session, query, today=TODAY)
     body = report_json(query, rows)
     parsed = list(csv.DictReader(io.StringIO(report_csv(query, rows))))
     assert len(parsed) == len(body["data"])
