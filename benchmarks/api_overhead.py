@@ -417,14 +417,15 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def bench_settings(data_dir: Path, model_path: Path, max_tokens: int, device: str, random_weights: bool) -> Any:
+def bench_settings(data_dir: Path, model_path: Path, max_tokens: int, device: str, random_weights: bool,
+                   engine_cpu_threads: int = 0) -> Any:
     from loraplex.platform.settings import Settings
 
     return Settings(
         data_dir=data_dir, model_path=model_path, device=device, kv_cache_memory_mb=512, max_num_seqs=64,
         max_model_len=max(512, 64 + max_tokens), default_rpm=0, default_tpm=0, log_level="warning",
         enable_prefix_caching=False,  # both sides prefill every prompt in full
-        random_weights=random_weights, max_pending_requests=4096,
+        random_weights=random_weights, max_pending_requests=4096, engine_cpu_threads=engine_cpu_threads,
         gpu_memory_utilization=0.2,  # four engines share one GPU: in-process, 1, 2 and 4 API servers
     )
 
@@ -443,7 +444,7 @@ class ServedProcesses:
         env = {k: v for k, v in os.environ.items() if not k.startswith("LORAPLEX_")}
         for name in ("data_dir", "model_path", "device", "kv_cache_memory_mb", "max_num_seqs", "max_model_len",
                      "default_rpm", "default_tpm", "log_level", "enable_prefix_caching", "random_weights",
-                     "max_pending_requests", "gpu_memory_utilization"):
+                     "max_pending_requests", "gpu_memory_utilization", "engine_cpu_threads"):
             env[f"LORAPLEX_{name.upper()}"] = str(getattr(settings, name))
         self.log = open(Path(settings.data_dir) / f"serve-{api_servers}.log", "wb")  # noqa: SIM115
         self.process = subprocess.Popen(
@@ -543,7 +544,8 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
 
     model_path = args.random_weights or ensure_default_model(ROOT / "data" / "models")
     settings = bench_settings(Path(tempfile.mkdtemp(prefix="api-overhead-")), model_path, args.max_tokens,
-                              args.device, random_weights=args.random_weights is not None)
+                              args.device, random_weights=args.random_weights is not None,
+                              engine_cpu_threads=args.engine_cpu_threads)
     key = create_key(settings)
     servers = {n: ServedProcesses(settings, n) for n in args.api_servers}
     if args.random_weights:
@@ -718,7 +720,7 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
             "concurrencies": args.concurrencies, "requests_per_phase": [c * args.requests_per_worker
                                                                         for c in args.concurrencies],
             "max_tokens": m, "repeats": args.repeats, "stream_tokens_at_64": args.stream_tokens,
-            "tiny_requests": args.tiny_requests, "client": f"openai.AsyncOpenAI, streams and requests spread over {args.client_processes} client processes",
+            "tiny_requests": args.tiny_requests, "engine_cpu_threads": settings.resolve_engine_cpu_threads() or "torch default", "client": f"openai.AsyncOpenAI, streams and requests spread over {args.client_processes} client processes",
             "server": "loraplex serve: supervisor + engine-core process + 1 API server (2 and 4 for the 64-stream "
                       "throughput and tiny-request comparisons), ZeroMQ/msgspec between them, SQLite and the file journal (no Redis); "
                       "in-process: the engine alone (LLMEngine.step in a plain loop in the benchmark process, no event "
@@ -743,6 +745,8 @@ def main() -> None:
                         help="a folder with the model's config.json and tokenizer: random weights instead of the GGUF")
     parser.add_argument("--client-processes", type=int, default=None,
                         help="client processes the HTTP requests are spread over (default: 8; quick: 2)")
+    parser.add_argument("--engine-cpu-threads", type=int, default=0,
+                        help="the server's LORAPLEX_ENGINE_CPU_THREADS (default 0: its own default)")
     parser.add_argument("--out", type=Path, default=None, help="where to write the JSON (default: results/ on full runs)")
     parser.add_argument("--profile-dir", type=Path, default=None,
                         help="after timing, run the tiny and 64-stream phases once more under py-spy (if installed), "
