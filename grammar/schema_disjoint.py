@@ -24,10 +24,7 @@ import json
 import re
 from typing import Any
 
-import jsonschema
-import referencing
-import referencing.exceptions
-from loraplex.grammar.schema_finite import offline_validators
+from loraplex.grammar.schema_finite import JUDGING_ERRORS, offline_validators
 from loraplex.grammar.schema_walk import VALIDATION_KEYWORDS, conjuncts
 
 try:
@@ -122,8 +119,7 @@ class Disjointness:
                 checks = [v.evolve(schema=other) for v in validators]
                 if not any(check.is_valid(value) for check in checks for value in values):
                     return True
-            except (jsonschema.SchemaError, referencing.exceptions.Unresolvable, RecursionError, ValueError,
-                    TypeError, KeyError, AttributeError):
+            except JUDGING_ERRORS:
                 return False
         return False
 

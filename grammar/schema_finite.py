@@ -51,8 +51,7 @@ class FiniteValues:
             for value in values:
                 if all(check.is_valid(value) for check in checks) and not _contains(kept, value):
                     kept.append(value)
-        except (jsonschema.SchemaError, referencing.exceptions.Unresolvable, RecursionError, ValueError,
-                TypeError, KeyError, AttributeError):
+        except JUDGING_ERRORS:
             return None
         return kept
 
@@ -97,6 +96,12 @@ def _contains(values: list[Any], value: Any) -> bool:
 
 def _number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+# What judging a value against a schema the passes rewrote may raise: the schema (or a $ref in it) turned out
+# invalid or too deep, or a format checker choked on the value. Either way the pass gives up, never guesses.
+JUDGING_ERRORS = (jsonschema.SchemaError, referencing.exceptions.Unresolvable, RecursionError, ValueError,
+                  TypeError, KeyError, AttributeError)
 
 
 def offline_validators(root: Any) -> list[Any]:
