@@ -53,17 +53,21 @@ def test_turn_appends_transcript_and_bumps_version(store):
 def test_concurrent_turns_one_wins_the_rest_are_busy(store):
     session = _new(store)
     outcomes: list[str] = []
-    barrier = threading.Barrier(8)
+    start = threading.Barrier(8)
+    # The winner holds its lease until every thread has tried: a fixed sleep let a
+    # thread scheduled late on a loaded box start after the winner had finished.
+    all_tried = threading.Barrier(8)
 
     def attempt() -> None:
-        barrier.wait()
+        start.wait(timeout=30)
         try:
             lease = store.begin_turn("ten_a", session.id)
         except SessionBusyError as busy:
             assert status_for(busy) == 409
             outcomes.append("busy")
+            all_tried.wait(timeout=30)
             return
-        time.sleep(0.05)
+        all_tried.wait(timeout=30)
         store.complete_turn(lease, _turn("q", "a", [1, 2]))
         outcomes.append("done")
 
