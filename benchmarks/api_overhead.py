@@ -527,7 +527,7 @@ def create_key(settings: Any) -> str:
     from loraplex.platform.auth import store
     from loraplex.platform.auth.scopes import Scope
     from loraplex.platform.cli.common import db_session
-    from loraplex.platform.wiring import prepare_database
+    from loraplex.platform.db.migrate import prepare_database
 
     prepare_database(settings)
     with db_session(settings) as db:

@@ -105,16 +105,10 @@ def build_extensions(
     return extensions
 
 
-def prepare_database(settings: Settings) -> None:
-    """The SQLite default migrates itself; PostgreSQL is migrated explicitly (`loraplex db upgrade`)."""
-    if settings.is_sqlite and settings.migrate_on_start:
-        migrate.upgrade(settings.resolved_database_url)
-
-
 def build_services(settings: Settings, engine: EngineClient | None = None, *, metrics: Metrics | None = None) -> Services:
     if settings.gil_switch_interval_ms is not None:
         sys.setswitchinterval(settings.gil_switch_interval_ms / 1000)
-    prepare_database(settings)
+    migrate.prepare_database(settings)
     owns_engine = engine is None
     if engine is None:
         engine = build_engine(settings)

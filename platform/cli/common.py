@@ -8,10 +8,10 @@ from contextlib import contextmanager
 import typer
 from loraplex.engine.errors import InvalidRequestError
 from loraplex.platform.auth import store
+from loraplex.platform.db.migrate import prepare_database
 from loraplex.platform.db.models import Tenant
 from loraplex.platform.db.session import make_db_engine, make_session_factory
 from loraplex.platform.settings import Settings
-from loraplex.platform.wiring import prepare_database
 from rich.console import Console
 from rich.table import Table
 from sqlalchemy.orm import Session

@@ -60,8 +60,8 @@ def serve(
         else:
             console.print("demo tenant exists; new key: loraplex keys create --tenant demo --scopes inference")
 
+    from loraplex.platform.db.migrate import prepare_database
     from loraplex.platform.supervisor import Supervisor
-    from loraplex.platform.wiring import prepare_database
 
     if settings.api_servers > 1 and not settings.redis_url:
         console.print("[bold yellow]warning:[/bold yellow] several API servers without LORAPLEX_REDIS_URL keep "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from alembic import command
 from alembic.config import Config
@@ -10,6 +11,9 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from loraplex.platform.db.session import make_db_engine
 from sqlalchemy import Engine
+
+if TYPE_CHECKING:
+    from loraplex.platform.settings import Settings
 
 
 def migrations_dir() -> Path:
@@ -52,3 +56,9 @@ def is_up_to_date(database_url: str) -> bool:
         return current_revision(engine) == head_revision(database_url)
     finally:
         engine.dispose()
+
+
+def prepare_database(settings: Settings) -> None:
+    """The SQLite default migrates itself; PostgreSQL is migrated explicitly (`loraplex db upgrade`)."""
+    if settings.is_sqlite and settings.migrate_on_start:
+        upgrade(settings.resolved_database_url)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -73,3 +75,13 @@ def test_demo_key_is_created_once(cli: CliRunner, tmp_path: Path) -> None:
     assert first is not None and first.startswith("lpx_")
     assert ensure_demo_key(settings) is None  # shown once; never again
     assert "demo" in run(cli, "tenants", "list")
+
+
+def test_cli_commands_start_without_the_engine_stack() -> None:
+    """Operators' commands (tenants, keys, prices, usage, adapters) talk to the database or the API: importing
+    torch, transformers and the grammar backends made each one take seconds before doing anything."""
+    heavy = ("torch", "transformers", "llguidance", "xgrammar", "fastapi")
+    done = subprocess.run([sys.executable, "-P", "-c", "import sys; from loraplex.platform.cli.main import app; "
+                           f"print(sorted(m for m in {heavy!r} if m in sys.modules))"],
+                          capture_output=True, text=True, timeout=120, check=True)
+    assert done.stdout.strip() == "[]", done.stdout + done.stderr
