@@ -752,8 +752,8 @@ def main() -> None:
                         help="after timing, run the tiny and 64-stream phases once more under py-spy (if installed), "
                              "writing collapsed stacks of each server process here")
     args = parser.parse_args()
-    # Quick: the same phases on one server (two API server processes), at 4 and 8 concurrent requests.
-    args.concurrencies, args.api_servers = ([4, 8], [2]) if args.quick else ([16, 64], [1, 2, 4])
+    # Quick: the same phases on one server (two API server processes), at 8 concurrent requests.
+    args.concurrencies, args.api_servers = ([8], [2]) if args.quick else ([16, 64], [1, 2, 4])
     args.requests_per_worker, args.max_tokens, args.repeats, args.stream_tokens, args.tiny_requests = (
         (1, 4, 1, 4, 32) if args.quick else (3, 32, 3, 32, 512)
     )

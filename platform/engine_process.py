@@ -15,7 +15,6 @@ import os
 import secrets
 import signal
 import tempfile
-import time
 from dataclasses import dataclass
 from multiprocessing.process import BaseProcess
 from typing import Any
@@ -116,15 +115,12 @@ class EngineCoreProcess:
 
     def wait_ready(self, timeout_s: float) -> None:
         """Until the core answers; EngineDeadError if it exits first or takes longer than `timeout_s`."""
-        deadline = time.monotonic() + timeout_s
-        while self.is_alive():
-            try:
-                handshake(self.address, min(5.0, max(deadline - time.monotonic(), 0.1)))
-                return
-            except EngineDeadError:
-                if time.monotonic() > deadline:
-                    raise
-        raise EngineDeadError(f"the engine core exited while starting (exit code {self.process.exitcode})")
+        try:
+            handshake(self.address, timeout_s, still_starting=self.is_alive)
+        except EngineDeadError:
+            if self.is_alive():
+                raise
+            raise EngineDeadError(f"the engine core exited while starting (exit code {self.process.exitcode})") from None
 
     def stop(self, timeout_s: float = 30.0) -> int | None:
         """SIGTERM, then SIGKILL after `timeout_s`; the exit code."""
@@ -153,7 +149,8 @@ def connect_engine(settings: Settings, address: str) -> MultiProcessEngineClient
     from transformers import AutoTokenizer
 
     model_path = settings.resolve_model_path()
+    # The tokenizer loads while the core may still be loading the model (they start together).
+    tokenizer, model_config = AutoTokenizer.from_pretrained(model_path), ModelConfig.from_pretrained(model_path)
     ready = handshake(address, timeout_s=settings.engine_core_start_timeout_s)
-    return MultiProcessEngineClient(address, tokenizer=AutoTokenizer.from_pretrained(model_path),
-                                    model_config=ModelConfig.from_pretrained(model_path), ready=ready,
+    return MultiProcessEngineClient(address, tokenizer=tokenizer, model_config=model_config, ready=ready,
                                     grammar_codec=SpecGrammarCodec())

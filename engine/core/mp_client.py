@@ -18,7 +18,7 @@ import os
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import zmq
@@ -68,8 +68,12 @@ def process_exists(pid: int) -> bool:
         return True
 
 
-def handshake(address: str, timeout_s: float) -> Ready:
-    """Wait until the core at `address` answers (blocking; before the event loop serves anything)."""
+def handshake(address: str, timeout_s: float, still_starting: Callable[[], bool] | None = None) -> Ready:
+    """Wait until the core at `address` answers (blocking; before the event loop serves anything).
+
+    `still_starting`, checked every 100 ms, ends the wait early with EngineDeadError when it returns False
+    (the core's process has exited: waiting out the timeout would only delay the error).
+    """
     codec = Codec()
     context = zmq.Context.instance()
     socket = context.socket(zmq.DEALER)
@@ -83,6 +87,8 @@ def handshake(address: str, timeout_s: float) -> Ready:
                 message = codec.to_client.decode(socket.recv())
                 if isinstance(message, Ready):
                     return message
+            elif still_starting is not None and not still_starting():
+                raise EngineDeadError(f"the engine core at {address} exited before it answered")
         raise EngineDeadError(f"the engine core at {address} did not answer within {timeout_s:.0f} s")
     finally:
         socket.close()

@@ -1,0 +1,70 @@
+"""`loraplex serve` failing to start: a clear message, exit status 1, and no process left behind.
+
+The supervisor binds the port first (a port in use fails before any model loads), then starts the engine core
+and the API servers together; if the core cannot start, the API servers already started must go with it.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import psutil
+from server_process import REPO_ROOT, SERVE_COMMAND, server_env
+
+
+def _serve(env: dict[str, str], port: int, timeout_s: float) -> tuple[int, str, float]:
+    started = time.monotonic()
+    process = subprocess.Popen([*SERVE_COMMAND, "--port", str(port)], cwd=REPO_ROOT, env=env,
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        output, _ = process.communicate(timeout=timeout_s)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+    # A zombie has exited already (only its entry waits for a parent that is not ours to reap it).
+    group = [p for p in psutil.process_iter(["pid", "status", "cmdline"])
+             if _pgid(p.pid) == process.pid and p.info["status"] != psutil.STATUS_ZOMBIE]
+    assert not group, f"processes left behind: {[p.info['cmdline'] for p in group]}"
+    return process.returncode, output.decode(errors="replace"), time.monotonic() - started
+
+
+def _pgid(pid: int) -> int | None:
+    try:
+        return os.getpgid(pid)
+    except OSError:
+        return None
+
+
+def test_port_in_use_fails_at_once_without_loading_the_model(tmp_path: Path, smollm_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        env = server_env(database_url=f"sqlite:///{tmp_path / 'db.sqlite'}", data_dir=tmp_path,
+                         model_path=smollm_path)
+        code, output, _ = _serve(env, port, timeout_s=120)
+    assert code == 1, output
+    assert f"cannot listen on 127.0.0.1:{port}" in output and "in use" in output, output
+    assert "engine core starting" not in output, output
+
+
+def test_engine_core_that_cannot_load_the_model_stops_the_api_servers_too(tmp_path: Path, smollm_path: Path) -> None:
+    broken = tmp_path / "broken-model"
+    broken.mkdir()
+    for source in smollm_path.iterdir():
+        if source.name != "model.safetensors":
+            (broken / source.name).write_bytes(source.read_bytes())
+    (broken / "model.safetensors").write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00{}garbage")  # a corrupt download
+    env = server_env(database_url=f"sqlite:///{tmp_path / 'db.sqlite'}", data_dir=tmp_path, model_path=broken,
+                     api_servers=2)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    code, output, _ = _serve(env, port, timeout_s=300)
+    assert code == 1, output
+    assert "the engine core exited while starting" in output, output
