@@ -19,6 +19,7 @@ import asyncio
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeoutError
 from dataclasses import dataclass
@@ -76,7 +77,7 @@ class GrammarCompilerService:
         info = xgr_backend.tokenizer_info
         self.stop_token_ids = list(info.stop_token_ids)
         special = set(getattr(tokenizer, "all_special_ids", [])) | set(info.special_token_ids) | set(self.stop_token_ids)
-        self.closing_tokens = ClosingTokens(list(info.decoded_vocab), special, vocab_size)
+        self.closing_tokens = ClosingTokens(list(info.decoded_vocab), special, vocab_size, encode=_encoder(tokenizer))
         self._decoded_vocab = info.decoded_vocab
         self._token_bytes: TokenBytes | None = None  # built on the first schema with checked uniqueItems
         self._pool = ThreadPoolExecutor(max_workers=self.limits.num_compile_threads, thread_name_prefix="grammar-compile")
@@ -190,3 +191,12 @@ class GrammarCompilerService:
             "to have it relaxed",
             param=spec.param,
         )
+
+
+def _encoder(tokenizer: Any) -> Callable[[str], list[int]]:
+    """Text to token ids without special tokens; the Rust tokenizer directly where there is one (no Python
+    wrapper state shared between threads)."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None:
+        return lambda text: backend.encode(text, add_special_tokens=False).ids
+    return lambda text: tokenizer.encode(text, add_special_tokens=False)

@@ -18,12 +18,13 @@ from __future__ import annotations
 
 import torch
 from loraplex.grammar.backend import BackendGrammar, BackendMatcher
-from loraplex.grammar.closing import ClosingTokens, plan_completion
+from loraplex.grammar.closing import ClosingTokens, continuation_cost, plan_completion
 from loraplex.grammar.spec import GrammarSpec
 
 _CLOSING_MARGIN = 2      # tokens of slack: one calm token may add a token or two to the close
 _GUARD_MARGIN = 16       # this close to the plan's length, tokens that open new items are masked
 _CHECK_EVERY = 8         # far from the end, re-measure the closing plan this often
+_TIGHT_MARGIN = 4        # this close to the plan's length, tokens that open anything at all are masked
 
 
 class StructuredGrammar:
@@ -52,8 +53,22 @@ class StructuredGrammar:
 class StructuredMatcher:
     """One choice's position in its grammar, with the forced-token queue and the token budget."""
 
-    __slots__ = ("_budget", "_closing", "_guard_next", "_inner", "_last_check", "_max_growth", "_num_spent",
-                 "_plan_len", "_queue", "_stop_token_ids", "_tokens")
+    __slots__ = (
+        "_budget",
+        "_closing",
+        "_continue_len",
+        "_guard_bits",
+        "_guard_next",
+        "_inner",
+        "_last_check",
+        "_max_growth",
+        "_num_spent",
+        "_open_len",
+        "_plan_len",
+        "_queue",
+        "_stop_token_ids",
+        "_tokens",
+    )
 
     def __init__(self, inner: BackendMatcher, tokens: ClosingTokens, stop_token_ids: list[int]) -> None:
         self._inner = inner
@@ -64,8 +79,11 @@ class StructuredMatcher:
         self._num_spent = 0          # output tokens so far, this grammar's and any before it (reasoning)
         self._closing = False        # following the plan that closes the document
         self._plan_len = 0
+        self._open_len = 0           # what opening a new item and closing it took, where last measured
+        self._continue_len: int | None = None  # what going on from a complete match took, once measured
         self._max_growth = 0         # the most one token has lengthened the close so far
         self._guard_next: int | None = None  # near the end: the plan's next token (openers masked)
+        self._guard_bits: torch.Tensor | None = None  # the tokens allowed beside it
         self._last_check = -_CHECK_EVERY
         self._refresh()
 
@@ -94,7 +112,7 @@ class StructuredMatcher:
         else:
             self._inner.fill_bitmask(bitmask, row)
             if self._guard_next is not None:
-                bitmask[row] &= self._tokens.calm_bits
+                bitmask[row] &= self._guard_bits
                 _set_bit(bitmask, row, self._guard_next)
 
     def is_terminated(self) -> bool:
@@ -141,21 +159,57 @@ class StructuredMatcher:
         if self._budget is None or self._closing:
             return None
         remaining = self._budget - self._num_spent
-        near = remaining <= 2 * self._plan_len + _GUARD_MARGIN + self._max_growth + 8
-        if remaining <= 0 or (not near and self._num_spent - self._last_check < _CHECK_EVERY):
+        going_on = max(self._plan_len, self._open_len, self._continue_len or 0)
+        near = remaining <= 2 * going_on + _GUARD_MARGIN + self._max_growth + 8
+        if remaining <= 0:
+            return None
+        # A complete match is checked until what going on from it costs is known: another tool call may cost as
+        # much as the first; free text after an optional call, one token.
+        unmeasured = self._continue_len is None and self._inner.is_completed()
+        if not near and self._num_spent - self._last_check < _CHECK_EVERY and not unmeasured:
             return None
         stepped = self._num_spent - self._last_check == 1
         self._last_check = self._num_spent
         plan = plan_completion(self._inner, self._tokens, limit=remaining + 64)
         if plan is None:
             return None
+        if not plan:
+            return self._stop_if_going_on_cannot_close(remaining, stepped)
         if stepped:
             self._max_growth = max(self._max_growth, len(plan) - self._plan_len + 1)
         self._plan_len = len(plan)
-        if len(plan) + _CLOSING_MARGIN >= remaining:
+        if len(plan) + _CLOSING_MARGIN + self._max_growth >= remaining:
             return plan
-        if plan and remaining <= len(plan) + _GUARD_MARGIN + self._max_growth:
+        if plan and self._opening_would_not_fit(plan, remaining):
             self._guard_next = plan[0]
+            tight = remaining <= len(plan) + _CLOSING_MARGIN + self._max_growth + _TIGHT_MARGIN
+            self._guard_bits = self._tokens.steady_bits if tight else self._tokens.calm_bits
+        return None
+
+
+    def _opening_would_not_fit(self, plan: list[int], remaining: int) -> bool:
+        """Near the end: a new item (array element, property) opened now might not close in the budget left.
+        Within the guard margin that is assumed; beyond it, the cost of opening one is measured where the
+        grammar allows it (an item can cost more than the margin: a whole object of required properties)."""
+        if remaining <= len(plan) + _GUARD_MARGIN + self._max_growth:
+            return True
+        cost = continuation_cost(self._inner, self._tokens, limit=remaining + 64, opening=True)
+        if cost is None:
+            return False
+        self._open_len = cost
+        return remaining <= cost + _CLOSING_MARGIN + self._max_growth + 1
+
+    def _stop_if_going_on_cannot_close(self, remaining: int, stepped: bool) -> list[int] | None:
+        """Complete here, but the grammar may go on (another parallel tool call, say): an empty plan (only stop
+        tokens from now on) when what going on costs would not fit in the budget left."""
+        cost = continuation_cost(self._inner, self._tokens, limit=remaining + 64)
+        if cost is None:  # nothing but a stop token may follow
+            return None
+        if stepped:
+            self._max_growth = max(self._max_growth, cost - self._plan_len)
+        self._plan_len = self._continue_len = cost
+        if cost + _CLOSING_MARGIN + self._max_growth >= remaining:
+            return []
         return None
 
 

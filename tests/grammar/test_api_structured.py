@@ -259,3 +259,31 @@ def test_bad_response_format_on_completions_is_a_400(openai_client):
         openai_client.completions.create(model=MODEL, prompt="x", max_tokens=4,
                                           extra_body={"response_format": {"type": "regex", "regex": "("}})
     assert info.value.body["param"] == "response_format.regex"
+
+
+def test_pydantic_model_through_the_sdks_parse_helper(openai_client):
+    """The way most users ask: `chat.completions.parse(response_format=Model)`. The SDK sends a strict schema with
+    every property required; a budget that runs out still leaves JSON the model validates (the SDK raises on a
+    `length` finish, with the completion attached)."""
+    from typing import Literal
+
+    from pydantic import BaseModel
+
+    class Event(BaseModel):
+        name: str
+        date: str
+        participants: list[str]
+        kind: Literal["meeting", "party", "other"]
+        priority: int | None = None
+
+    messages = ask("Alice and Bob are going to a science fair on Friday.")
+    full = openai_client.chat.completions.parse(model=MODEL, messages=messages, response_format=Event,
+                                                max_tokens=200, temperature=0)
+    assert isinstance(full.choices[0].message.parsed, Event)
+    for max_tokens in (24, 27, 40):  # 24: the shortest such event the tokenizer can spell
+        with pytest.raises(openai.LengthFinishReasonError) as cut:
+            openai_client.chat.completions.parse(model=MODEL, messages=messages, response_format=Event,
+                                                 max_tokens=max_tokens, temperature=1.0, seed=max_tokens)
+        completion = cut.value.completion
+        assert completion.usage.completion_tokens <= max_tokens
+        Event.model_validate_json(completion.choices[0].message.content)
