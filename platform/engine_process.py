@@ -15,6 +15,7 @@ import os
 import secrets
 import signal
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.process import BaseProcess
 from typing import Any
@@ -38,6 +39,13 @@ def die_with_parent() -> None:
         return
 
 
+def ignore_ctrl_c() -> None:
+    """A child of `serve` starts with SIGINT blocked (see Supervisor.run): ignore it from here (the supervisor
+    stops its children itself) and unblock it, so a server that installs its own handler later gets it."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
 def new_core_address() -> str:
     # ipc:// paths are limited to ~107 bytes: keep them in the system temp folder, not under data_dir.
     return f"ipc://{tempfile.gettempdir()}/loraplex-core-{os.getpid()}-{secrets.token_hex(4)}.sock"
@@ -46,6 +54,9 @@ def new_core_address() -> str:
 def run_engine_core(settings: Settings, address: str) -> None:
     """The engine-core process's main: everything that touches the model lives here."""
     die_with_parent()
+    # Ctrl-C reaches the whole process group: the core keeps stepping while the API servers drain, and the
+    # supervisor stops it (SIGTERM) once they are done.
+    ignore_ctrl_c()
     from loraplex.engine.config import ModelConfig
     from loraplex.engine.core.engine_core import EngineCore
     from loraplex.grammar.compiler import GrammarCompilerService, GrammarLimits
@@ -62,9 +73,6 @@ def run_engine_core(settings: Settings, address: str) -> None:
 
         torch.set_num_threads(threads)
     signal.signal(signal.SIGTERM, _exit)
-    # Ctrl-C reaches the whole process group: the core keeps stepping while the API servers drain, and the
-    # supervisor stops it (SIGTERM) once they are done.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
     db_engine = make_db_engine(settings.resolved_database_url)
     model_path = settings.resolve_model_path()
     source = stored_adapter_source(settings, db_sessions=make_session_factory(db_engine),
@@ -113,14 +121,18 @@ class EngineCoreProcess:
     def is_alive(self) -> bool:
         return self.process.is_alive()  # also reaps it once it has exited
 
-    def wait_ready(self, timeout_s: float) -> None:
-        """Until the core answers; EngineDeadError if it exits first or takes longer than `timeout_s`."""
+    def wait_ready(self, timeout_s: float, cancelled: Callable[[], bool] = lambda: False) -> bool:
+        """True once the core answers; False if `cancelled()` turns true first (checked every 100 ms);
+        EngineDeadError if the core exits first or takes longer than `timeout_s`."""
         try:
-            handshake(self.address, timeout_s, still_starting=self.is_alive)
+            handshake(self.address, timeout_s, still_starting=lambda: self.is_alive() and not cancelled())
         except EngineDeadError:
+            if cancelled():
+                return False
             if self.is_alive():
                 raise
             raise EngineDeadError(f"the engine core exited while starting (exit code {self.process.exitcode})") from None
+        return True
 
     def stop(self, timeout_s: float = 30.0) -> int | None:
         """SIGTERM, then SIGKILL after `timeout_s`; the exit code."""

@@ -29,7 +29,12 @@ from typing import Any
 
 import uvicorn
 from loraplex.engine.errors import EngineDeadError
-from loraplex.platform.engine_process import EngineCoreProcess, die_with_parent, start_engine_core
+from loraplex.platform.engine_process import (
+    EngineCoreProcess,
+    die_with_parent,
+    ignore_ctrl_c,
+    start_engine_core,
+)
 from loraplex.platform.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -43,6 +48,7 @@ _POLL_S = 0.2
 def run_api_server(settings: Settings, sock: socket.socket) -> None:
     """One API server process: the app on the shared listening socket, its engine the core's client."""
     die_with_parent()
+    ignore_ctrl_c()
     keep_the_loop_responsive()
     from loraplex.platform.app import create_app
     from loraplex.platform.request_context import configure_logging
@@ -115,17 +121,29 @@ class Supervisor:
         # The supervisor migrated already: N servers must not race to. Their metrics meet in one directory.
         metrics_dir = tempfile.mkdtemp(prefix="loraplex-metrics-")
         try:
-            self.core = start_engine_core(self.settings)
-            self._start_api_servers(sock, metrics_dir)
+            # Ctrl-C reaches the whole process group. The children start with SIGINT blocked (a KeyboardInterrupt
+            # in the middle of their imports only printed tracebacks) and ignore it until they serve; one sent
+            # while they are being started waits here, blocked, and is handled the moment they are.
+            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
             try:
-                self.core.wait_ready(self.settings.engine_core_start_timeout_s)
+                self.core = start_engine_core(self.settings)
+                self._start_api_servers(sock, metrics_dir)
+            finally:
+                signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+            try:
+                ready = self.core.wait_ready(self.settings.engine_core_start_timeout_s,
+                                             cancelled=lambda: self._stopping)
             except EngineDeadError as exc:
                 log.error("%s", exc)
+                ready = None
+            if not ready:
+                if ready is False:
+                    log.info("stopped before the engine core was ready")
                 # Nothing to drain: they have served nothing, and wait for the core's handshake (SIGTERM waits
                 # behind it), so they are killed after a short grace.
                 self._stop_api_servers(2)
                 self.core.stop()
-                return 1
+                return 0 if ready is False else 1
             log.info("engine core pid %d ready; %d API server(s): %s", self.core.pid, len(self.api_servers),
                      ", ".join(str(p.pid) for p in self.api_servers))
             return self._watch()

@@ -17,12 +17,23 @@ import psutil
 from server_process import REPO_ROOT, SERVE_COMMAND, server_env
 
 
-def _serve(env: dict[str, str], port: int, timeout_s: float) -> tuple[int, str, float]:
+def _serve(env: dict[str, str], port: int, timeout_s: float, interrupt_on: str | None = None) -> tuple[int, str, float]:
+    """Run `serve` to its exit; (exit status, output, seconds). With `interrupt_on`, Ctrl-C (SIGINT to the whole
+    process group, as a terminal sends it) as soon as that text is printed."""
     started = time.monotonic()
     process = subprocess.Popen([*SERVE_COMMAND, "--port", str(port)], cwd=REPO_ROOT, env=env,
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
     try:
+        head = b""
+        if interrupt_on is not None:
+            assert process.stdout is not None
+            while interrupt_on.encode() not in head:
+                line = process.stdout.readline()
+                assert line, head.decode(errors="replace")
+                head += line
+            os.killpg(process.pid, signal.SIGINT)
         output, _ = process.communicate(timeout=timeout_s)
+        output = head + output
     finally:
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGKILL)
@@ -68,3 +79,16 @@ def test_engine_core_that_cannot_load_the_model_stops_the_api_servers_too(tmp_pa
     code, output, _ = _serve(env, port, timeout_s=300)
     assert code == 1, output
     assert "the engine core exited while starting" in output, output
+
+
+def test_ctrl_c_while_starting_stops_everything_quietly(tmp_path: Path, smollm_path: Path) -> None:
+    env = server_env(database_url=f"sqlite:///{tmp_path / 'db.sqlite'}", data_dir=tmp_path, model_path=smollm_path,
+                     api_servers=2)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    code, output, elapsed = _serve(env, port, timeout_s=120, interrupt_on="engine core starting")
+    assert code == 0, output
+    assert "stopped before the engine core was ready" in output, output
+    assert "Traceback" not in output and "KeyboardInterrupt" not in output, output
+    assert elapsed < 30, output
