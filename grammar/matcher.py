@@ -174,18 +174,17 @@ class StructuredMatcher:
         if plan is None:
             return None
         if not plan:
-            return self._stop_if_going_on_cannot_close(remaining, stepped)
+            return self._stop_if_going_on_cannot_close(remaining)
         if stepped:
             self._max_growth = max(self._max_growth, len(plan) - self._plan_len + 1)
         self._plan_len = len(plan)
         if len(plan) + _CLOSING_MARGIN + self._max_growth >= remaining:
             return plan
-        if plan and self._opening_would_not_fit(plan, remaining):
+        if self._opening_would_not_fit(plan, remaining):
             self._guard_next = plan[0]
             tight = remaining <= len(plan) + _CLOSING_MARGIN + self._max_growth + _TIGHT_MARGIN
             self._guard_bits = self._tokens.steady_bits if tight else self._tokens.calm_bits
         return None
-
 
     def _opening_would_not_fit(self, plan: list[int], remaining: int) -> bool:
         """Near the end: a new item (array element, property) opened now might not close in the budget left.
@@ -199,14 +198,13 @@ class StructuredMatcher:
         self._open_len = cost
         return remaining <= cost + _CLOSING_MARGIN + self._max_growth + 1
 
-    def _stop_if_going_on_cannot_close(self, remaining: int, stepped: bool) -> list[int] | None:
+    def _stop_if_going_on_cannot_close(self, remaining: int) -> list[int] | None:
         """Complete here, but the grammar may go on (another parallel tool call, say): an empty plan (only stop
-        tokens from now on) when what going on costs would not fit in the budget left."""
+        tokens from now on) when what going on costs would not fit in the budget left. Going on is the model's
+        choice, guarded here, not growth of the close: it does not count in `_max_growth`."""
         cost = continuation_cost(self._inner, self._tokens, limit=remaining + 64)
         if cost is None:  # nothing but a stop token may follow
             return None
-        if stepped:
-            self._max_growth = max(self._max_growth, cost - self._plan_len)
         self._plan_len = self._continue_len = cost
         if cost + _CLOSING_MARGIN + self._max_growth >= remaining:
             return []
