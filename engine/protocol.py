@@ -112,6 +112,8 @@ class EngineRequest:
     reasoning: ReasoningMarkers | None = None
     session_id: str | None = None        # keep this request's KV blocks pinned under the session afterwards
     arrival_time: float = field(default_factory=time.monotonic)
+    priority: int = 0                    # within its tenant, lower runs first (vLLM's semantics)
+    background: bool = False             # batch work: runs on capacity interactive requests leave, preempted first
 
 
 @dataclass(slots=True)
