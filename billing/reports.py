@@ -57,6 +57,8 @@ def parse_day_range(*, start: str | None, end: str | None, today: date | None = 
     end_day = _parse_day(end, "end") if end else today
     if end_day < start_day:
         raise InvalidRequestError("end must not be before start", param="end")
+    if end_day >= date.max:  # the day after `end` bounds the queries: it must be a date too
+        raise InvalidRequestError(f"end must be before {date.max.isoformat()}", param="end")
     if (end_day - start_day).days >= MAX_REPORT_DAYS:
         raise InvalidRequestError(f"a report covers at most {MAX_REPORT_DAYS} days", param="start")
     return start_day, end_day
