@@ -162,6 +162,9 @@ class EngineConfig:
     # (engine/scheduler.py); None: on (16 tokens) on the CPU, where a step's cost grows with its batch,
     # off on CUDA, where it barely does; 0: off.
     decode_yield_min_tokens: int | None = None
+    # Weighted fair shares of running slots, KV blocks and prefill tokens between tenants, with preemption of
+    # the tenant furthest over its share when one under its share waits (engine/fair_share.py)
+    fair_sharing: bool = True
 
     def resolve_decode_yield_min_tokens(self) -> int:
         if self.decode_yield_min_tokens is not None:

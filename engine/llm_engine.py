@@ -79,6 +79,7 @@ class LLMEngine:
         self.scheduler = Scheduler(
             self.block_manager, engine_config.max_num_batched_tokens, engine_config.max_num_seqs,
             self._adapter_ready, decode_yield_min_tokens=engine_config.resolve_decode_yield_min_tokens(),
+            fair_sharing=engine_config.fair_sharing,
         )
         if adapters is not None:
             self.lora = self._new_lora_manager(model, workers, adapters, adapter_limits or AdapterLimits())
@@ -230,6 +231,7 @@ class LLMEngine:
                     seq.matcher.set_token_budget(min(sampling.max_tokens, self.max_model_len - len(prompt_ids)))
             if request.reasoning is not None:
                 seq.reasoning_inside = request.reasoning.starts_inside
+            seq.priority, seq.background = request.priority, request.background
             seqs.append(seq)
         seqs[0].wants_prompt_logprobs = sampling.prompt_logprobs is not None
         self.requests[request.request_id] = RequestState(request, seqs, self.eos_token_ids, self.max_model_len)
@@ -238,7 +240,7 @@ class LLMEngine:
         if request.session_id:
             # Offloaded KV back before it is matched (a pinned one becomes the most recently used).
             self.block_manager.restore_pin(request.session_id, request.tenant_id)
-        self.scheduler.add(seqs[0], seqs[1:])
+        self.scheduler.add(seqs[0], seqs[1:], weight=request.tenant_weight)
         self.num_prompt_tokens_total += len(request.prompt_token_ids)
 
     def abort(self, request_id: str) -> RequestOutput | None:
@@ -338,7 +340,7 @@ class LLMEngine:
         """Waiting sequences whose adapter's weights could not be loaded: they would wait forever."""
         if self.lora is None or not self.scheduler.num_waiting:
             return []
-        waiting = [s for q in self.scheduler.waiting.values() for s in q] + list(self.scheduler.preempted)
+        waiting = self.scheduler.waiting_seqs()
         failed = []
         for seq in waiting:
             reason = self.lora.load_error(seq.adapter_id) if seq.adapter_id is not None else None

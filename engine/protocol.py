@@ -114,6 +114,7 @@ class EngineRequest:
     arrival_time: float = field(default_factory=time.monotonic)
     priority: int = 0                    # within its tenant, lower runs first (vLLM's semantics)
     background: bool = False             # batch work: runs on capacity interactive requests leave, preempted first
+    tenant_weight: float = 1.0           # the tenant's weight in the engine's fair sharing
 
 
 @dataclass(slots=True)

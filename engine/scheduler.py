@@ -4,8 +4,20 @@ One token budget per step, no prefill/decode phases (as vLLM v1): each
 running sequence's computed tokens catch up with its tokens. Decodes are
 scheduled first so a long prompt, prefilled in chunks, never stalls them.
 When blocks run out the newest running sequence is preempted (its blocks
-freed, recomputed later). New work is admitted tenant-fairly: the tenant
-with the least recent service goes first. Never touches a tensor.
+freed, recomputed later).
+
+Tenants share the engine by weighted fair shares (engine/fair_share.py), on
+by default: running slots, KV blocks (pinned session blocks count against
+their tenant) and each step's prefill tokens. New work is admitted from the
+tenant furthest under its share. When a tenant under its share has work
+waiting and no slot or blocks are free, the newest sequence of the tenant
+furthest over its share is preempted: its cached blocks parked in the host
+KV tier when there is room (engine/kv/preempt_swap.py), otherwise recomputed
+from the prefix cache. A resumed sequence is not preempted for fairness
+again for a while, and produces exactly the tokens it would have. Within a
+tenant, `priority` orders requests (lower first); batch work (`background`)
+runs on what interactive work leaves and is preempted first. Never touches a
+tensor.
 
 On a device where a step's cost grows with its batch (the CPU), a long
 generation slows every other tenant's short one for as long as it runs.
@@ -24,11 +36,15 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from loraplex.engine import fair_share
+from loraplex.engine.fair_share import FairShare, admission_key
+from loraplex.engine.kv import preempt_swap
 from loraplex.engine.kv.block_manager import BlockManager
 from loraplex.engine.sequence import Sequence, SequenceStatus
 
 SERVICE_DECAY = 0.9  # per step: "recent" service fades, so a tenant's past burst is forgotten
 DECODE_YIELD_PERIOD = 3  # a yielding decode runs in one step of this many
+MAX_FAIRNESS_PREEMPTIONS_PER_STEP = 8  # bounds one step's host work; a bigger imbalance closes over a few steps
 
 
 @dataclass(slots=True)
@@ -36,7 +52,8 @@ class SchedulerOutput:
     seqs: list[Sequence] = field(default_factory=list)
     num_new_tokens: list[int] = field(default_factory=list)  # 0 for a fork child sampling its parent's row
     blocks_to_copy: list[tuple[int, int]] = field(default_factory=list)
-    num_preempted: int = 0
+    num_preempted: int = 0  # for lack of blocks (the step then admits nothing new)
+    num_fairness_preempted: int = 0
 
     @property
     def is_empty(self) -> bool:
@@ -55,13 +72,13 @@ class Scheduler:
         max_num_seqs: int,
         adapter_ready: Callable[[str], bool] | None = None,
         decode_yield_min_tokens: int = 0,
+        fair_sharing: bool = True,
     ) -> None:
         self.block_manager = block_manager
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_num_seqs = max_num_seqs
         self.adapter_ready = adapter_ready
-        self.waiting: dict[str, deque[Sequence]] = {}
-        self.preempted: deque[Sequence] = deque()
+        self.waiting: dict[str, deque[Sequence]] = {}  # per tenant, preempted sequences included
         self.running: list[Sequence] = []
         self.pending_forks: dict[int, list[Sequence]] = {}
         self.tenant_service: dict[str, float] = {}
@@ -69,18 +86,29 @@ class Scheduler:
         self.num_steps = 0
         self.num_yielded_decodes = 0
         self.num_preemptions = 0
+        self.fair_sharing = fair_sharing
+        self.fair = FairShare()
+        self.num_fairness_preemptions = 0
+        self.num_swapped_out = 0  # preempted sequences whose blocks went to the host tier
         # Waiting sequences whose adapter_ready raised: the engine fails their requests.
         self.failed: dict[int, tuple[Sequence, Exception]] = {}
 
     # ---- queue management -----------------------------------------------------------------
-    def add(self, seq: Sequence, fork_children: list[Sequence] | None = None) -> None:
+    def add(self, seq: Sequence, fork_children: list[Sequence] | None = None, weight: float | None = None) -> None:
+        """Queue `seq` (with the children that fork from it once its prompt is computed); `weight`: its tenant's
+        weight in fair sharing (the latest request's weight wins)."""
+        if weight is not None:
+            self.fair.set_weight(seq.tenant_id, weight)
         self.waiting.setdefault(seq.tenant_id, deque()).append(seq)
         if fork_children:
             self.pending_forks[seq.seq_id] = fork_children
 
     @property
     def num_waiting(self) -> int:
-        return sum(len(q) for q in self.waiting.values()) + len(self.preempted)
+        return sum(len(q) for q in self.waiting.values())
+
+    def waiting_seqs(self) -> list[Sequence]:
+        return [s for q in list(self.waiting.values()) for s in list(q)]
 
     @property
     def num_running(self) -> int:
@@ -95,8 +123,7 @@ class Scheduler:
         thread changes the queues: retry on a concurrent resize."""
         for _ in range(5):
             try:
-                queued = [s.adapter_id for q in list(self.waiting.values()) for s in list(q)]
-                return queued + [s.adapter_id for s in list(self.preempted)]
+                return [s.adapter_id for s in self.waiting_seqs()]
             except RuntimeError:
                 continue
         return []
@@ -112,8 +139,9 @@ class Scheduler:
             queue = self.waiting.get(seq.tenant_id)
             if queue is not None and seq in queue:
                 queue.remove(seq)
-            elif seq in self.preempted:
-                self.preempted.remove(seq)
+                if not queue:
+                    del self.waiting[seq.tenant_id]
+            preempt_swap.discard(self.block_manager, seq)
         for child in self.pending_forks.pop(seq.seq_id, []):
             child.status = SequenceStatus.FINISHED
         seq.status = SequenceStatus.FINISHED
@@ -126,9 +154,12 @@ class Scheduler:
             self.tenant_service[tenant] *= SERVICE_DECAY
         budget = self.max_num_batched_tokens
         self.num_steps += 1
+        if self.fair_sharing:
+            self._preempt_for_fairness(out)
         yielding = self._yielding_decodes() if self.num_steps % DECODE_YIELD_PERIOD else set()
         # Decodes first, then prefill chunks, each group in admission order.
         order = sorted(self.running, key=lambda s: s.num_uncomputed_tokens > 1)
+        caps = self._prefill_caps(order, budget, yielding)
         for seq in order:
             if budget == 0:
                 break
@@ -138,12 +169,71 @@ class Scheduler:
                 self.num_yielded_decodes += 1
                 continue
             num_new = min(seq.num_uncomputed_tokens, budget)
+            if num_new > 1 and caps is not None:
+                num_new = min(num_new, caps.get(seq.tenant_id, 0))
+                if num_new <= 0:
+                    continue
+                caps[seq.tenant_id] -= num_new
             if not self._make_room(seq, num_new, out):
                 continue
             budget -= self._schedule_seq(seq, num_new, out)
         if out.num_preempted == 0:
             self._admit(budget, out)
         return out
+
+    # ---- fair sharing -----------------------------------------------------------------------
+    def _demand_tenants(self) -> set[str]:
+        """Tenants with interactive work running or ready to run: the ones shares are split among."""
+        tenants = {s.tenant_id for s in self.running if not s.background}
+        for tenant, queue in self.waiting.items():
+            if tenant not in tenants and any(not s.background and self._is_ready(s) for s in queue):
+                tenants.add(tenant)
+        return tenants
+
+    def _preempt_for_fairness(self, out: SchedulerOutput) -> None:
+        """Make room for the next waiting sequence when its tenant is under its share (or it is interactive
+        and batch work runs), preempting from the tenant furthest over its share."""
+        for _ in range(MAX_FAIRNESS_PREEMPTIONS_PER_STEP):
+            candidate = self._next_waiting()
+            if candidate is None:
+                return
+            short_of_slots = len(self.running) >= self.max_num_seqs
+            short_of_blocks = not short_of_slots and not self._fits(candidate)
+            if not (short_of_slots or short_of_blocks):
+                return
+            demand = self._demand_tenants()
+            bm = self.block_manager
+            load = fair_share.loads(self.running, bm.pinned_blocks_by_tenant())
+            victim = fair_share.pick_victim(
+                self.running, candidate, load, self.fair.shares(demand, self.max_num_seqs),
+                self.fair.shares(demand, bm.num_blocks), short_of_blocks, self.num_steps)
+            if victim is None:
+                return
+            self._preempt(victim, out, for_fairness=True)
+
+    def _fits(self, seq: Sequence) -> bool:
+        """Whether `seq`'s first chunk would find blocks now (counting its cached prefix as free to take)."""
+        needed = self.block_manager.blocks_needed(min(len(seq.token_ids), self.max_num_batched_tokens))
+        return needed <= self.block_manager.num_free_blocks
+
+    def _prefill_caps(self, order: list[Sequence], budget: int, yielding: set[int]) -> dict[str, int] | None:
+        """Per-tenant caps on this step's prefill tokens when several tenants want prefill: each its weighted
+        share of what the decodes leave; None when no cap is needed."""
+        if not self.fair_sharing:
+            return None
+        decodes = sum(1 for s in order if s.num_uncomputed_tokens == 1 and s.seq_id not in yielding)
+        demand: dict[str, int] = {}
+        for seq in order:
+            if seq.num_uncomputed_tokens > 1:
+                demand[seq.tenant_id] = demand.get(seq.tenant_id, 0) + seq.num_uncomputed_tokens
+        if len(self.running) < self.max_num_seqs:
+            for tenant, queue in self.waiting.items():
+                ready = next((s for s in queue if not s.background and self._is_ready(s)), None)
+                if ready is not None and tenant not in demand:
+                    demand[tenant] = ready.num_uncomputed_tokens
+        if len(demand) < 2:
+            return None
+        return fair_share.prefill_caps(max(0, budget - decodes), demand, self.fair, self.block_manager.block_size)
 
     def update_from_output(self, scheduled: SchedulerOutput) -> None:
         """Token progress after the step ran: every scheduled sequence computed the tokens it was given, and a
@@ -175,11 +265,25 @@ class Scheduler:
         while not self.block_manager.can_append(seq, num_new):
             if self.block_manager.evict_oldest_pin() is not None:
                 continue
-            victim = self.running[-1]
+            victim = self._block_victim()
             self._preempt(victim, out)
             if victim is seq:
                 return False
         return True
+
+    def _block_victim(self) -> Sequence:
+        """Whom to preempt when blocks run out: the newest batch sequence, else (with fair sharing) the newest of
+        the tenant holding the most blocks per weight, else the newest running."""
+        batch = [s for s in self.running if s.background and s.parent is None]
+        if batch:
+            return batch[-1]
+        if self.fair_sharing and len({s.tenant_id for s in self.running}) > 1:
+            load = fair_share.loads(self.running, {})
+            tenant = max(load, key=lambda t: load[t].num_blocks / self.fair.weight(t))
+            mine = [s for s in self.running if s.tenant_id == tenant and s.parent is None]
+            if mine:
+                return mine[-1]
+        return self.running[-1]
 
     def _schedule_seq(self, seq: Sequence, num_new: int, out: SchedulerOutput) -> int:
         out.blocks_to_copy.extend(self.block_manager.may_append(seq, num_new))
@@ -202,13 +306,20 @@ class Scheduler:
         out.seqs.append(child)
         out.num_new_tokens.append(0)
 
-    def _preempt(self, seq: Sequence, out: SchedulerOutput) -> None:
+    def _preempt(self, seq: Sequence, out: SchedulerOutput, for_fairness: bool = False) -> None:
         self.running.remove(seq)
+        if preempt_swap.swap_out(self.block_manager, seq):
+            self.num_swapped_out += 1
         self.block_manager.deallocate(seq)
         seq.status = SequenceStatus.WAITING
-        self.preempted.appendleft(seq)
+        seq.was_preempted = True
+        self.waiting.setdefault(seq.tenant_id, deque()).appendleft(seq)
         self.num_preemptions += 1
-        out.num_preempted += 1
+        if for_fairness:
+            self.num_fairness_preemptions += 1
+            out.num_fairness_preempted += 1
+        else:
+            out.num_preempted += 1
         if seq in out.seqs:
             i = out.seqs.index(seq)
             del out.seqs[i], out.num_new_tokens[i]
@@ -219,7 +330,7 @@ class Scheduler:
             if seq is None:
                 return
             first_time = seq.num_cached_tokens < 0
-            self.block_manager.allocate(seq)
+            preempt_swap.swap_in(self.block_manager, seq)
             num_new = min(seq.num_uncomputed_tokens, budget)
             while not self.block_manager.can_append(seq, num_new):
                 if self.block_manager.evict_oldest_pin() is None:
@@ -231,20 +342,33 @@ class Scheduler:
                 self.block_manager.num_prefix_queries += seq.num_prompt_tokens
                 self.block_manager.num_prefix_hits += seq.num_computed_tokens
             seq.status = SequenceStatus.RUNNING
+            if seq.was_preempted:
+                seq.was_preempted = False
+                seq.protected_until = self.num_steps + fair_share.PROTECT_STEPS
             self.running.append(seq)
             budget -= self._schedule_seq(seq, num_new, out)
 
     def _next_waiting(self) -> Sequence | None:
-        for seq in self.preempted:
-            if self._is_ready(seq):
-                return seq
+        """Interactive work first; then the tenant furthest under its slot share (running over weight), then
+        the one with the least recent service per weight; within a tenant by `admission_key`."""
         best: Sequence | None = None
-        best_key: tuple[float, float] | None = None
+        best_key: tuple[bool, float, float, float] | None = None
+        num_running: dict[str, int] = {}
+        for seq in self.running:
+            if not seq.background:
+                num_running[seq.tenant_id] = num_running.get(seq.tenant_id, 0) + 1
         for tenant, queue in self.waiting.items():
-            candidate = next((s for s in queue if self._is_ready(s)), None)
-            if candidate is None:
+            ready = [s for s in queue if self._is_ready(s)]
+            if not ready:
                 continue
-            key = (self.tenant_service.get(tenant, 0.0), candidate.arrival_time)
+            candidate = min(ready, key=admission_key)
+            weight = self.fair.weight(tenant)
+            service = self.tenant_service.get(tenant, 0.0)
+            if self.fair_sharing:
+                key = (candidate.background, num_running.get(tenant, 0) / weight, service / weight,
+                       candidate.arrival_time)
+            else:
+                key = (candidate.background, 0.0, service, candidate.arrival_time)
             if best_key is None or key < best_key:
                 best, best_key = candidate, key
         return best
@@ -266,9 +390,6 @@ class Scheduler:
         return failed
 
     def _take_from_queue(self, seq: Sequence) -> None:
-        if self.preempted and seq in self.preempted:
-            self.preempted.remove(seq)
-            return
         queue = self.waiting[seq.tenant_id]
         queue.remove(seq)
         if not queue:

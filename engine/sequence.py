@@ -31,6 +31,7 @@ class Sequence:
     __slots__ = (
         "adapter_id",
         "arrival_time",
+        "background",
         "block_hashes",
         "block_table",
         "forced_token_ids",
@@ -43,6 +44,8 @@ class Sequence:
         "num_prompt_tokens",
         "num_reasoning_tokens",
         "parent",
+        "priority",
+        "protected_until",
         "reasoning_inside",
         "request_id",
         "salt",
@@ -52,6 +55,7 @@ class Sequence:
         "tenant_id",
         "token_ids",
         "wants_prompt_logprobs",
+        "was_preempted",
     )
 
     def __init__(
@@ -88,6 +92,10 @@ class Sequence:
         self.reasoning_inside = False
         self.parent: Sequence | None = None  # set on a fork child until its parent's prefill ends
         self.wants_prompt_logprobs = False
+        self.priority = 0          # within its tenant, lower runs first
+        self.background = False    # batch work: runs on capacity interactive work leaves
+        self.protected_until = 0   # scheduler step before which fairness does not preempt it again
+        self.was_preempted = False
 
     def __len__(self) -> int:
         return len(self.token_ids)

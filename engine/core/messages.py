@@ -29,6 +29,7 @@ class WireRequest(msgspec.Struct, array_like=True):
     session_id: str | None
     priority: int = 0
     background: bool = False
+    tenant_weight: float = 1.0
 
 
 # ---- API server -> engine core ----------------------------------------------------------------------
@@ -116,14 +117,14 @@ ToClient = Ready | Outputs | Stats | Reply
 def to_wire(request: EngineRequest, grammar: str | None) -> WireRequest:
     return WireRequest(request.request_id, request.prompt_token_ids, request.sampling, request.tenant_id,
                        request.adapter_id, request.cache_salt, grammar, request.reasoning, request.session_id,
-                       request.priority, request.background)
+                       request.priority, request.background, request.tenant_weight)
 
 
 def from_wire(wire: WireRequest, grammar: Any) -> EngineRequest:
     return EngineRequest(request_id=wire.request_id, prompt_token_ids=wire.prompt_token_ids, sampling=wire.sampling,
                          tenant_id=wire.tenant_id, adapter_id=wire.adapter_id, cache_salt=wire.cache_salt,
                          grammar=grammar, reasoning=wire.reasoning, session_id=wire.session_id,
-                         priority=wire.priority, background=wire.background)
+                         priority=wire.priority, background=wire.background, tenant_weight=wire.tenant_weight)
 
 
 def failure(request_id: str, exc: BaseException) -> Failure:

@@ -64,6 +64,19 @@ class HostTier:
         self.num_offloads += 1
         return True
 
+    def offload_if_room(self, key: str, blocks: list[tuple[int, bytes, bytes, tuple, list[int]]]) -> bool:
+        """Copy `(device block id, hash, parent hash, salt, token ids)` blocks to free host slots, dropping no
+        session for them; False (nothing copied) when they do not fit (a preempted sequence then recomputes)."""
+        if not blocks or len(blocks) > len(self.free_slots):
+            return False
+        entries = []
+        for block_id, h, parent, salt, token_ids in blocks:
+            slot = self.free_slots.popleft()
+            self.swaps.append((TO_HOST, block_id, slot))
+            entries.append(HostBlock(slot, h, parent, salt, list(token_ids)))
+        self.sessions[key] = entries
+        return True
+
     def restore(self, key: str, block_manager: BlockManager) -> list[int] | None:
         """Bring a session's blocks back onto the device and into the prefix cache.
 

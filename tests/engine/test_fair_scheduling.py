@@ -1,0 +1,198 @@
+"""Fair sharing between tenants in the scheduler, over plain integers (no model)."""
+
+from __future__ import annotations
+
+import itertools
+
+from loraplex.engine import fair_share
+from loraplex.engine.fair_share import FairShare
+from loraplex.engine.kv.block_manager import BlockManager
+from loraplex.engine.kv.host_tier import TO_DEVICE, TO_HOST, HostTier
+from loraplex.engine.protocol import SamplingParams
+from loraplex.engine.scheduler import Scheduler, SchedulerOutput
+from loraplex.engine.sequence import Sequence
+
+_ids = itertools.count()
+
+
+def seq(n_prompt: int, tenant: str, *, priority: int = 0, background: bool = False) -> Sequence:
+    first = next(_ids) * 1000
+    s = Sequence(f"r{first}", 0, list(range(first, first + n_prompt)), SamplingParams(), tenant, None,
+                 (tenant, None, ""), float(first))
+    s.priority, s.background = priority, background
+    return s
+
+
+def complete(out: SchedulerOutput, bm: BlockManager) -> None:
+    for s, n in zip(out.seqs, out.num_new_tokens, strict=True):
+        s.num_computed_tokens += n
+        bm.cache_blocks(s)
+        if s.num_computed_tokens == len(s.token_ids):
+            s.token_ids.append(7)
+
+
+def run(sched: Scheduler, bm: BlockManager, steps: int) -> list[SchedulerOutput]:
+    outs = []
+    for _ in range(steps):
+        out = sched.schedule()
+        complete(out, bm)
+        outs.append(out)
+    return outs
+
+
+def flooded(max_num_seqs: int = 8, num_blocks: int = 1000, host: int = 0) -> tuple[Scheduler, BlockManager, list]:
+    bm = BlockManager(num_blocks, 16, host_tier=HostTier(host) if host else None)
+    sched = Scheduler(bm, max_num_batched_tokens=256, max_num_seqs=max_num_seqs)
+    flood = [seq(20, "flood") for _ in range(40)]
+    for s in flood:
+        sched.add(s)
+    run(sched, bm, 3)
+    assert len(sched.running) == max_num_seqs and all(s.tenant_id == "flood" for s in sched.running)
+    return sched, bm, flood
+
+
+def test_a_quiet_tenant_runs_in_the_next_step_whatever_the_flood_holds():
+    sched, bm, flood = flooded()
+    victim = seq(12, "quiet")
+    sched.add(victim)
+    out = sched.schedule()
+    assert victim in out.seqs, "the quiet tenant's request must start at once"
+    assert out.num_fairness_preempted == 1 and sched.num_fairness_preemptions == 1
+    preempted = [s for s in flood if s.was_preempted]
+    assert len(preempted) == 1
+    assert preempted[0].arrival_time == max(s.arrival_time for s in flood if s.num_cached_tokens >= 0)
+    complete(out, bm)
+    # The flood never takes the slot back while the quiet request runs (the quiet tenant is under its share).
+    for out in run(sched, bm, 10):
+        assert victim in out.seqs
+
+
+def test_no_preemption_when_the_waiting_tenant_is_at_its_share():
+    sched, bm, _ = flooded(max_num_seqs=4)
+    quiet = [seq(12, "quiet") for _ in range(6)]
+    for s in quiet:
+        sched.add(s)
+    run(sched, bm, 6)
+    running_quiet = sum(s.tenant_id == "quiet" for s in sched.running)
+    assert running_quiet == 2, "equal weights over 4 slots: 2 each, no more"
+    assert sched.num_fairness_preemptions == 2
+
+
+def test_weights_divide_slots_in_proportion():
+    bm = BlockManager(2000, 16)
+    sched = Scheduler(bm, max_num_batched_tokens=512, max_num_seqs=8)
+    for _ in range(30):
+        sched.add(seq(20, "a"), weight=1.0)
+    run(sched, bm, 2)
+    for _ in range(30):
+        sched.add(seq(20, "b"), weight=3.0)
+    run(sched, bm, 6)
+    counts = {t: sum(s.tenant_id == t for s in sched.running) for t in ("a", "b")}
+    assert counts == {"a": 2, "b": 6}
+
+
+def test_work_conserving_a_lone_tenant_takes_every_slot():
+    bm = BlockManager(1000, 16)
+    sched = Scheduler(bm, max_num_batched_tokens=512, max_num_seqs=8)
+    for _ in range(20):
+        sched.add(seq(20, "alone"))
+    run(sched, bm, 2)
+    assert len(sched.running) == 8
+
+
+def test_a_resumed_sequence_is_not_preempted_again_for_a_while():
+    sched, bm, flood = flooded(max_num_seqs=2)
+    quiet = [seq(12, "quiet") for _ in range(3)]
+    for s in quiet:
+        sched.add(s)
+    preempted_ids = set()
+    for _ in range(fair_share.PROTECT_STEPS):
+        out = sched.schedule()
+        complete(out, bm)
+        for s in flood:
+            if s.protected_until > sched.num_steps:
+                assert s in sched.running
+        preempted_ids |= {s.seq_id for s in flood if s.was_preempted}
+    assert preempted_ids
+
+
+def test_interactive_work_preempts_batch_work_first_and_batch_never_preempts():
+    bm = BlockManager(1000, 16)
+    sched = Scheduler(bm, max_num_batched_tokens=256, max_num_seqs=4)
+    batch = [seq(20, "acme", background=True) for _ in range(10)]
+    for s in batch:
+        sched.add(s)
+    run(sched, bm, 2)
+    assert all(s.background for s in sched.running) and len(sched.running) == 4
+    interactive = seq(12, "acme")  # the same tenant: its own batch yields to it
+    sched.add(interactive)
+    out = sched.schedule()
+    assert interactive in out.seqs and out.num_fairness_preempted == 1
+    complete(out, bm)
+    more_batch = seq(20, "globex", background=True)
+    sched.add(more_batch)
+    run(sched, bm, 3)
+    assert more_batch not in sched.running, "batch work waits for a free slot; it never preempts"
+
+
+def test_priority_orders_work_within_a_tenant():
+    bm = BlockManager(1000, 16)
+    sched = Scheduler(bm, max_num_batched_tokens=256, max_num_seqs=1)
+    late_urgent = [seq(10, "t", priority=5), seq(10, "t", priority=-1)]
+    for s in late_urgent:
+        sched.add(s)
+    out = sched.schedule()
+    assert out.seqs == [late_urgent[1]]
+
+
+def test_preempted_blocks_go_to_the_host_tier_and_come_back():
+    sched, bm, flood = flooded(max_num_seqs=2, host=64)
+    running_before = list(sched.running)
+    victim = seq(12, "quiet")
+    sched.add(victim)
+    out = sched.schedule()
+    swaps = bm.host_tier.take_swaps()
+    assert sched.num_swapped_out == 1 and any(kind == TO_HOST for kind, _, _ in swaps)
+    preempted = next(s for s in running_before if s not in sched.running)
+    complete(out, bm)
+    sched.finish(victim)
+    # Another tenant's work churns the device prefix cache meanwhile; the parked blocks come back from the host.
+    out = sched.schedule()
+    assert preempted in out.seqs
+    assert any(kind == TO_DEVICE for kind, _, _ in bm.host_tier.take_swaps()) or preempted.num_computed_tokens == 16
+    assert out.num_new_tokens[out.seqs.index(preempted)] == len(preempted.token_ids) - 16
+
+
+def test_prefill_tokens_are_shared_between_tenants():
+    bm = BlockManager(4000, 16)
+    sched = Scheduler(bm, max_num_batched_tokens=256, max_num_seqs=8)
+    for _ in range(4):
+        sched.add(seq(2000, "long"))
+    run(sched, bm, 1)
+    short = seq(300, "short")
+    sched.add(short)
+    out = sched.schedule()
+    assert short in out.seqs
+    tokens = {t: sum(n for s, n in zip(out.seqs, out.num_new_tokens, strict=True) if s.tenant_id == t)
+              for t in ("long", "short")}
+    assert tokens["short"] >= 112 and tokens["long"] >= 112, tokens
+
+
+def test_prefill_caps_are_work_conserving():
+    fair = FairShare()
+    assert fair_share.prefill_caps(256, {"a": 10, "b": 1000}, fair, 16) == {"a": 10, "b": 246}
+    fair.set_weight("b", 3.0)
+    caps = fair_share.prefill_caps(400, {"a": 1000, "b": 1000}, fair, 16)
+    assert caps == {"a": 100, "b": 300}
+
+
+def test_off_means_first_come_first_served_slots():
+    bm = BlockManager(1000, 16)
+    sched = Scheduler(bm, max_num_batched_tokens=256, max_num_seqs=4, fair_sharing=False)
+    for _ in range(10):
+        sched.add(seq(20, "flood"))
+    run(sched, bm, 2)
+    victim = seq(12, "quiet")
+    sched.add(victim)
+    out = sched.schedule()
+    assert victim not in out.seqs and sched.num_fairness_preemptions == 0
