@@ -137,6 +137,27 @@ class Settings(BaseSettings):
     # request's hold lapses after this (longer than the longest generation)
     budget_reservation_ttl_s: float = Field(default=900.0, gt=0)
     celery_always_eager: bool = Field(default=False, description="run tasks in-process (no worker)")
+    # Batch API (/v1/files, /v1/batches). A tenant's files: count and bytes (past either: 413
+    # storage_quota_exceeded; 0: no limit); one file's bytes (413) and requests (OpenAI's 200 MB and 50,000);
+    # a custom_id's length; batches not yet finished per tenant (429 batch_limit_exceeded; 0: no limit)
+    batch_file_quota_count_per_tenant: int = Field(default=500, ge=0)
+    batch_file_quota_bytes_per_tenant: int = Field(default=10 * 1024**3, ge=0)
+    batch_max_file_bytes: int = Field(default=200 * 1024**2, ge=1024)
+    batch_max_requests: int = Field(default=50_000, ge=1)
+    batch_max_custom_id_chars: int = Field(default=512, ge=1)
+    batch_max_active_per_tenant: int = Field(default=100, ge=0)
+    batch_file_expires_after_s: int = Field(default=30 * 86400, ge=3600)  # files without expires_after
+    # Execution: lines of one batch in flight at once on one API server, batches one API server runs at
+    # once, the price (percent off the price book), a worker's hold on a batch (another replica takes it
+    # over this long after its worker died), how often idle workers look for work, and how long the one
+    # completion window OpenAI allows ("24h") lasts
+    batch_concurrency: int = Field(default=64, ge=1)
+    batch_max_running_per_server: int = Field(default=4, ge=1)
+    batch_price_discount_percent: int = Field(default=50, ge=0, le=100)
+    batch_lease_s: float = Field(default=30.0, gt=0)
+    batch_poll_interval_s: float = Field(default=2.0, gt=0)
+    batch_completion_window_s: int = Field(default=86400, ge=1)
+    batch_workers_enabled: bool = True  # off: this process serves the routes but runs no batch work
 
     # OpenAI/vLLM conformance: request limits (each a 400 naming the parameter), streaming, browsers
     reasoning_budget_minimal: int = Field(default=16, ge=0)  # reasoning_effort "minimal" (tokens); "none" is 0
