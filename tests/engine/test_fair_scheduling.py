@@ -146,7 +146,7 @@ def test_priority_orders_work_within_a_tenant():
 
 
 def test_preempted_blocks_go_to_the_host_tier_and_come_back():
-    sched, bm, flood = flooded(max_num_seqs=2, host=64)
+    sched, bm, _ = flooded(max_num_seqs=2, host=64)
     running_before = list(sched.running)
     victim = seq(12, "quiet")
     sched.add(victim)
