@@ -11,12 +11,15 @@ one, only adapter uploads wait for validation. That probe is cached briefly.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
 from loraplex.platform.services import Services
 from sqlalchemy import text
+
+log = logging.getLogger(__name__)
 
 PROBE_TIMEOUT_S = 2.0
 CELERY_PROBE_TTL_S = 15.0
@@ -42,7 +45,8 @@ async def check_readiness(services: Services) -> Readiness:
     result = Readiness()
     health = services.engine.health()
     if not health.alive:
-        result.not_ready["engine"] = health.reason or "the engine is not running"
+        log.warning("readiness: the engine is not running: %s", health.reason)
+        result.not_ready["engine"] = "the engine is not running (the server log says why)"
     if services.draining:
         result.not_ready["draining"] = "this server is shutting down; it finishes what it has and takes nothing new"
     probes = {"database": asyncio.to_thread(_ping_database, services)}
@@ -51,8 +55,10 @@ async def check_readiness(services: Services) -> Readiness:
     for name, probe in probes.items():
         try:
             await asyncio.wait_for(probe, PROBE_TIMEOUT_S)
-        except Exception as exc:  # any failure of a probe is the answer: not ready, and why
-            result.not_ready[name] = f"unreachable: {type(exc).__name__}: {exc}"[:300]
+        except Exception:  # any failure of a probe is the answer: not ready, and which dependency
+            # The exception's text can carry hosts, users and paths; /readyz needs no auth, so it goes to the log.
+            log.warning("readiness probe %s failed", name, exc_info=True)
+            result.not_ready[name] = "unreachable (the server log has the error)"
     note = await _celery_note(services)
     if note is not None:
         result.notes["uploads"] = note

@@ -40,7 +40,8 @@ def relaxation_headers(metadata: Mapping[str, Any]) -> dict[str, str]:
     relaxed = metadata.get("grammar_relaxed")
     if not relaxed:
         return {}
-    return {GRAMMAR_RELAXED_HEADER: str(relaxed).encode("ascii", "backslashreplace").decode("ascii")[:1000]}
+    # Property names are the tenant's: CR/LF (and any control or non-ASCII character) is escaped, never sent
+    return {GRAMMAR_RELAXED_HEADER: str(relaxed).encode("unicode_escape").decode("ascii")[:1000]}
 
 
 class ToolCallMessageParser:

@@ -6,7 +6,8 @@ Layout under the key prefix:
   sessions:tenant:<t>   sorted set of the tenant's ids by creation time, for listing
   sessions:expiry       sorted set of ids by expiry time, for releasing KV of expired sessions
   sessions:owner        hash id -> tenant, to clean the tenant index after expiry
-Every check-then-write is one Lua script, so it is atomic across replicas.
+Every check-then-write is one Lua script, so it is atomic across replicas. A client-given id that is not
+one this store could have made (a ':' would reach another key, `session:<id>:lease` a string) is unknown.
 """
 
 from __future__ import annotations
@@ -21,7 +22,15 @@ from loraplex.sessions.errors import (
     SessionLimitError,
     SessionNotFoundError,
 )
-from loraplex.sessions.store import KVState, SessionPage, SessionRecord, TurnLease, TurnResult, apply_turn
+from loraplex.sessions.store import (
+    KVState,
+    SessionPage,
+    SessionRecord,
+    TurnLease,
+    TurnResult,
+    apply_turn,
+    is_session_id,
+)
 
 # Count the tenant's live sessions (dropping expired ids from its index) and create only under the cap.
 _CREATE = """
@@ -112,6 +121,7 @@ class RedisSessionStore:
         return record
 
     def get(self, tenant_id: str, session_id: str) -> SessionRecord:
+        _check_id(session_id)
         tenant, data, kv_state = self._redis.hmget(self._key(session_id), "tenant_id", "data", "kv_state")
         if tenant is None or _text(tenant) != tenant_id:
             raise SessionNotFoundError(session_id)
@@ -146,6 +156,7 @@ class RedisSessionStore:
             start += len(ids) - len(gone)
 
     def delete(self, tenant_id: str, session_id: str) -> SessionRecord:
+        _check_id(session_id)
         keys = [self._key(session_id), self._lease_key(session_id), self._tenant_key(tenant_id),
                 self._expiry_key, self._owner_key]
         removed = self._delete(keys=keys, args=[tenant_id, session_id])
@@ -154,6 +165,7 @@ class RedisSessionStore:
         return self._record(removed[0], removed[1])
 
     def begin_turn(self, tenant_id: str, session_id: str, *, lease_s: float = 600.0) -> TurnLease:
+        _check_id(session_id)
         lease_token = secrets.token_hex(16)
         now = time.time()
         reply = self._begin(
@@ -241,6 +253,11 @@ class RedisSessionStore:
     @property
     def _owner_key(self) -> str:
         return f"{self._prefix}sessions:owner"
+
+
+def _check_id(session_id: str) -> None:
+    if not is_session_id(session_id):
+        raise SessionNotFoundError(session_id[:80])
 
 
 def _text(value: bytes | str) -> str:

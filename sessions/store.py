@@ -29,8 +29,17 @@ class KVState:
     ALL = frozenset({NONE, PINNED, OFFLOADED, DROPPED})
 
 
+MAX_SESSION_ID_CHARS = 64
+
+
 def new_session_id() -> str:
     return f"sess_{secrets.token_hex(12)}"
+
+
+def is_session_id(session_id: str) -> bool:
+    """Could a store have made this id? Ours are `sess_` and hex; any short id without ':' is let through
+    (stores and tests may name their own), since ':' separates the parts of a Redis key."""
+    return 0 < len(session_id) <= MAX_SESSION_ID_CHARS and ":" not in session_id and session_id.isprintable()
 
 
 @dataclass(slots=True)

@@ -11,6 +11,7 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
+import jinja2
 from loraplex.engine.errors import InvalidRequestError, PromptTooLongError
 from loraplex.engine.protocol import SamplingParams
 from loraplex.platform.api.admission import AdmissionTicket, admit_early
@@ -175,9 +176,18 @@ def _chat_size(prepared: PreparedRequest) -> int:
 
 
 def _apply_chat_template(tokenizer: Any, prepared: PreparedRequest) -> list[int]:
-    text = tokenizer.apply_chat_template(
-        prepared.messages, tokenize=False, **{"add_generation_prompt": True, **prepared.template_kwargs}
-    )
+    return render_chat_prompt(tokenizer, prepared.messages or [], prepared.template_kwargs)
+
+
+def render_chat_prompt(tokenizer: Any, messages: list[dict[str, Any]], template_kwargs: dict[str, Any]) -> list[int]:
+    """The prompt's token ids; a template that refuses the conversation is a 400 naming `messages`."""
+    try:
+        text = tokenizer.apply_chat_template(
+            messages, tokenize=False, **{"add_generation_prompt": True, **template_kwargs}
+        )
+    except jinja2.TemplateError as exc:
+        # A template's raise_exception(...) judges the conversation (roles out of order, a role it lacks...)
+        raise InvalidRequestError(f"the model's chat template refused these messages: {exc}", param="messages") from None
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
