@@ -11,6 +11,7 @@ DOMAIN_MODEL_MODULES = (
     "loraplex.platform.db.models",
     "loraplex.adapters.models",
     "loraplex.billing.models",
+    "loraplex.platform.batches.models",
 )
 
 
