@@ -44,6 +44,7 @@ class UsageEvent:
     ttft_ms: float | None = None         # None when no token was produced
     duration_ms: float = 0.0
     user: str | None = None              # the caller's end-user id (OpenAI's `user` field), if it sent one
+    batch_id: str | None = None          # the batch this request is a line of: priced at the batch price
 
     def __post_init__(self) -> None:
         if self.status not in UsageStatus.ALL:

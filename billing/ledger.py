@@ -93,8 +93,7 @@ class Ledger:
         costs = {row["request_id"]: row["cost_picousd"] for row in rows if row["request_id"] in inserted_ids}
         return WriteResult(inserted=inserted, cost_picousd=costs, duplicates=duplicates)
 
-    @staticmethod
-    def _row(event: UsageEvent, prices: list[Price], now: datetime) -> dict[str, Any]:
+    def _row(self, event: UsageEvent, prices: list[Price], now: datetime) -> dict[str, Any]:
         price = select_price(prices, model=event.model, adapter_id=event.adapter_id, at=event.created_at)
         created_at = event.created_at.astimezone(UTC)
         return {
@@ -112,7 +111,7 @@ class Ledger:
             "status": event.status,
             "ttft_ms": event.ttft_ms,
             "duration_ms": event.duration_ms,
-            "cost_picousd": price.cost_picousd(event) if price else 0,
+            "cost_picousd": self.price_book.cost_picousd(price, event) if price else 0,
             "price_id": price.id if price else None,
             "created_at": created_at,
             "day": created_at.date(),

@@ -104,19 +104,31 @@ def select_price(prices: list[Price], *, model: str, adapter_id: str | None, at:
 class PriceBook:
     """Prices from the database.
 
-    The ledger reads the book afresh in every write transaction (`load`), so a
+    Batch API requests cost the book's price less the batch discount (a setting,
+    50% by default, as OpenAI's Batch API). The ledger reads the book afresh in
+    every write transaction (`load`), so a
     stored cost always follows the book as it is stored, whichever process
     added a price. Estimates (the quota's prompt-cost check) use `prices()`,
     cached for `ttl_s`: the table is small and rarely written.
     """
 
-    def __init__(self, session_factory: sessionmaker[Session], *, ttl_s: float = 30.0) -> None:
+    def __init__(self, session_factory: sessionmaker[Session], *, ttl_s: float = 30.0,
+                 batch_discount_percent: int = 50) -> None:
         self._session_factory = session_factory
+        self.batch_discount_percent = batch_discount_percent
         self._ttl_s = ttl_s
         self._prices: list[Price] = []
         self._loaded_at = -float("inf")
         self._ever_loaded = False
         self._lock = threading.Lock()
+
+    def cost_picousd(self, price: Price, event: UsageEvent) -> int:
+        """What the event costs at `price`: a Batch API request (`batch_id` set) at the batch price, the book's
+        price less `batch_discount_percent` (rounded down to a whole pico-USD)."""
+        cost = price.cost_picousd(event)
+        if event.batch_id is None:
+            return cost
+        return cost * (100 - self.batch_discount_percent) // 100
 
     def invalidate(self) -> None:
         self._loaded_at = -float("inf")
