@@ -151,6 +151,7 @@ class RequestRecord:
     time_to_first_token_s: float | None
     error: str | None = None
     user: str | None = None            # the request's `user` (the caller's end-user id), for usage reports
+    batch_id: str | None = None        # the Batch API batch this request is a line of (billed at the batch price)
 
 
 class UsageRecorder(Protocol):
