@@ -58,6 +58,7 @@ def usage_event(record: RequestRecord, *, base_model: str) -> UsageEvent:
         ttft_ms=None if ttft is None else ttft * 1000.0,
         duration_ms=max(record.finished_at - record.started_at, 0.0) * 1000.0,
         user=record.user,
+        batch_id=record.batch_id,
     )
 
 
@@ -153,7 +154,7 @@ def install_billing(
     guard = QuotaGuard(db_sessions, counter, reservation_ttl_s=settings.budget_reservation_ttl_s)
     if redis_client is None:
         _reconcile_at_start(guard)
-    price_book = PriceBook(db_sessions)
+    price_book = PriceBook(db_sessions, batch_discount_percent=settings.batch_price_discount_percent)
     meter = Meter(
         Ledger(db_sessions, price_book),
         spools=build_spools(settings, redis_client),
