@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 from functools import cached_property
 from pathlib import Path
 from typing import Annotated
@@ -70,6 +71,14 @@ class Settings(BaseSettings):
     # Benchmarks: random weights of the model folder's architecture (config.json + tokenizer suffice)
     random_weights: bool = False
     metrics_multiprocess_dir: str | None = None  # set by `serve` for N API servers: their metrics, aggregated
+    # GET /metrics needs `Authorization: Bearer <this>` when set (401 otherwise): its vllm:lora_requests_info
+    # names tenants' adapters. None: open, for scrapers that send no credentials (llm-d's endpoint picker)
+    metrics_bearer_token: str | None = None
+    # KV-cache events in vLLM's format (ZeroMQ PUB, msgpack) for prefix-aware routers such as llm-d's
+    # precise prefix-cache scorer; None: off. `tcp://host:5557` connects to the subscriber (llm-d's picker
+    # binds), `tcp://*:5557` binds here. Topic `kv@<kv_events_pod>@<served model name>`.
+    kv_events_endpoint: str | None = None
+    kv_events_pod: str | None = None    # None: this host's name; on Kubernetes the pod's IP (what llm-d expects)
 
     # HTTP
     host: str = "127.0.0.1"
@@ -126,9 +135,23 @@ class Settings(BaseSettings):
     session_lease_s: float = 600.0      # a turn's hold on its session; a crashed turn frees it after this
     session_busy_wait_s: float = 1.0    # a turn waits this long for the previous one to finish before 409
     session_sweep_interval_s: float = 5.0  # how often expired sessions' pinned KV is released
-    replica_id: str = "replica-0"       # names this engine replica in session records
+    # names this engine replica in session and response records (a turn elsewhere is counted as moved);
+    # the default, the host name, is the pod's name on Kubernetes. Two replicas on one host need their own
+    replica_id: str = Field(default_factory=socket.gethostname)
     # Responses API: how long a stored response (and so a chain through it) can be retrieved and continued
     response_retention_s: int = Field(default=30 * 86400, ge=1)
+    # What one tenant may keep stored (0: no cap). Stored responses (store=true; each keeps its chain's whole
+    # conversation) and live sessions, counted in bytes as stored (their JSON); past a tenant's count or bytes:
+    # 429 stored_state_limit_exceeded naming the setting; one record past its own cap: 400 stored_state_too_large.
+    max_stored_responses_per_tenant: int = Field(default=10_000, ge=0)
+    max_stored_response_bytes_per_tenant: int = Field(default=256 * 1024**2, ge=0)
+    max_stored_response_bytes: int = Field(default=8 * 1024**2, ge=0)
+    max_session_bytes_per_tenant: int = Field(default=256 * 1024**2, ge=0)
+    max_session_bytes: int = Field(default=8 * 1024**2, ge=0)
+    # Caller-chosen strings a stored response keeps although no prompt holds them: input item ids and call ids,
+    # and descriptions (text.format, tools); longer: 400 naming the field
+    max_item_id_chars: int = Field(default=128, ge=8)
+    max_description_chars: int = Field(default=4096, ge=1)
     metering_enabled: bool = True       # off only to measure metering overhead
     billing_batch_size: int = 256       # usage events per ledger write
     billing_journal_lease_s: float = 10.0  # a killed server's Redis journal is taken over this long after it died
@@ -166,7 +189,7 @@ class Settings(BaseSettings):
     max_stop_token_ids: int = Field(default=64, ge=0)
     max_logit_bias_entries: int = Field(default=300, ge=0)  # OpenAI allows 300
     max_n: int = Field(default=16, ge=1)                    # choices per request
-    max_messages: int = Field(default=2048, ge=1)           # chat messages per request
+    max_messages: int = Field(default=2048, ge=1)           # chat messages (and /v1/responses input items) per request
     max_prompts: int = Field(default=256, ge=1)             # prompts in one /v1/completions list
     sse_keepalive_s: float = Field(default=10.0, ge=0)      # ": keep-alive" while a stream waits for its first token; 0: off
     # Browser origins allowed to call the API (CORS), comma-separated or a JSON list; empty: none
