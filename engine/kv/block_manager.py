@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 from loraplex.engine.kv.pin_ledger import PinLedger
 
 if TYPE_CHECKING:
+    from loraplex.engine.kv.events import KVCacheListener
     from loraplex.engine.kv.host_tier import HostTier
     from loraplex.engine.sequence import Sequence
 
@@ -53,7 +54,7 @@ class BlockManager:
     def __init__(
         self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True, *,
         max_pinned_blocks: int | None = None, max_pinned_blocks_per_tenant: int | None = None,
-        host_tier: HostTier | None = None,
+        host_tier: HostTier | None = None, listener: KVCacheListener | None = None,
     ) -> None:
         self.block_size = block_size
         self.num_blocks = num_blocks
@@ -71,6 +72,7 @@ class BlockManager:
         self.host_tier = host_tier  # pinned session KV offloaded to host memory; None: no host KV budget
         self.num_prefix_queries = 0  # prompt tokens looked up in the cache
         self.num_prefix_hits = 0     # of those, tokens found
+        self.listener = listener  # told of blocks entering and leaving the prefix cache (engine/kv/events.py)
 
     # ---- counters -------------------------------------------------------------------------
     @property
@@ -158,6 +160,8 @@ class BlockManager:
             old = self.blocks[block_id]
             if old.hash is not None and self.hash_to_block_id.get(old.hash) == block_id:
                 del self.hash_to_block_id[old.hash]
+                if self.listener is not None:
+                    self.listener.block_removed(old.hash)
         self.blocks[block_id].reset()
         return block_id
 
@@ -176,6 +180,8 @@ class BlockManager:
             if block.hash is None and h not in self.hash_to_block_id:
                 block.hash, block.parent_hash, block.salt, block.token_ids = h, parent, seq.salt, tokens
                 self.hash_to_block_id[h] = block.block_id
+                if self.listener is not None:
+                    self.listener.block_stored(h, parent, tokens, seq.salt)
 
     def deallocate(self, seq: Sequence) -> None:
         for block_id in reversed(seq.block_table):
@@ -292,6 +298,8 @@ class BlockManager:
         block = self.blocks[block_id]
         block.hash, block.parent_hash, block.salt, block.token_ids = h, parent, salt, list(token_ids)
         self.hash_to_block_id[h] = block_id
+        if self.listener is not None:
+            self.listener.block_stored(h, parent, block.token_ids, salt)
         return block_id
 
     def evict_oldest_pin(self) -> str | None:
