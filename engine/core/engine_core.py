@@ -131,7 +131,7 @@ class EngineCore:
             pass  # being heard from is the point
         elif isinstance(message, Hello):
             self._send(identity, Ready(os.getpid(), self.engine.max_model_len, self.engine.num_blocks))
-            self._send(identity, Stats(self.engine.stats()))
+            self._send(identity, Stats(self._stats()))
         elif isinstance(message, Shutdown):
             for request_id in list(self._compiling):
                 self._drop_compiling(request_id)
@@ -198,6 +198,13 @@ class EngineCore:
             return Reply(call.call_id, None, f"{type(exc).__name__}: {exc}")
 
     # ---- output ---------------------------------------------------------------------------
+    def _stats(self) -> dict[str, Any]:
+        """The engine's counters and the adapters its requests run and wait on (gateways route by them)."""
+        scheduler = self.engine.scheduler
+        return {**self.engine.stats(),
+                "running_adapter_ids": sorted({a for a in scheduler.running_adapter_ids() if a}),
+                "waiting_adapter_ids": sorted({a for a in scheduler.queued_adapter_ids() if a})}
+
     def _deliver(self, outputs: list[RequestOutput]) -> None:
         for output in outputs:
             identity = self._owner.get(output.request_id)
@@ -209,7 +216,7 @@ class EngineCore:
     def _flush(self) -> None:
         if not self._pending:
             return
-        stats = self.engine.stats()
+        stats = self._stats()
         for identity, (outputs, failures) in self._pending.items():
             if outputs or failures:
                 self._send(identity, Outputs(outputs, failures, stats))
@@ -221,7 +228,7 @@ class EngineCore:
             return
         self._last_stats = now
         self._receive(timeout_ms=0)  # pings that arrived during a long step count: only silence is forgotten
-        message = Stats(self.engine.stats())
+        message = Stats(self._stats())
         for identity, last_seen in list(self._clients.items()):
             if now - last_seen > self.client_timeout_s:
                 self._forget(identity)
