@@ -7,7 +7,8 @@ directory (PROMETHEUS_MULTIPROC_DIR for the library, `multiprocess_dir`
 here), each process writes its counters there, and a scrape of any of them
 reads all. The engine's and sessions' gauges come from the engine core's
 own counters, which every API server sees alike, so they are rendered from
-the scraped process only.
+the scraped process only. The same numbers also appear under vLLM's names
+(platform/metrics_vllm.py), for gateways and dashboards made for vLLM.
 """
 
 from __future__ import annotations
@@ -17,12 +18,14 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from loraplex.platform.metrics_vllm import with_aliases
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, multiprocess
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 _INTER_TOKEN_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
+_REQUEST_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0, 320.0, 640.0)
 
 # engine.stats() key -> (metric name, help). Read at scrape time, so the gauges are never stale.
 ENGINE_GAUGES = {
@@ -36,8 +39,9 @@ ENGINE_GAUGES = {
 
 
 class Metrics:
-    def __init__(self, multiprocess_dir: str | None = None) -> None:
+    def __init__(self, multiprocess_dir: str | None = None, *, model_name: str = "") -> None:
         self.multiprocess_dir = multiprocess_dir
+        self.model_name = model_name  # the `model_name` label of the vLLM-named series
         self._collectors: list[Collector] = []  # read at scrape time from this process (engine, sessions)
         self.registry = CollectorRegistry()
         self.requests = Counter(
@@ -50,6 +54,14 @@ class Metrics:
         self.inter_token_latency = Histogram(
             "loraplex_inter_token_latency_seconds", "Time between consecutive outputs of a request",
             buckets=_INTER_TOKEN_BUCKETS, registry=self.registry,
+        )
+        self.request_duration = Histogram(
+            "loraplex_request_duration_seconds", "Arrival to last output of a request that generated",
+            buckets=_REQUEST_BUCKETS, registry=self.registry,
+        )
+        self.session_turns_moved = Counter(
+            "loraplex_session_turns_moved", "Session turns and Responses continuations served by another replica "
+            "than the one holding their KV (prefilled again from the transcript)", registry=self.registry,
         )
         self.tokens_in = Counter("loraplex_prompt_tokens", "Prompt tokens processed", registry=self.registry)
         self.tokens_cached = Counter("loraplex_cached_prompt_tokens", "Prompt tokens from cache", registry=self.registry)
@@ -76,13 +88,25 @@ class Metrics:
         self.register_collector(_EngineCollector(stats))
 
     def render(self) -> bytes:
-        if self.multiprocess_dir is None:
-            return generate_latest(self.registry)
-        registry = CollectorRegistry()
-        multiprocess.MultiProcessCollector(registry, path=self.multiprocess_dir)
-        for collector in self._collectors:
-            registry.register(collector)
-        return generate_latest(registry)
+        """The exposition text (reads engine stats and, with several API servers, their files: not on the loop)."""
+        registry = self.registry
+        if self.multiprocess_dir is not None:
+            registry = CollectorRegistry()
+            multiprocess.MultiProcessCollector(registry, path=self.multiprocess_dir)
+            for collector in self._collectors:
+                registry.register(collector)
+        return generate_latest(_Aliased(registry, self.model_name))
+
+
+class _Aliased:
+    """What generate_latest reads: the registry's families, plus vLLM's names for our histograms."""
+
+    def __init__(self, registry: CollectorRegistry, model_name: str) -> None:
+        self._registry = registry
+        self._model_name = model_name
+
+    def collect(self) -> Iterator[Any]:
+        return with_aliases(self._registry.collect(), self._model_name)
 
 
 class _EngineCollector(Collector):
@@ -117,6 +141,7 @@ class TokenTimer:
         self._last: float | None = None
         self._gaps: list[float] = []
         self.time_to_first_token_s: float | None = None
+        self._ended = False
 
     def on_output(self, received_at: float | None = None) -> None:
         """An output read; `received_at`: when its first token reached this process, where outputs were held
@@ -130,9 +155,13 @@ class TokenTimer:
         self._last = now
 
     def flush(self) -> None:
+        """The request ended: its gaps, and its whole duration if it generated anything."""
         gaps, self._gaps = self._gaps, []
         if gaps:
             observe_many(self._metrics.inter_token_latency, gaps)
+        if self._last is not None and not self._ended:
+            self._ended = True
+            self._metrics.request_duration.observe(self._last - self._arrival)
 
 
 def observe_many(histogram: Histogram, values: list[float]) -> None:

@@ -21,6 +21,7 @@ from loraplex.platform.db.session import make_db_engine, make_session_factory
 from loraplex.platform.extensions import BaseModelResolver, Extensions
 from loraplex.platform.metering import install_billing
 from loraplex.platform.metrics import Metrics
+from loraplex.platform.metrics_vllm import install_vllm_metrics
 from loraplex.platform.pipeline import RequestPipeline
 from loraplex.platform.ratelimit.limiter import make_rate_limiter
 from loraplex.platform.reasoning import install_reasoning
@@ -120,6 +121,7 @@ def build_services(settings: Settings, engine: EngineClient | None = None, *, me
     extensions = build_extensions(
         settings, base_model_name=base_model_name, engine=engine, db_sessions=db_sessions, metrics=metrics
     )
+    install_vllm_metrics(metrics, settings, engine.stats, base_model_name=base_model_name, extensions=extensions)
     return Services(
         settings=settings,
         db_engine=db_engine,

@@ -1,12 +1,14 @@
-"""Liveness (/healthz), readiness (/readyz) and Prometheus metrics (no auth: probed by infrastructure)."""
+"""Liveness (/healthz), readiness (/readyz) and Prometheus metrics (probed by infrastructure: no API key)."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 
-from fastapi import APIRouter, Response
+from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 from loraplex.platform.deps import AppServices
+from loraplex.platform.metrics_vllm import check_metrics_token
 from loraplex.platform.readiness import check_readiness
 from prometheus_client import CONTENT_TYPE_LATEST
 
@@ -36,5 +38,7 @@ async def readyz(services: AppServices) -> JSONResponse:
 
 
 @router.get("/metrics")
-async def metrics(services: AppServices) -> Response:
-    return Response(services.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+async def metrics(services: AppServices, request: Request) -> Response:
+    """Ours and vLLM's names (platform/metrics_vllm.py); with `metrics_bearer_token` set, only with it."""
+    check_metrics_token(request.headers.get("authorization"), services.settings.metrics_bearer_token)
+    return Response(await asyncio.to_thread(services.metrics.render), media_type=CONTENT_TYPE_LATEST)
