@@ -14,6 +14,7 @@ import multiprocessing
 import os
 import secrets
 import signal
+import socket
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -84,12 +85,31 @@ def run_engine_core(settings: Settings, address: str) -> None:
                            max_spec_bytes=settings.grammar_max_spec_bytes, backend=settings.grammar_backend,
                            cache_dir=settings.grammar_cache_dir)
     compiler = GrammarCompilerService(engine.tokenizer, engine.model_config.vocab_size, limits)
+    kv_events = start_kv_events(settings, engine.block_manager, source.registry.find)
     try:
         EngineCore(engine, address, grammar_codec=SpecGrammarCodec(compiler)).run()
     finally:
+        if kv_events is not None:
+            kv_events.close()
         engine.close()
         compiler.close()
         db_engine.dispose()
+
+
+def start_kv_events(settings: Settings, block_manager: Any, find_adapter: Callable[[str], Any]) -> Any:
+    """With `kv_events_endpoint` set, publish the block manager's KV-cache events there (engine/kv/events.py)."""
+    if settings.kv_events_endpoint is None:
+        return None
+    from loraplex.engine.kv.events import ZmqKVEventPublisher, topic_for
+    from loraplex.platform.metrics_vllm import AdapterNames
+    from loraplex.platform.wiring import served_model_name
+
+    topic = topic_for(settings.kv_events_pod or socket.gethostname(), served_model_name(settings))
+    publisher = ZmqKVEventPublisher(settings.kv_events_endpoint, topic, block_size=settings.kv_block_size,
+                                    lora_name=AdapterNames(find_adapter))
+    block_manager.listener = publisher
+    log.info("publishing KV-cache events on %s, topic %s", settings.kv_events_endpoint, topic)
+    return publisher
 
 
 def _build_engine(settings: Settings, model_path: Any, config: Any, **kwargs: Any) -> Any:
