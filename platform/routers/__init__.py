@@ -10,6 +10,8 @@ def all_routers() -> list[APIRouter]:
         adapters,
         admin,
         admin_billing,
+        batches,
+        files,
         health,
         openai_api,
         responses,
@@ -18,4 +20,4 @@ def all_routers() -> list[APIRouter]:
     )
 
     return [health.router, openai_api.router, responses.router, admin.router, admin_billing.router, usage.router,
-            sessions.router, adapters.router]
+            sessions.router, adapters.router, files.router, batches.router]
