@@ -9,6 +9,7 @@ from typing import Any
 from fastapi import FastAPI
 from loraplex.platform.api.cors import install_cors
 from loraplex.platform.api.request_limits import RequestLimits
+from loraplex.platform.batches.worker import install_batches
 from loraplex.platform.body_limit import BodyLimits
 from loraplex.platform.edge import EdgeMiddleware
 from loraplex.platform.errors import install_error_handlers
@@ -32,6 +33,7 @@ def create_app(settings: Settings | None = None, engine: Any | None = None) -> F
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         services = build_services(settings, engine, metrics=metrics)
         app.state.services = services
+        install_batches(services)  # the Batch API's store and this process's batch worker
         try:
             yield
         finally:
