@@ -28,7 +28,7 @@ from loraplex.platform.errors import error_body
 from starlette.types import Receive, Send
 
 AUTHENTICATED_PREFIX = "/v1/"
-UPLOAD_PATH = "/v1/adapters"
+UPLOAD_PATHS = ("/v1/adapters", "/v1/files")  # POST bodies under the upload limit; the routes enforce their own
 _MAX_KEY_LENGTH = 256  # our keys are 47 characters; anything far longer cannot be one
 
 
@@ -40,7 +40,7 @@ class BodyLimits:
     max_tools: int = 128
 
     def limit_for(self, path: str, method: str) -> int:
-        return self.max_upload_bytes if (path == UPLOAD_PATH and method == "POST") else self.max_body_bytes
+        return self.max_upload_bytes if (path in UPLOAD_PATHS and method == "POST") else self.max_body_bytes
 
     def probes(self, path: str, method: str) -> bool:
         return self.request_limits is not None and method == "POST" and path in PROBED_PATHS
