@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from loraplex.engine.core.client import EngineClient
 from loraplex.engine.errors import InvalidRequestError
+from loraplex.platform.affinity import served_elsewhere
 from loraplex.platform.extensions import (
     Extensions,
     MessageParser,
@@ -29,7 +30,7 @@ from loraplex.platform.settings import Settings
 from loraplex.sessions.errors import SessionNotFoundError
 from loraplex.sessions.memory_store import MemorySessionStore
 from loraplex.sessions.redis_store import RedisSessionStore
-from loraplex.sessions.store import SessionStore
+from loraplex.sessions.store import KVState, SessionStore
 from loraplex.sessions.turns import AnswerCapture, OpenTurn, SessionTurns, conversation
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
@@ -37,13 +38,15 @@ from prometheus_client.registry import Collector
 log = logging.getLogger(__name__)
 
 _RECORDED = {RequestStatus.COMPLETED, RequestStatus.STOPPED, RequestStatus.LENGTH}
+_HELD = (KVState.PINNED, KVState.OFFLOADED)  # a replica's engine has the session's KV
 
 
 class SessionStage:
     """pipeline.Stage turning a chat completion with `session_id` into a session turn (module docstring)."""
 
-    def __init__(self, turns: SessionTurns) -> None:
+    def __init__(self, turns: SessionTurns, on_moved: Callable[[], None] = lambda: None) -> None:
         self.turns = turns
+        self.on_moved = on_moved  # a turn whose KV another replica holds (platform/affinity.py)
 
     async def __call__(self, prepared: PreparedRequest) -> StageAdditions | None:
         session_id = prepared.session_id
@@ -55,6 +58,9 @@ class SessionStage:
             raise InvalidRequestError("a session turn has exactly one choice: n must be 1", param="n")
         new_messages = list(prepared.messages or [])
         turn = await asyncio.to_thread(self.turns.begin, prepared.tenant_id, session_id, new_messages)
+        session = turn.lease.session
+        if served_elsewhere(session.replica_id, self.turns.replica_id, session.kv_state in _HELD):
+            self.on_moved()
         try:
             additions = self._additions(prepared, turn)
         except BaseException:
@@ -156,7 +162,7 @@ def install_sessions(extensions: Extensions, settings: Settings, *, engine: Engi
     turns = SessionTurns(make_session_store(settings), replica_id=settings.replica_id, lease_s=settings.session_lease_s,
                          release=engine.release_session, busy_wait_s=settings.session_busy_wait_s)
     extensions.domain_state["sessions"] = turns
-    extensions.stages["session"] = SessionStage(turns)
+    extensions.stages["session"] = SessionStage(turns, metrics.session_turns_moved.inc if metrics else lambda: None)
     if metrics is not None:
         metrics.register_collector(_SessionCollector(turns, engine))
     try:

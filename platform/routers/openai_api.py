@@ -6,6 +6,7 @@ import time
 from functools import partial
 
 from fastapi import APIRouter, Request, Response
+from loraplex.platform.affinity import affinity_headers, session_id_from
 from loraplex.platform.api.chat_response import collect_chat, stream_chat
 from loraplex.platform.api.completion_response import collect_completion, stream_completion
 from loraplex.platform.api.generation import Generation
@@ -47,13 +48,16 @@ def _model_public(model: ServedModel, base_model_name: str) -> dict:
 async def create_chat_completion(body: ChatCompletionRequest, key: InferenceKey, request: Request) -> Response:
     services: Services = request.app.state.services
     check_request_limits(body, services.request_limits)
+    body.session_id = session_id_from(request.headers, body.session_id)
     prepared = await prepare_chat(services, key, body, request.state.request_id)
     gen = Generation(services, key, prepared)
-    return await respond(
+    response = await respond(
         request, gen, stream=body.stream,
         collect=partial(collect_chat, texts=services.token_texts, created=int(time.time())),
         streamer=partial(stream_chat, texts=services.token_texts),
     )
+    response.headers.update(affinity_headers(request.headers, prepared.session_id))  # platform/affinity.py
+    return response
 
 
 @router.post("/completions")

@@ -8,8 +8,9 @@ from __future__ import annotations
 import asyncio
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Query, Request, Response
 from loraplex.engine.errors import InvalidRequestError
+from loraplex.platform.affinity import affinity_headers
 from loraplex.platform.deps import AppServices, InferenceKey
 from loraplex.sessions.limits import SessionLimits, check_session_create
 from loraplex.sessions.store import KVState, SessionRecord, new_session_id
@@ -60,7 +61,8 @@ def _turns(services: Any) -> SessionTurns:
 
 
 @router.post("/sessions")
-async def create_session(body: SessionCreate, key: InferenceKey, services: AppServices) -> dict[str, Any]:
+async def create_session(body: SessionCreate, key: InferenceKey, services: AppServices, request: Request,
+                         response: Response) -> dict[str, Any]:
     settings = services.settings
     ttl = settings.session_ttl_s if body.ttl_seconds is None else body.ttl_seconds
     if not 1 <= ttl <= settings.session_max_ttl_s:
@@ -75,6 +77,7 @@ async def create_session(body: SessionCreate, key: InferenceKey, services: AppSe
         ttl_seconds=ttl,
     )
     await asyncio.to_thread(_turns(services).store.create, record, max_per_tenant=settings.max_sessions_per_tenant)
+    response.headers.update(affinity_headers(request.headers, record.id))  # balancers learn the key (affinity.py)
     return session_public(record)
 
 
