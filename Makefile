@@ -11,6 +11,7 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.loraplex-installed
 TEST_STAMP := $(VENV)/.loraplex-test-installed
+DOCS_STAMP := $(VENV)/.loraplex-docs-installed
 PORT ?= 8000
 TORCH_VERSION ?= 2.13.0
 # Where torch comes from: empty means pip's configured indexes. PyPI's Linux torch wheels are CUDA builds
@@ -20,7 +21,7 @@ GPU_VENV ?= .venv-gpu
 GPU_TORCH_INDEX ?=
 PYTEST_ARGS ?=
 
-.PHONY: install install-test model serve serve-gpu services test lint clean-venv
+.PHONY: install install-test model serve serve-gpu services test lint docs clean-venv
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -34,7 +35,7 @@ $(STAMP): pyproject.toml | $(PY)
 	touch $(STAMP)
 
 $(TEST_STAMP): $(STAMP) pyproject.toml
-	$(PIP) install -e '.[test]'
+	$(PIP) install -e '.[test,docs]'
 	# instructor pins jiter<0.15 while the openai SDK needs >=0.16; its code works with both, so without its pins
 	$(PIP) install --no-deps 'instructor>=1.10'
 	touch $(TEST_STAMP)
@@ -66,11 +67,20 @@ services:
 	@for i in $$(seq 1 30); do redis-cli -h 127.0.0.1 -p 6379 ping >/dev/null 2>&1 && break; sleep 1; done
 	@test -x /usr/bin/chromium || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; }
 
-test: $(TEST_STAMP) services model
+test: $(TEST_STAMP) services model docs
 	# The browser tests drive Playwright, whose sync API leaves an asyncio loop running in the
 	# main thread; they get a pytest process of their own so async tests never see that loop.
 	$(VENV)/bin/pytest -m "not gpu and not browser" --timeout=900 $(PYTEST_ARGS)
 	$(VENV)/bin/pytest -m "browser and not gpu" --timeout=900 $(PYTEST_ARGS) tests/browser
+
+# The documentation site (mkdocs.yml, docs/): --strict fails on a broken link or a page left out of the nav.
+# Its configuration and benchmark pages are generated at build time (docs/hooks/), so they cannot drift.
+$(DOCS_STAMP): $(STAMP) pyproject.toml
+	$(PIP) install -e '.[docs]'
+	touch $(DOCS_STAMP)
+
+docs: $(DOCS_STAMP)
+	$(VENV)/bin/mkdocs build --strict --quiet
 
 lint: $(TEST_STAMP)
 	$(VENV)/bin/ruff check .
