@@ -31,6 +31,7 @@ from loraplex.engine.runner import StepResult, runner_class_for
 from loraplex.engine.sampler import new_generator
 from loraplex.engine.scheduler import Scheduler, SchedulerOutput
 from loraplex.engine.sequence import Sequence
+from loraplex.engine.step_isolation import execute_isolating
 from loraplex.engine.step_overlap import StepOverlap
 
 logger = logging.getLogger(__name__)
@@ -319,10 +320,10 @@ class LLMEngine:
         try:
             if self.host_tier is not None:
                 self.runner.swap_kv(self.host_tier.take_swaps())  # before any K/V of this step is written
-            result = self.runner.execute(scheduled)
         except Exception as exc:
-            logger.exception("model step failed; failing the requests of this batch")
+            logger.exception("moving KV between host and device failed; failing the requests of this batch")
             return outputs + self._fail_batch(scheduled, exc)
+        result = execute_isolating(self.runner.execute, scheduled)
         return outputs + self._update(scheduled, result)
 
     def _fail_unready(self) -> list[RequestOutput]:

@@ -66,6 +66,15 @@ def _apply_token_bitmask_unpacked(logits: torch.Tensor, bitmask: torch.Tensor) -
     logits.masked_fill_(~allowed, float("-inf"))
 
 
+def _uniform(seq: Sequence) -> float:
+    """The row's one uniform for this position, drawn once: a step retried after a batch mate's failure
+    (engine/step_isolation.py) reuses it, so the retry samples the same token."""
+    position = len(seq.token_ids)
+    if seq.drawn_at != position:
+        seq.drawn_at, seq.drawn_value = position, float(torch.rand(1, generator=seq.generator))
+    return seq.drawn_value
+
+
 class Sampler:
     def __init__(self, vocab_size: int, tokenizer_vocab_size: int) -> None:
         self.vocab_size = vocab_size
@@ -193,7 +202,7 @@ class Sampler:
             probs = probs.masked_fill(probs < min_ps * probs.max(dim=-1, keepdim=True).values, 0.0)
         # Inverse-CDF draw with one uniform per row from that row's own generator: cheap,
         # and a row's token never depends on the other rows of the batch.
-        uniforms = torch.cat([torch.rand(1, generator=seqs[i].generator) for i in random_rows])
+        uniforms = torch.tensor([_uniform(seqs[i]) for i in random_rows])
         cdf = probs.cumsum(dim=-1)
         targets = (uniforms * cdf[:, -1]).unsqueeze(1)
         picked = torch.searchsorted(cdf, targets, right=True).squeeze(1).clamp_(max=probs.shape[-1] - 1)

@@ -34,6 +34,8 @@ class Sequence:
         "background",
         "block_hashes",
         "block_table",
+        "drawn_at",
+        "drawn_value",
         "forced_token_ids",
         "generator",
         "index",
@@ -96,6 +98,8 @@ class Sequence:
         self.background = False    # batch work: runs on capacity interactive work leaves
         self.protected_until = 0   # scheduler step before which fairness does not preempt it again
         self.was_preempted = False
+        self.drawn_at = -1         # the position whose random draw `drawn_value` is (a retried step reuses it)
+        self.drawn_value = 0.0
 
     def __len__(self) -> int:
         return len(self.token_ids)

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 from loraplex.engine.protocol import RequestOutput
 from loraplex.engine.scheduler import SchedulerOutput
 from loraplex.engine.sequence import Sequence
+from loraplex.engine.step_isolation import execute_isolating
 
 if TYPE_CHECKING:
     from loraplex.engine.llm_engine import LLMEngine
@@ -82,12 +83,13 @@ class StepOverlap:
             return outputs + self._run_now(self._live(scheduled))
         try:
             launched = engine.runner.launch(scheduled, feed=pending)
-        except Exception as exc:
+        except Exception:
+            # Run it again on its own, where a failing row is found and fails alone (engine/step_isolation.py).
             self._retreat(advanced)
-            logger.exception("model step failed; failing the requests of this batch")
+            logger.exception("launching a step ahead failed; running it on its own")
             if pending is not None:
                 outputs += self._complete(pending)
-            return outputs + engine._fail_batch(self._live(scheduled), exc)
+            return outputs + self._run_now(self._live(scheduled))
         self._retreat(advanced)
         if pending is not None:
             self.num_steps_ahead += 1
@@ -109,11 +111,10 @@ class StepOverlap:
         try:
             if engine.host_tier is not None:
                 engine.runner.swap_kv(engine.host_tier.take_swaps())
-            result = engine.runner.execute(scheduled)
         except Exception as exc:
-            logger.exception("model step failed; failing the requests of this batch")
+            logger.exception("moving KV between host and device failed; failing the requests of this batch")
             return engine._fail_batch(scheduled, exc)
-        return engine._update(scheduled, result)
+        return engine._update(scheduled, execute_isolating(engine.runner.execute, scheduled))
 
     def _complete(self, pending: Any) -> list[RequestOutput]:
         engine = self.engine
@@ -134,7 +135,9 @@ class StepOverlap:
                                scheduled.num_preempted)
 
     def _launchable(self, scheduled: SchedulerOutput) -> bool:
+        host_tier = self.engine.host_tier
         return (all(n == 1 for n in scheduled.num_new_tokens) and not scheduled.num_preempted
+                and not scheduled.num_fairness_preempted and not (host_tier is not None and host_tier.swaps)
                 and all(self._plain(s) for s in scheduled.seqs)
                 and self.engine.runner.can_launch(scheduled))
 
