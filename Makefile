@@ -80,7 +80,7 @@ $(DOCS_STAMP): $(STAMP) pyproject.toml
 	touch $(DOCS_STAMP)
 
 docs: $(DOCS_STAMP)
-	$(VENV)/bin/mkdocs build --strict --quiet
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
 
 lint: $(TEST_STAMP)
 	$(VENV)/bin/ruff check .
