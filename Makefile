@@ -66,6 +66,7 @@ services:
 			--dir /var/lib/redis --logfile /var/log/redis/ci.log
 	@for i in $$(seq 1 30); do redis-cli -h 127.0.0.1 -p 6379 ping >/dev/null 2>&1 && break; sleep 1; done
 	@test -x /usr/bin/chromium || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; }
+	@test -x /usr/sbin/haproxy || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq haproxy; }
 
 test: $(TEST_STAMP) services model docs
 	# The browser tests drive Playwright, whose sync API leaves an asyncio loop running in the
