@@ -19,7 +19,6 @@ import json
 import os
 import platform
 import statistics
-import sys
 import tempfile
 import time
 from datetime import UTC, datetime
@@ -27,25 +26,21 @@ from pathlib import Path
 from typing import Any
 
 import torch
-
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tests" / "fixtures"))
-
-from loraplex.adapters.base_model import BaseModelSpec  # noqa: E402
-from loraplex.adapters.source import FolderAdapterSource  # noqa: E402
-from loraplex.engine.config import (  # noqa: E402
+from loraplex.adapters.base_model import BaseModelSpec
+from loraplex.adapters.random_adapters import write_random_adapter
+from loraplex.adapters.source import FolderAdapterSource
+from loraplex.engine.config import (
     AdapterLimits,
     EngineConfig,
     ModelConfig,
 )
-from loraplex.engine.llm_engine import LLMEngine  # noqa: E402
-from loraplex.engine.lora.manager import LoRAManager  # noqa: E402
-from loraplex.engine.model.default_model import ensure_default_model  # noqa: E402
-from loraplex.engine.model.loader import load_model  # noqa: E402
-from loraplex.engine.protocol import EngineRequest, SamplingParams  # noqa: E402
-from random_adapters import write_random_adapter  # noqa: E402
-from train_adapters import chat_prompt_ids  # noqa: E402
+from loraplex.engine.llm_engine import LLMEngine
+from loraplex.engine.lora.manager import LoRAManager
+from loraplex.engine.model.default_model import ensure_default_model
+from loraplex.engine.model.loader import load_model
+from loraplex.engine.protocol import EngineRequest, SamplingParams
 
+REPO = Path(__file__).resolve().parents[1]
 PROMPTS = [
     "What is the capital of France?", "Name a colour.", "How are you today?", "What is two plus two?",
     "Tell me about the sea.", "What do cats eat?", "Where is the sun?", "Give me a fruit.",
@@ -70,6 +65,12 @@ def machine() -> dict[str, Any]:
             break
     return {"cpu": cpu, "cores": os.cpu_count(), "gpu": None, "torch": torch.__version__, "triton": triton.__version__,
             "load_average_at_start": os.getloadavg()[0]}
+
+
+def chat_prompt_ids(tokenizer: Any, prompt: str) -> list[int]:
+    text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
+                                         add_generation_prompt=True)
+    return tokenizer.encode(text)
 
 
 def build_requests(tokenizer: Any, names: list[str], num_requests: int) -> list[tuple[str | None, list[int]]]:

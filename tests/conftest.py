@@ -25,6 +25,7 @@ from typing import Any
 import pytest
 import torch
 from local_serving import free_port, serve_in_thread
+from rss_report import register as register_rss_report
 
 # Triton picks compile or interpret when a kernel is decorated, i.e. when its module is
 # first imported, and other test folders import engine code (with kernels) long before
@@ -37,6 +38,10 @@ MODELS_DIR = REPO_ROOT / "data" / "models"
 PG_ADMIN_DSN = os.environ.get("LORAPLEX_TEST_PG_ADMIN_DSN", "host=127.0.0.1 port=5432 user=postgres dbname=postgres")
 PG_URL_TEMPLATE = os.environ.get("LORAPLEX_TEST_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/{name}")
 REDIS_TEST_URL = os.environ.get("LORAPLEX_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    register_rss_report(config)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -77,3 +77,29 @@ def test_no_test_module_imports_from_conftest() -> None:
                  if any(line.startswith(("from conftest import", "import conftest"))
                         for line in path.read_text().splitlines())]
     assert offenders == []
+
+
+def _python_files(folder: str) -> list[Path]:
+    return [path for path in sorted((ROOT / folder).rglob("*.py")) if "__pycache__" not in path.parts]
+
+
+def test_tests_never_edit_sys_path() -> None:
+    """Helper modules import by name through pytest's `pythonpath` (pyproject.toml), not per-file path edits."""
+    offenders = [str(path.relative_to(ROOT)) for path in _python_files("tests")
+                 if path != Path(__file__).resolve() and "sys.path.insert" in path.read_text()]
+    assert offenders == []
+
+
+def test_benchmarks_import_nothing_from_tests() -> None:
+    """What a benchmark shares with the tests lives in the package or in benchmarks/."""
+    helpers = {path.stem for path in _python_files("tests") if not path.stem.startswith(("test_", "conftest"))}
+    offenders = []
+    for path in _python_files("benchmarks"):
+        for line in path.read_text().splitlines():
+            words = line.split()
+            if len(words) >= 2 and words[0] in ("import", "from") and words[1].split(".")[0] in helpers - {
+                    path.stem for path in _python_files("benchmarks")}:
+                offenders.append(f"{path.relative_to(ROOT)}: {line.strip()}")
+            if "sys.path" in line and "tests" in line:
+                offenders.append(f"{path.relative_to(ROOT)}: {line.strip()}")
+    assert offenders == []

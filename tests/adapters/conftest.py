@@ -2,16 +2,11 @@
 
 from __future__ import annotations
 
-import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
-# tests/fixtures holds plain scripts (no package); make them importable by name.
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures"))
-
 from loraplex.adapters.base_model import BaseModelSpec
 from loraplex.adapters.registry import SqlAdapterRegistry
 from random_adapters import tiny_spec

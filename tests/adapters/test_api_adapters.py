@@ -7,7 +7,6 @@ Validation runs in the in-process worker thread here (no Redis configured);
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
 import httpx
 import pytest
@@ -114,9 +113,6 @@ def test_delete_refused_while_a_request_streams(server, trained_adapters):  # ty
 
 
 def test_failed_validation_reports_reason(server, smollm_spec, tmp_path):  # type: ignore[no-untyped-def]
-    import sys
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures"))
     from random_adapters import write_random_adapter
 
     folder = write_random_adapter(tmp_path / "big", smollm_spec, r=128, targets=("q_proj",))

@@ -17,10 +17,8 @@ from __future__ import annotations
 
 import logging
 import random
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import httpx
 import pytest
@@ -29,8 +27,6 @@ from log_capture import captured_logs
 from loraplex.billing.models import UsageEventRow
 from metering_load_traffic import MIX, MODEL, Sent, send, shuffled_kinds
 from sqlalchemy import select
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures"))
 
 NUM_REQUESTS = 500
 NUM_DROPPED = 50

@@ -7,16 +7,11 @@ engine did, honour thinking budgets, and bill them in the ledger.
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import openai
 import pytest
 from adapter_upload import upload_adapter
 from loraplex.billing.models import UsageEventRow
 from sqlalchemy import select
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures"))
 
 MODEL = "SmolLM2-135M-Instruct"
 ASK = [{"role": "user", "content": "What is the capital of France?"}]

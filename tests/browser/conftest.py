@@ -23,8 +23,6 @@ CHROMIUM_ARGS = [
     "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
     "--disable-background-networking", "--disable-component-update", "--disable-sync",
 ]
-# tests/fixtures holds plain scripts (no package), as the adapters tests use them
-sys.path.insert(0, str(REPO_ROOT / "tests" / "fixtures"))
 VIEWPORTS = {"desktop": {"width": 1280, "height": 900}, "phone": {"width": 390, "height": 844}}
 
 

@@ -6,16 +6,13 @@ from __future__ import annotations
 
 import base64
 import re
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from make_serve import MakeServe, prepare_checkout
 from playwright.sync_api import expect
 from portal_steps import sign_in
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "readme"))
-from make_serve import MakeServe, prepare_checkout
 
 READY_TIMEOUT_MS = 180_000
 

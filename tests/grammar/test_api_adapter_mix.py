@@ -4,16 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import json
-import sys
-from pathlib import Path
 
 import jsonschema
 import openai
 import pytest
 from adapter_upload import upload_adapter
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures"))
-
 from train_adapters import ensure_trained_adapters
 
 SCHEMA = {

@@ -4,15 +4,11 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 import tarfile
 from pathlib import Path
 
 import httpx
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures"))
-
 from random_adapters import write_random_adapter
 
 REPO = Path(__file__).resolve().parents[2]

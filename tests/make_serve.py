@@ -21,7 +21,7 @@ from pathlib import Path
 import httpx
 from local_serving import free_port
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[1]
 CONVERTED_MODEL = REPO_ROOT / "data" / "models" / "SmolLM2-135M-Instruct"
 INSTALL_STAMP = ".venv/.loraplex-installed"
 DEMO_KEY = re.compile(r"^\s+(lpx_[A-Za-z0-9_-]{20,})\s*$", re.MULTILINE)
