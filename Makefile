@@ -51,7 +51,7 @@ serve: model
 	LORAPLEX_PORT=$(PORT) $(VENV)/bin/loraplex serve --demo
 
 # A venv of its own, so the CPU build in .venv never shadows the CUDA one. No demo tenant: create
-# tenants and keys with `loraplex tenants create` / `keys create` (README, Running in production).
+# tenants and keys with `loraplex tenants create` / `keys create` (docs/production.md, Tenants and keys).
 serve-gpu:
 	$(MAKE) install VENV=$(GPU_VENV) TORCH_INDEX=$(GPU_TORCH_INDEX)
 	$(GPU_VENV)/bin/python -c "import torch; assert torch.cuda.is_available(), 'torch sees no CUDA GPU'"

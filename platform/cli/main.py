@@ -9,7 +9,7 @@ from loraplex.platform.cli.serve import serve
 app = typer.Typer(
     name="loraplex",
     help="Multi-tenant LLM API: serve the OpenAI-compatible API, migrate the database, manage tenants and keys.\n\n"
-    "Configuration comes from LORAPLEX_* environment variables (see README).",
+    "Configuration comes from LORAPLEX_* environment variables (see docs/configuration.md).",
     no_args_is_help=True,
     add_completion=False,
 )
