@@ -197,7 +197,7 @@ class LLMEngine:
         if any(not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < vocab for t in prompt):
             raise InvalidRequestError(f"prompt holds token ids outside [0, {vocab})", param="prompt")
         sampling = request.sampling
-        sampling.validate()
+        sampling.validate(vocab)
         if sampling.logit_bias and max(sampling.logit_bias) >= vocab:
             raise InvalidRequestError(f"logit_bias holds token ids outside [0, {vocab})", param="logit_bias")
         total = len(prompt) + sampling.max_tokens

@@ -7,6 +7,7 @@ hold objects that satisfy the protocols in `engine.interfaces`.
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -47,44 +48,70 @@ class SamplingParams:
     max_reasoning_tokens: int | None = None  # thinking budget; needs EngineRequest.reasoning
     logit_bias: dict[int, float] | None = None  # token id -> added to its logit before drawing (OpenAI's -100..100)
 
-    def validate(self) -> None:
-        """Raise InvalidRequestError naming the first bad field."""
-        if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
-            raise InvalidRequestError("max_tokens must be an integer >= 1", param="max_tokens")
-        if self.temperature < 0:
-            raise InvalidRequestError("temperature must be >= 0", param="temperature")
-        if not 0.0 < self.top_p <= 1.0:
-            raise InvalidRequestError("top_p must be in (0, 1]", param="top_p")
-        if self.top_k < -1:
-            raise InvalidRequestError("top_k must be -1 (off), 0 (off) or a positive integer", param="top_k")
-        if not 0.0 <= self.min_p <= 1.0:
-            raise InvalidRequestError("min_p must be in [0, 1]", param="min_p")
-        if not -2.0 <= self.presence_penalty <= 2.0:
-            raise InvalidRequestError("presence_penalty must be in [-2, 2]", param="presence_penalty")
-        if not -2.0 <= self.frequency_penalty <= 2.0:
-            raise InvalidRequestError("frequency_penalty must be in [-2, 2]", param="frequency_penalty")
-        if self.repetition_penalty <= 0:
-            raise InvalidRequestError("repetition_penalty must be > 0", param="repetition_penalty")
-        if not isinstance(self.n, int) or self.n < 1:
-            raise InvalidRequestError("n must be an integer >= 1", param="n")
-        if self.logprobs is not None and not 0 <= self.logprobs <= 20:
-            raise InvalidRequestError("top_logprobs must be in [0, 20]", param="top_logprobs")
-        if self.prompt_logprobs is not None and not 0 <= self.prompt_logprobs <= 20:
-            raise InvalidRequestError("logprobs must be in [0, 20]", param="logprobs")
+    def validate(self, vocab_size: int | None = None) -> None:
+        """Raise InvalidRequestError naming the first bad field. Every number is checked against what the engine
+        can represent (integers within int64, floats finite) and what makes sense; `vocab_size`, where known,
+        bounds top_k and token ids."""
+        _int_in("max_tokens", self.max_tokens, 1, INT32_MAX)
+        _float_in("temperature", self.temperature, 0.0, MAX_TEMPERATURE)
+        _float_in("top_p", self.top_p, 0.0, 1.0, low_open=True)
+        top_k_max = vocab_size if vocab_size is not None else INT32_MAX
+        _int_in("top_k", self.top_k, -1, top_k_max, why="-1 or 0 (off) or a positive integer up to the vocabulary")
+        _float_in("min_p", self.min_p, 0.0, 1.0)
+        _float_in("presence_penalty", self.presence_penalty, -2.0, 2.0)
+        _float_in("frequency_penalty", self.frequency_penalty, -2.0, 2.0)
+        _float_in("repetition_penalty", self.repetition_penalty, 0.0, MAX_REPETITION_PENALTY, low_open=True)
+        if self.seed is not None:
+            _int_in("seed", self.seed, INT64_MIN, INT64_MAX)
+        _int_in("n", self.n, 1, INT32_MAX)
+        if self.logprobs is not None:
+            _int_in("top_logprobs", self.logprobs, 0, MAX_LOGPROBS)
+        if self.prompt_logprobs is not None:
+            _int_in("logprobs", self.prompt_logprobs, 0, MAX_LOGPROBS)
         if any(not isinstance(s, str) or not s for s in self.stop):
             raise InvalidRequestError("stop strings must be non-empty strings", param="stop")
-        if any(not isinstance(t, int) or isinstance(t, bool) or t < 0 for t in self.stop_token_ids):
-            raise InvalidRequestError("stop_token_ids must be token ids >= 0", param="stop_token_ids")
-        if not isinstance(self.min_tokens, int) or self.min_tokens < 0:
-            raise InvalidRequestError("min_tokens must be an integer >= 0", param="min_tokens")
-        if self.max_reasoning_tokens is not None and self.max_reasoning_tokens < 0:
-            raise InvalidRequestError("max_reasoning_tokens must be >= 0", param="max_reasoning_tokens")
+        token_max = vocab_size - 1 if vocab_size is not None else INT32_MAX
+        for i, token in enumerate(self.stop_token_ids):
+            _int_in(f"stop_token_ids[{i}]", token, 0, token_max)
+        _int_in("min_tokens", self.min_tokens, 0, INT32_MAX)
+        if self.max_reasoning_tokens is not None:
+            _int_in("max_reasoning_tokens", self.max_reasoning_tokens, 0, INT32_MAX)
         for token, bias in (self.logit_bias or {}).items():
-            if not isinstance(token, int) or isinstance(token, bool) or token < 0:
-                raise InvalidRequestError(f"logit_bias keys must be token ids >= 0; got {token!r}", param="logit_bias")
-            if not -100.0 <= bias <= 100.0:
+            if not _is_int(token) or not 0 <= token <= token_max:
+                raise InvalidRequestError(f"logit_bias keys must be token ids in [0, {token_max}]; got {token!r}",
+                                          param="logit_bias")
+            if not _is_number(bias) or not -100.0 <= bias <= 100.0:
                 raise InvalidRequestError(f"logit_bias values must be in [-100, 100]; got {bias} for token {token}",
                                           param="logit_bias")
+
+
+INT32_MAX = 2**31 - 1
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+MAX_TEMPERATURE = 100.0       # past this every distribution is flat to float32
+MAX_REPETITION_PENALTY = 100.0
+MAX_LOGPROBS = 20             # OpenAI's top_logprobs limit
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: object) -> bool:
+    return (isinstance(value, (int, float)) and not isinstance(value, bool)) and math.isfinite(value)
+
+
+def _int_in(param: str, value: object, low: int, high: int, why: str | None = None) -> None:
+    if not _is_int(value) or not low <= value <= high:  # type: ignore[operator]
+        raise InvalidRequestError(f"{param} must be an integer in [{low}, {high}]" + (f" ({why})" if why else "")
+                                  + f"; got {value!r}", param=param)
+
+
+def _float_in(param: str, value: object, low: float, high: float, low_open: bool = False) -> None:
+    ok = _is_number(value) and (low < value if low_open else low <= value) and value <= high  # type: ignore[operator]
+    if not ok:
+        bracket = "(" if low_open else "["
+        raise InvalidRequestError(f"{param} must be a finite number in {bracket}{low:g}, {high:g}]; got {value!r}",
+                                  param=param)
 
 
 @dataclass(slots=True)

@@ -39,6 +39,7 @@ class Principal:
     tenant_id: str
     scopes: frozenset[str]
     limits: Limits
+    tenant_weight: float = 1.0  # the tenant's weight in the engine's fair sharing
 
 
 # Every dependency on the request path is `async def`: FastAPI runs a plain `def` dependency in its thread
@@ -114,7 +115,8 @@ def _principal(record: ApiKey, settings: Settings) -> Principal:
         rpm=record.rpm_limit if record.rpm_limit is not None else settings.default_rpm,
         tpm=record.tpm_limit if record.tpm_limit is not None else settings.default_tpm,
     )
-    return Principal(key_id=record.id, tenant_id=record.tenant_id, scopes=record.scope_set, limits=limits)
+    return Principal(key_id=record.id, tenant_id=record.tenant_id, scopes=record.scope_set, limits=limits,
+                     tenant_weight=record.tenant.weight)
 
 
 CurrentKey = Annotated[Principal, Depends(get_current_key)]

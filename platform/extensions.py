@@ -105,6 +105,9 @@ class PreparedRequest:
     reasoning: ReasoningMarkers | None = None
     session_id: str | None = None
     cache_salt: str = ""
+    priority: int = 0              # within the tenant, lower runs first (the request's `priority`)
+    tenant_weight: float = 1.0     # the tenant's weight in the engine's fair sharing
+    background: bool = False       # batch work: runs on capacity interactive requests leave
     parser_factory: Callable[[], MessageParser] = PlainTextParser
     after_finish: list[Callable[[RequestRecord], Awaitable[None]]] = field(default_factory=list)
     metadata: dict[str, Any] = field(default_factory=dict)

@@ -100,6 +100,9 @@ class Generation:
             grammar=prepared.grammar,
             reasoning=prepared.reasoning,
             session_id=prepared.session_id,
+            priority=prepared.priority,
+            background=prepared.background,
+            tenant_weight=prepared.tenant_weight,
         )
 
     async def outputs(self, *, whole: bool = False) -> AsyncGenerator[tuple[int, RequestOutput], None]:

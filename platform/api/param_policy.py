@@ -38,7 +38,7 @@ OPENAI_REFUSED: dict[str, str] = {
 VLLM_REFUSED = frozenset({
     "use_beam_search", "length_penalty", "early_stopping", "truncate_prompt_tokens", "prompt_logprobs",
     "spaces_between_special_tokens", "add_special_tokens", "documents", "chat_template", "mm_processor_kwargs",
-    "guided_decoding_backend", "guided_whitespace_pattern", "priority", "request_id", "logits_processors",
+    "guided_decoding_backend", "guided_whitespace_pattern", "request_id", "logits_processors",
     "return_tokens_as_token_ids", "bad_words", "allowed_token_ids", "return_token_ids", "cache_salt",
     "kv_transfer_params", "vllm_xargs", "prompt_embeds", "min_tokens_for_stop", "echo", "thinking_token_budget",
 })

@@ -95,8 +95,14 @@ def chat_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
     return out
 
 
-async def prepare_chat(services: Services, key: Principal, body: ChatCompletionRequest, request_id: str) -> PreparedRequest:
-    """Admission first (nothing costly is done for a refused request), then the preparation."""
+async def prepare_chat(services: Services, key: Principal, body: ChatCompletionRequest, request_id: str, *,
+                       ticket: AdmissionTicket | None = None) -> PreparedRequest:
+    """Admission first (nothing costly is done for a refused request), then the preparation. A caller that
+    admitted the request itself (to prepare it more than once) passes its ticket, and releases it on error."""
+    if ticket is not None:
+        prepared = await _prepare_chat(services, key, body, request_id)
+        prepared.admission = ticket
+        return prepared
     ticket = await admit_early(services, key)
     with _released_on_error(ticket):
         prepared = await _prepare_chat(services, key, body, request_id)
@@ -138,7 +144,9 @@ async def _prepare_chat(services: Services, key: Principal, body: ChatCompletion
         request_id=request_id, kind="chat", tenant_id=key.tenant_id, key_id=key.key_id, body=body, model=model,
         sampling=sampling_from(body, max_tokens=max_tokens), messages=chat_messages(body.messages),
         session_id=body.session_id, template_kwargs=chat_template_options(body),
+        priority=body.priority, tenant_weight=key.tenant_weight,
     )
+    prepared.sampling.validate(len(services.tokenizer))  # top_k and token ids within the vocabulary
     await services.pipeline.run(prepared)
     tokens = await _maybe_off_loop(_apply_chat_template, services.tokenizer, prepared, size=_chat_size(prepared))
     prepared.prompts = [tokens]
@@ -157,7 +165,9 @@ async def _prepare_completion(
     prepared = PreparedRequest(
         request_id=request_id, kind="completion", tenant_id=key.tenant_id, key_id=key.key_id, body=body, model=model,
         sampling=sampling_from(body, max_tokens=body.max_tokens),
+        priority=body.priority, tenant_weight=key.tenant_weight,
     )
+    prepared.sampling.validate(len(services.tokenizer))  # top_k and token ids within the vocabulary
     await services.pipeline.run(prepared)
     size = sum(len(p) for p in body.prompt if isinstance(p, str)) if isinstance(body.prompt, list) else len(body.prompt)
     prepared.prompts = await _maybe_off_loop(_tokenize_prompts, services.tokenizer, body.prompt, size=size)
@@ -212,21 +222,30 @@ def _tokenize_prompts(tokenizer: Any, prompt: str | list[str] | list[int] | list
     return prompts
 
 
+class ContextOverflowError(PromptTooLongError):
+    """The prompt is `num_excess_tokens` longer than the context leaves it (truncation plans from this)."""
+
+    def __init__(self, message: str, *, param: str, num_excess_tokens: int) -> None:
+        super().__init__(message, param=param)
+        self.num_excess_tokens = num_excess_tokens
+
+
 def _fit_context(services: Services, prepared: PreparedRequest, *, explicit_max_tokens: bool) -> None:
     """400 for a prompt that can never fit; an unset chat max_tokens takes what the context leaves."""
     max_model_len = services.engine.max_model_len
     longest = max(len(p) for p in prepared.prompts)
     if longest >= max_model_len:
-        raise PromptTooLongError(
+        raise ContextOverflowError(
             f"This model's maximum context length is {max_model_len} tokens; the prompt has {longest}",
             param="messages" if prepared.kind == "chat" else "prompt",
+            num_excess_tokens=longest - max_model_len + (prepared.sampling.max_tokens if explicit_max_tokens else 1),
         )
     room = max_model_len - longest
     if not explicit_max_tokens:
         prepared.sampling.max_tokens = room if prepared.kind == "chat" else min(prepared.sampling.max_tokens, room)
     elif prepared.sampling.max_tokens > room:
-        raise PromptTooLongError(
+        raise ContextOverflowError(
             f"This model's maximum context length is {max_model_len} tokens; the prompt has {longest} "
             f"and max_tokens asks for {prepared.sampling.max_tokens} more",
-            param="max_tokens",
+            param="max_tokens", num_excess_tokens=prepared.sampling.max_tokens - room,
         )

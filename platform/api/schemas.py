@@ -85,6 +85,7 @@ class _SamplingFields(BaseModel):
     guided_choice: list[str] | None = None
     guided_grammar: str | None = None
     structured_outputs: dict[str, Any] | None = None
+    priority: int = Field(default=0, ge=-(2**31), le=2**31 - 1)  # vLLM's: within the tenant, lower runs first
 
     @model_validator(mode="before")
     @classmethod

@@ -26,11 +26,25 @@ class CreatedKey:
     key: str
 
 
-def create_tenant(db: Session, *, name: str) -> Tenant:
+# A tenant's weight in the engine's fair sharing: bounded so one tenant's share can never round the others' to 0.
+MIN_TENANT_WEIGHT, MAX_TENANT_WEIGHT = 0.01, 100.0
+
+
+def create_tenant(db: Session, *, name: str, weight: float = 1.0) -> Tenant:
     if db.scalar(select(Tenant).where(Tenant.name == name)) is not None:
         raise TenantExistsError(f"tenant {name!r} already exists")
-    tenant = Tenant(id="ten_" + secrets.token_hex(8), name=name, created_at=utcnow())
+    tenant = Tenant(id="ten_" + secrets.token_hex(8), name=name, created_at=utcnow(), weight=weight)
     db.add(tenant)
+    db.commit()
+    return tenant
+
+
+def set_tenant_weight(db: Session, *, tenant_ref: str, weight: float) -> Tenant | None:
+    """The tenant's weight in fair sharing; its keys carry the new weight once the key cache refreshes them."""
+    tenant = get_tenant(db, tenant_ref=tenant_ref)
+    if tenant is None:
+        return None
+    tenant.weight = weight
     db.commit()
     return tenant
 

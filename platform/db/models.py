@@ -15,6 +15,8 @@ class Tenant(PlatformBase):
     id: Mapped[str] = mapped_column(String(64), primary_key=True)  # "ten_<hex>"
     name: Mapped[str] = mapped_column(String(200), unique=True)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    # Its weight in the engine's fair sharing of slots, KV blocks and step tokens (2.0: twice an ordinary share)
+    weight: Mapped[float] = mapped_column(default=1.0, server_default="1")
 
     api_keys: Mapped[list[ApiKey]] = relationship(back_populates="tenant")
 

@@ -12,6 +12,7 @@ from loraplex.platform.routers.admin_schemas import (
     ApiKeyPublic,
     TenantCreate,
     TenantPublic,
+    TenantUpdate,
 )
 
 router = APIRouter(prefix="/v1/admin", tags=["admin"])
@@ -20,7 +21,7 @@ router = APIRouter(prefix="/v1/admin", tags=["admin"])
 @router.post("/tenants", status_code=201)
 def create_tenant(body: TenantCreate, _key: AdminKey, db: DbSession) -> TenantPublic:
     try:
-        tenant = store.create_tenant(db, name=body.name)
+        tenant = store.create_tenant(db, name=body.name, weight=body.weight)
     except store.TenantExistsError as exc:
         raise ConflictError(str(exc), param="name", code="tenant_exists") from None
     return TenantPublic.model_validate(tenant)
@@ -29,6 +30,18 @@ def create_tenant(body: TenantCreate, _key: AdminKey, db: DbSession) -> TenantPu
 @router.get("/tenants")
 def list_tenants(_key: AdminKey, db: DbSession) -> dict:
     return {"object": "list", "data": [TenantPublic.model_validate(t) for t in store.list_tenants(db)]}
+
+
+@router.patch("/tenants/{tenant_id}")
+def update_tenant(tenant_id: str, body: TenantUpdate, _key: AdminKey, db: DbSession, services: AppServices
+                  ) -> TenantPublic:
+    """A tenant's fair-sharing weight; this process's cached keys of the tenant pick it up at once."""
+    tenant = store.set_tenant_weight(db, tenant_ref=tenant_id, weight=body.weight)
+    if tenant is None:
+        raise NotFoundError(f"no tenant '{tenant_id}'", param="tenant_id")
+    for record in store.list_api_keys(db, tenant_id=tenant.id):
+        services.key_cache.forget_key(record.id)
+    return TenantPublic.model_validate(tenant)
 
 
 @router.post("/tenants/{tenant_id}/keys", status_code=201)

@@ -5,11 +5,17 @@ from __future__ import annotations
 from datetime import datetime
 
 from loraplex.platform.auth.scopes import Scope, parse_scopes
+from loraplex.platform.auth.store import MAX_TENANT_WEIGHT, MIN_TENANT_WEIGHT
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 
 class TenantCreate(BaseModel):
     name: str = Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+    weight: float = Field(default=1.0, ge=MIN_TENANT_WEIGHT, le=MAX_TENANT_WEIGHT, allow_inf_nan=False)
+
+
+class TenantUpdate(BaseModel):
+    weight: float = Field(ge=MIN_TENANT_WEIGHT, le=MAX_TENANT_WEIGHT, allow_inf_nan=False)
 
 
 class TenantPublic(BaseModel):
@@ -18,6 +24,7 @@ class TenantPublic(BaseModel):
     id: str
     name: str
     created_at: datetime
+    weight: float
 
 
 class ApiKeyCreate(BaseModel):
