@@ -7,7 +7,14 @@ counter lookup. Each prompt of a `/v1/completions` prompt list is one
 request, for the limits and for the in-flight counts.
 
 Caps:
-- the server's `max_pending_requests` (503, `overloaded`),
+- the server's `max_pending_requests` admission places, shared fairly: while
+  there is room anyone gets in (an idle tenant's places go to busy ones);
+  once the server is full, a tenant still gets in up to its fair share
+  (the places over the number of tenants with requests in flight), and a
+  tenant past its share gets a 429 naming its share (`tenant_share_exceeded`),
+  so one tenant's flood never turns another tenant's request away. The
+  server holds at most twice `max_pending_requests` that way; past that, 503
+  `overloaded`.
 - a tenant's `max_inflight_per_tenant` (429, `tenant_inflight_limit`), so one
   tenant's burst cannot take every slot; with N API server processes each
   enforces its share, ceil(cap / N),
@@ -25,6 +32,15 @@ from dataclasses import dataclass
 from loraplex.platform.deps import Principal
 from loraplex.platform.errors import OverloadedError, RateLimitedError
 from loraplex.platform.services import Services
+
+
+class TenantShareExceededError(RateLimitedError):
+    def __init__(self, cap: int, held: int, share: int, num_tenants: int) -> None:
+        super().__init__(
+            f"the server is at its limit of {cap} concurrent requests (max_pending_requests) and this tenant holds "
+            f"{held} of them, its fair share being {share} while {num_tenants} tenants have requests in flight; "
+            "retry when one of its requests finishes", retry_after_s=1, code="tenant_share_exceeded",
+        )
 
 
 class TenantInflightLimitError(RateLimitedError):
@@ -68,12 +84,24 @@ def tenant_share(settings_cap: int, num_api_servers: int) -> int:
     return math.ceil(settings_cap / max(1, num_api_servers))
 
 
+def check_admission_share(services: Services, tenant_id: str, num_requests: int) -> None:
+    """Room for `num_requests` more of this tenant's requests among the server's admission places, or an error."""
+    cap = services.settings.max_pending_requests
+    total = services.num_inflight + num_requests
+    if total <= cap:
+        return
+    held = services.inflight_by_tenant.get(tenant_id, 0)
+    num_tenants = len(services.inflight_by_tenant.keys() | {tenant_id})
+    share = max(1, cap // num_tenants)
+    if held + num_requests > share:
+        raise TenantShareExceededError(cap, held, share, num_tenants)
+    if total > 2 * cap:
+        raise OverloadedError(f"the server is at its limit of {cap} concurrent requests; retry shortly")
+
+
 async def admit_early(services: Services, key: Principal, *, num_requests: int = 1) -> AdmissionTicket:
     settings = services.settings
-    if services.num_inflight + num_requests > settings.max_pending_requests:
-        raise OverloadedError(
-            f"the server is at its limit of {settings.max_pending_requests} concurrent requests; retry shortly"
-        )
+    check_admission_share(services, key.tenant_id, num_requests)
     if settings.max_inflight_per_tenant:
         cap = tenant_share(settings.max_inflight_per_tenant, settings.api_servers)
         if services.inflight_by_tenant.get(key.tenant_id, 0) + num_requests > cap:

@@ -87,7 +87,8 @@ def test_tokens_per_minute_is_429(api_server) -> None:  # type: ignore[no-untype
     assert int(r.headers["retry-after"]) >= 1
 
 
-def test_overloaded_is_503(start_server) -> None:  # type: ignore[no-untyped-def]
+def test_admission_places_are_shared_fairly_between_tenants(start_server) -> None:  # type: ignore[no-untyped-def]
+    """One tenant holding every place gets a 429 naming its share; another tenant still gets in."""
     with start_server(max_pending_requests=1) as server:
         key = server.keys["inference"]
         long_body = {"model": MODEL, "prompt": "Count:", "max_tokens": 400, "ignore_eos": True, "stream": True}
@@ -96,10 +97,14 @@ def test_overloaded_is_503(start_server) -> None:  # type: ignore[no-untyped-def
             lines = s.iter_lines()
             assert next(lines).startswith("data: ")  # the first request is now generating
             r = post(server, "/v1/completions", {"model": MODEL, "prompt": "hi", "max_tokens": 1}, key)
-            assert_openai_error(r, 503, code="overloaded")
+            assert_openai_error(r, 429, code="tenant_share_exceeded")
+            assert "max_pending_requests" in r.json()["error"]["message"]
+            other = post(server, "/v1/completions", {"model": MODEL, "prompt": "hi", "max_tokens": 1},
+                         server.keys["globex"])
+            assert other.status_code == 200, other.text
         # the server notices the closed stream asynchronously; once it has, service resumes
         deadline = time.monotonic() + 15
         while (status := post(server, "/v1/completions", {"model": MODEL, "prompt": "hi", "max_tokens": 1},
-                              key).status_code) == 503 and time.monotonic() < deadline:
+                              key).status_code) == 429 and time.monotonic() < deadline:
             time.sleep(0.2)
         assert status == 200
