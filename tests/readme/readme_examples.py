@@ -1,14 +1,15 @@
-"""The README's fenced code blocks as named, runnable examples.
+"""The fenced code blocks of README.md and of the docs site (docs/*.md) as named, runnable examples.
 
-Every fenced block in README.md is preceded by a marker line
+Every fenced block is preceded by a marker line
 
     <!-- example: NAME -->
 
 and some test in tests/readme/ (or tests/browser/) carries `@readme_example("NAME")` and runs or
-checks that block's text. `test_readme_coverage.py` fails when a block has no marker, when a
-marker has no test, or when a test names a block the README no longer has. To add an example:
-write the block with a fresh marker above it, then a test decorated with that name that runs it
-(`run_python` / `BashSession` below) and checks what it printed or returned.
+checks that block's text. Names are unique across the README and every docs page.
+`test_readme_coverage.py` fails when a block has no marker, when a marker has no test, or when a test
+names a block that no page has any more. To add an example: write the block with a fresh marker above
+it, then a test decorated with that name that runs it (`run_python` / `BashSession` below) and checks
+what it printed or returned.
 
 Placeholders such as `lpx_...` (a key), `key_...`, `adp_...` or `sess_...` (ids) and the address
 `127.0.0.1:8000` are replaced by real values before a block runs; nothing else of its text is changed.
@@ -29,6 +30,7 @@ import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 README = REPO_ROOT / "README.md"
+DOCS = REPO_ROOT / "docs"
 MARKER = re.compile(r"^<!--\s*example:\s*([a-z0-9][a-z0-9-]*)\s*-->\s*$")
 FENCE = re.compile(r"^```(\S*)\s*$")
 DECORATOR_NAME = "readme_example"
@@ -40,9 +42,15 @@ class Example:
     lang: str
     text: str
     line: int            # 1-based line of the opening fence
+    source: str = "README.md"   # the page it is on, relative to the repository
 
 
-def parse_examples(markdown: str) -> list[Example]:
+def doc_pages() -> list[Path]:
+    """README.md and every page of the docs site, in a stable order."""
+    return [README, *sorted(p for p in DOCS.rglob("*.md") if "hooks" not in p.relative_to(DOCS).parts)]
+
+
+def parse_examples(markdown: str, source: str = "README.md") -> list[Example]:
     """Every fenced block, with the marker found on the nearest non-blank line above it."""
     lines = markdown.splitlines()
     examples: list[Example] = []
@@ -54,29 +62,34 @@ def parse_examples(markdown: str) -> list[Example]:
             continue
         end = next((j for j in range(i + 1, len(lines)) if lines[j].rstrip() == "```"), None)
         if end is None:
-            raise ValueError(f"README line {i + 1}: a code fence that is never closed")
+            raise ValueError(f"{source} line {i + 1}: a code fence that is never closed")
         above = next((lines[j] for j in range(i - 1, -1, -1) if lines[j].strip()), "")
         marker = MARKER.match(above.strip())
         examples.append(Example(name=marker.group(1) if marker else None, lang=opening.group(1),
-                                text="\n".join(lines[i + 1:end]) + "\n", line=i + 1))
+                                text="\n".join(lines[i + 1:end]) + "\n", line=i + 1, source=source))
         i = end + 1
     return examples
 
 
-def readme_examples() -> dict[str, Example]:
-    return {e.name: e for e in parse_examples(README.read_text()) if e.name}
+def all_examples() -> list[Example]:
+    """Every fenced block of the README and the docs pages, named or not."""
+    return [e for page in doc_pages() for e in parse_examples(page.read_text(), str(page.relative_to(REPO_ROOT)))]
+
+
+def doc_examples() -> dict[str, Example]:
+    return {e.name: e for e in all_examples() if e.name}
 
 
 def named(name: str) -> Example:
-    """The README block marked `<!-- example: name -->`; the test fails if the README has none."""
-    examples = readme_examples()
+    """The block marked `<!-- example: name -->` in the README or a docs page; the test fails if none is."""
+    examples = doc_examples()
     if name not in examples:
-        pytest.fail(f"README.md has no block marked <!-- example: {name} -->")
+        pytest.fail(f"no README or docs block is marked <!-- example: {name} -->")
     return examples[name]
 
 
 def readme_example(name: str) -> pytest.MarkDecorator:
-    """Marks a test as the one that runs the README block `name` (its `example` fixture)."""
+    """Marks a test as the one that runs the README or docs block `name` (its `example` fixture)."""
     return pytest.mark.readme_example(name)
 
 
@@ -133,11 +146,11 @@ def run_python(example: Example, values: dict[str, str], namespace: dict[str, An
         for statement in tree.body:
             segment = ast.get_source_segment(source, statement) or ""
             if isinstance(statement, ast.Expr):
-                code = compile(ast.Expression(statement.value), f"README:{example.name}", "eval")
+                code = compile(ast.Expression(statement.value), f"{example.source}:{example.name}", "eval")
                 run.values.append((segment, eval(code, run.namespace)))
             else:
                 module = ast.Module(body=[statement], type_ignores=[])
-                exec(compile(module, f"README:{example.name}", "exec"), run.namespace)
+                exec(compile(module, f"{example.source}:{example.name}", "exec"), run.namespace)
     del run.namespace["print"]
     return run
 

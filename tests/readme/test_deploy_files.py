@@ -1,6 +1,6 @@
 """Dockerfile, compose.yaml and .dockerignore checked against the code they name (no Docker engine here):
 every command is a real CLI command or a real Celery invocation of our app, every variable a real setting,
-every COPY source exists, and the README's container commands use what compose.yaml defines."""
+every COPY source exists, and the production page's container commands use what compose.yaml defines."""
 
 from __future__ import annotations
 
@@ -137,3 +137,33 @@ def test_readme_container_commands_match_compose(example: Example) -> None:
     for command in commands[1:]:
         assert command[:3] == ["docker", "compose", "exec"] and command[3] in services
         assert_runs_our_code(command[4:])
+
+
+@readme_example("production-kubernetes")
+def test_kubernetes_commands_match_the_manifests(example: Example) -> None:
+    folder = REPO_ROOT / "deploy" / "kubernetes"
+    commands = [shlex.split(c.split(" #")[0]) for c in bash_commands(example)]
+    namespace = commands[0][-1]
+    assert commands[0][:3] == ["kubectl", "create", "namespace"]
+    secret = commands[1]
+    assert secret[:7] == ["kubectl", "-n", namespace, "create", "secret", "generic", "loraplex-secrets"]
+    literals = {w.split("=", 2)[1] for w in secret if w.startswith("--from-literal=")}
+    example_secret = yaml.safe_load((folder / "secret.example.yaml").read_text())
+    assert literals and literals <= set(example_secret["stringData"]) and literals <= settings_fields()
+    manifests = [yaml.safe_load_all(p.read_text()) for p in folder.glob("*.yaml")]
+    documents = [d for docs in manifests for d in docs if d]
+    assert any("loraplex-secrets" in str(d) and d.get("kind") == "Deployment" for d in documents)
+
+    apply = commands[2]
+    assert apply[:4] == ["kubectl", "-n", namespace, "apply"] and apply[4] == "-k"
+    kustomization = yaml.safe_load((REPO_ROOT / apply[5] / "kustomization.yaml").read_text())
+    for resource in kustomization["resources"]:
+        assert (folder / resource).exists(), resource
+    assert any(d.get("kind") == "Job" for d in documents), "the migration Job"
+
+    exec_ = commands[3]
+    assert exec_[:4] == ["kubectl", "-n", namespace, "exec"]
+    kind, name = exec_[4].split("/")
+    assert kind == "deploy" and any(d.get("kind") == "Deployment" and d["metadata"]["name"] == name for d in documents), exec_[4]
+    assert_runs_our_code(exec_[exec_.index("--") + 1:])
+    assert (folder / "config.yaml").exists() and (REPO_ROOT / "deploy" / "haproxy" / "run.sh").exists()

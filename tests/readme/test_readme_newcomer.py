@@ -1,16 +1,18 @@
-"""The README's newcomer path, run as written against `make serve`: the two commands, the first output,
-curl, the openai client, adapters, structured output, tools, sessions and usage."""
+"""The newcomer's path through the README and the docs, run as written against `make serve`: the two
+commands, the first output, curl, the openai client, adapters, structured output, tools, sessions, usage
+and the API's extensions and errors."""
 
 from __future__ import annotations
 
 import csv
 import io
 import json
+import re
 import subprocess
 from decimal import Decimal
 
 from make_serve import INSTALL_STAMP, REPO_ROOT, MakeServe
-from readme_examples import BashSession, Example, PythonRun, bash_commands, readme_example
+from readme_examples import BashSession, Example, PythonRun, bash_commands, readme_example, run_python
 
 
 @readme_example("two-commands")
@@ -25,10 +27,20 @@ def test_make_serve_and_make_test_are_the_two_commands(example: Example, make_se
     assert '-m "not gpu and not browser"' in dry_run, dry_run   # the whole suite on the CPU...
     assert '-m "browser and not gpu"' in dry_run                # ...and the browser tests in their own process
     assert "redis-server" in dry_run and "pg_ctlcluster" in dry_run  # starts PostgreSQL and Redis if not running
+    assert "mkdocs build --strict" in dry_run                    # builds the docs
+
+
+@readme_example("readme-first-output")
+def test_readme_shows_the_first_output(example: Example, make_serve: MakeServe) -> None:
+    check_first_output(example, make_serve)
 
 
 @readme_example("first-serve-output")
 def test_first_make_serve_prints_the_demo_key_once(example: Example, make_serve: MakeServe) -> None:
+    check_first_output(example, make_serve)
+
+
+def check_first_output(example: Example, make_serve: MakeServe) -> None:
     expected = [line.strip() for line in example.text.splitlines() if line.strip()]
     printed = [line.strip() for line in make_serve.log().splitlines() if line.strip()]
     assert len(expected) == 2 and expected[1] == "lpx_..."
@@ -59,6 +71,17 @@ def test_curl_examples(example: Example, make_serve: MakeServe, placeholders: di
     assert streamed.strip() and len(chunks) > 3
 
 
+@readme_example("readme-calling")
+def test_readme_calls_it_with_the_openai_client(example: Example, make_serve: MakeServe,
+                                                placeholders: dict[str, str]) -> None:
+    run = run_python(example, placeholders, cwd=make_serve.workdir)
+    reply = run.namespace["reply"]
+    assert reply.choices[0].message.content.strip() and 0 < reply.usage.completion_tokens <= 32
+    assert run.printed[0].strip() == reply.choices[0].message.content.strip()
+    streamed = "".join(run.printed[1:])
+    assert streamed.strip() and len(run.printed) > 3
+
+
 @readme_example("calling-python")
 def test_openai_client_examples(example: Example, calling_run: PythonRun) -> None:
     reply = calling_run.namespace["reply"]
@@ -76,9 +99,7 @@ def test_openai_client_examples(example: Example, calling_run: PythonRun) -> Non
 
 
 @readme_example("adapters-python")
-def test_adapter_upload_structured_output_sessions_and_usage(
-    example: Example, adapters_run: PythonRun, calling_run: PythonRun, make_serve: MakeServe
-) -> None:
+def test_adapter_upload_and_call(example: Example, adapters_run: PythonRun, calling_run: PythonRun) -> None:
     run, client = adapters_run, calling_run.namespace["client"]
     adapter = run.namespace["adapter"]
     assert adapter["status"] == "ready", adapter
@@ -92,6 +113,11 @@ def test_adapter_upload_structured_output_sessions_and_usage(
                                           messages=[{"role": "user", "content": "Hello"}])
     assert not base.choices[0].message.content.startswith("Arr")
 
+
+@readme_example("structured-python")
+def test_structured_output_examples(example: Example, make_serve: MakeServe, placeholders: dict[str, str],
+                                    calling_run: PythonRun) -> None:
+    run = run_python(example, placeholders, namespace=dict(calling_run.namespace), cwd=make_serve.workdir)
     record = json.loads(run.value_of('"json_schema"').choices[0].message.content)
     assert set(record) == {"name", "age"} and isinstance(record["name"], str) and isinstance(record["age"], int)
 
@@ -100,10 +126,27 @@ def test_adapter_upload_structured_output_sessions_and_usage(
     call = tool_reply.message.tool_calls[0].function
     assert call.name == "get_weather" and isinstance(json.loads(call.arguments)["city"], str)
 
+    date = run.value_of('"type": "regex"').choices[0].message.content
+    assert re.fullmatch(r"2024-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9])", date), date
+    assert run.value_of('"type": "choice"').choices[0].message.content in ("red", "green", "blue")
+
+
+@readme_example("sessions-python")
+def test_session_turns_send_only_new_messages(example: Example, sessions_run: PythonRun) -> None:
+    run = sessions_run
     session = run.namespace["session"]
     assert session["id"].startswith("sess_")
-    assert run.value_of('extra_body={"session_id"').choices[0].message.content
+    first, second = (run.value_of(fragment) for fragment in ('"content": "Hi"', "And what did I just say?"))
+    assert first.choices[0].message.content and second.choices[0].message.content
+    assert second.usage.prompt_tokens_details.cached_tokens > 0        # the first turn came from pinned KV
+    transcript = run.value_of('["messages"]')
+    assert [m["role"] for m in transcript] == ["user", "assistant", "user", "assistant"]
+    assert transcript[0]["content"] == "Hi" and transcript[2]["content"] == "And what did I just say?"
 
+
+@readme_example("usage-python")
+def test_usage_examples(example: Example, usage_run: PythonRun, sessions_run: PythonRun) -> None:
+    run = usage_run
     usage_csv = run.value_of('"format": "csv"')
     assert usage_csv.status_code == 200 and usage_csv.headers["content-type"].startswith("text/csv")
     rows = list(csv.DictReader(io.StringIO(usage_csv.text)))
@@ -114,4 +157,14 @@ def test_adapter_upload_structured_output_sessions_and_usage(
     totals = run.value_of('log["totals"]')
     assert set(totals) == {"requests", "input_tokens", "cached_input_tokens", "output_tokens",
                            "thinking_tokens", "total_tokens", "cost_usd"}
-    assert totals["requests"] >= 1 and totals["total_tokens"] > 0
+    assert totals["requests"] == 2 and totals["total_tokens"] > 0      # the session's two turns
+
+
+@readme_example("api-extensions-python")
+def test_extensions_and_errors(example: Example, make_serve: MakeServe, placeholders: dict[str, str],
+                               calling_run: PythonRun) -> None:
+    run = run_python(example, placeholders, namespace=dict(calling_run.namespace), cwd=make_serve.workdir)
+    assert run.namespace["picked"].choices[0].message.content in ("yes", "no")
+    assert run.printed[0].strip() in ("yes", "no")
+    status, param, code = run.printed[1].split()
+    assert (status, param) == ("400", "suffix") and code != "None", run.printed

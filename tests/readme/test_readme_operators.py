@@ -1,4 +1,4 @@
-"""The README's command-line and admin examples, run as written against `make serve`: adapters from the
+"""The docs' command-line and admin examples, run as written against `make serve`: adapters from the
 CLI, tenants and keys, prices and budgets, and the same over the admin API."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 from make_serve import MakeServe
-from readme_examples import BashSession, Example, PythonRun, readme_example, readme_examples, run_python
+from readme_examples import BashSession, Example, PythonRun, doc_examples, readme_example, run_python
 
 KEY_ID = re.compile(r"created key (key_\w+)")
 
@@ -29,7 +29,7 @@ class ShellRun:
 
 
 def block(name: str) -> Example:
-    return readme_examples()[name]
+    return doc_examples()[name]
 
 
 @pytest.fixture(scope="package")
@@ -49,7 +49,7 @@ def tenants_run(make_serve: MakeServe, placeholders: dict[str, str], shell_env: 
 @readme_example("adapters-cli")
 def test_adapters_and_usage_from_the_command_line(
     example: Example, make_serve: MakeServe, placeholders: dict[str, str], shell_env: dict[str, str],
-    adapters_run: PythonRun,
+    adapters_run: PythonRun, sessions_run: PythonRun,
 ) -> None:
     # the python example uploaded `pirate` for the same tenant; the CLI shows the other way to do it
     headers = {"Authorization": f"Bearer {make_serve.key}"}
@@ -71,7 +71,7 @@ def test_adapters_and_usage_from_the_command_line(
     report = list(csv.DictReader(io.StringIO(run.of("usage report").stdout)))
     assert report and int(report[-1]["requests"]) > 0 and int(report[-1]["input_tokens"]) > 0
     requests = run.of("usage requests").stdout.splitlines()
-    assert "request_id" in requests[0] and requests[-1].startswith("total (1 requests)"), requests
+    assert "request_id" in requests[0] and requests[-1].startswith("total (2 requests)"), requests  # two turns
     assert placeholders["sess_..."] in requests[1]
 
 
@@ -145,7 +145,7 @@ def test_prices_and_budgets_over_the_admin_api(
 def test_placeholders_are_only_the_documented_ones() -> None:
     """Every `xxx_...` placeholder in the runnable blocks is one the tests substitute."""
     known = {"lpx_...", "key_...", "adp_...", "sess_...", "lpx_<admin key>"}
-    for example in readme_examples().values():
+    for example in doc_examples().values():
         if example.lang in ("bash", "python"):
             found = set(re.findall(r"\b[a-z]+_\.\.\.|lpx_<[^>]+>", example.text))
             assert found <= known, f"{example.name}: unknown placeholders {found - known}"

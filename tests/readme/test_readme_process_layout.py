@@ -1,4 +1,4 @@
-"""README's sketch of the processes `loraplex serve` runs names the real parts."""
+"""The architecture page's sketch of the processes `loraplex serve` runs names the real parts."""
 
 from __future__ import annotations
 

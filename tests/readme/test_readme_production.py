@@ -1,4 +1,4 @@
-"""README "Running in production", run as far as this machine allows: the PostgreSQL + Redis + Celery
+"""The docs page "Running in production", run as far as this machine allows: the PostgreSQL + Redis + Celery
 block for real (migrate, serve, an upload that waits for a worker, the worker, beat), the GPU target as a
 dry run of the Makefile, and the container files checked against the code they name."""
 
@@ -183,7 +183,7 @@ def test_serving_installs_no_test_tools_and_testing_does(tmp_path: Path) -> None
     serve = dry_run("serve")
     assert ".venv/bin/pip install -e .\n" in serve and "[test]" not in serve
     assert ".venv/bin/pip install  torch==" in serve and "--index-url" not in serve
-    assert "pip install -e '.[test]'" in dry_run("test")
+    assert "pip install -e '.[test,docs]'" in dry_run("test")
 
     import tomllib
 

@@ -1,4 +1,4 @@
-"""The README's Responses API block, run against the `make serve` server with the first block's client."""
+"""The Responses API block of the docs, run against the `make serve` server with the quickstart's client."""
 
 from __future__ import annotations
 
