@@ -439,12 +439,17 @@ def die_with_parent() -> None:
 class ServedProcesses:
     """`loraplex serve --api-servers N` in its own process group, on `settings`' data and model."""
 
+    # The settings passed to the server (as LORAPLEX_ variables); other benchmarks add their own.
+    setting_names: tuple[str, ...] = (
+        "data_dir", "model_path", "device", "kv_cache_memory_mb", "max_num_seqs", "max_model_len", "default_rpm",
+        "default_tpm", "log_level", "enable_prefix_caching", "random_weights", "max_pending_requests",
+        "gpu_memory_utilization", "engine_cpu_threads",
+    )
+
     def __init__(self, settings: Any, api_servers: int) -> None:
         self.port = free_port()
         env = {k: v for k, v in os.environ.items() if not k.startswith("LORAPLEX_")}
-        for name in ("data_dir", "model_path", "device", "kv_cache_memory_mb", "max_num_seqs", "max_model_len",
-                     "default_rpm", "default_tpm", "log_level", "enable_prefix_caching", "random_weights",
-                     "max_pending_requests", "gpu_memory_utilization", "engine_cpu_threads"):
+        for name in self.setting_names:
             env[f"LORAPLEX_{name.upper()}"] = str(getattr(settings, name))
         self.log = open(Path(settings.data_dir) / f"serve-{api_servers}.log", "wb")  # noqa: SIM115
         self.process = subprocess.Popen(
@@ -523,7 +528,7 @@ class Profiler:
                 process.kill()
 
 
-def create_key(settings: Any) -> str:
+def create_key(settings: Any, scopes: tuple[str, ...] = ("inference",)) -> str:
     from loraplex.platform.auth import store
     from loraplex.platform.auth.scopes import Scope
     from loraplex.platform.cli.common import db_session
@@ -532,7 +537,7 @@ def create_key(settings: Any) -> str:
     prepare_database(settings)
     with db_session(settings) as db:
         tenant = store.create_tenant(db, name="bench")
-        return store.create_api_key(db, tenant=tenant, scopes=[Scope.INFERENCE]).key
+        return store.create_api_key(db, tenant=tenant, scopes=[Scope(s) for s in scopes]).key
 
 
 # ---- the benchmark ---------------------------------------------------------------------------------
