@@ -12,7 +12,6 @@ tenant's file id is a 404, for reading, downloading and deleting alike.
 from __future__ import annotations
 
 import contextlib
-import secrets
 import threading
 import time
 import zlib
@@ -22,7 +21,7 @@ from pathlib import Path
 from loraplex.adapters.store import LocalBlobStore
 from loraplex.platform.batches.errors import FileInUseError, FileQuotaExceededError, file_not_found
 from loraplex.platform.batches.models import BatchRow, FileRow
-from loraplex.platform.batches.objects import ACTIVE_STATUSES, INPUT_PURPOSE
+from loraplex.platform.batches.objects import ACTIVE_STATUSES, INPUT_PURPOSE, new_id
 from loraplex.platform.batches.pagination import keyset_page
 from sqlalchemy import delete, func, or_, select, text
 from sqlalchemy.orm import Session, sessionmaker
@@ -34,10 +33,6 @@ _SQLITE_QUOTA_LOCK = threading.Lock()
 class FileQuota:
     max_count: int | None = None   # input files per tenant; None: no limit
     max_bytes: int | None = None
-
-
-def new_file_id() -> str:
-    return "file-" + secrets.token_hex(12)
 
 
 class FileStore:
@@ -62,7 +57,7 @@ class FileStore:
         with `file_id`, a file of that id already stored is returned instead (a finalization done again)."""
         sha256 = self.blobs.put_file(path)
         size = path.stat().st_size
-        row = FileRow(id=file_id or new_file_id(), tenant_id=tenant_id, purpose=purpose, filename=filename,
+        row = FileRow(id=file_id or new_id("file-"), tenant_id=tenant_id, purpose=purpose, filename=filename,
                       bytes=size, sha256=sha256, created_at=int(time.time()), expires_at=expires_at)
         counted = purpose == INPUT_PURPOSE
         with self._quota_lock() if counted else contextlib.nullcontext():

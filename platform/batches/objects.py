@@ -13,6 +13,8 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import secrets
+import time
 from typing import Any
 
 from loraplex.platform.batches.models import BatchRow, FileRow
@@ -68,6 +70,12 @@ def batch_public(row: BatchRow) -> dict[str, Any]:
         },
         "metadata": json.loads(row.metadata_json) if row.metadata_json else None,
     }
+
+
+def new_id(prefix: str) -> str:
+    """`<prefix><microseconds, hex><random>`: ids of one tenant sort in the order they were made, so a page
+    ordered by (created_at, id) keeps creation order within a second."""
+    return f"{prefix}{time.time_ns() // 1000:013x}{secrets.token_hex(6)}"
 
 
 def list_page(items: list[dict[str, Any]], *, has_more: bool) -> dict[str, Any]:

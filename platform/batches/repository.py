@@ -11,7 +11,6 @@ only a line still `pending` takes one, so two workers that ran the same line
 from __future__ import annotations
 
 import json
-import secrets
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -26,6 +25,7 @@ from loraplex.platform.batches.objects import (
     FAILED,
     IN_PROGRESS,
     VALIDATING,
+    new_id,
 )
 from loraplex.platform.batches.pagination import keyset_page
 from loraplex.platform.batches.validation import LinePlan
@@ -61,7 +61,7 @@ class BatchRepository:
                max_active: int | None) -> BatchRow:
         now = int(time.time())
         row = BatchRow(
-            id="batch_" + secrets.token_hex(12), tenant_id=tenant_id, api_key_id=api_key_id, endpoint=endpoint,
+            id=new_id("batch_"), tenant_id=tenant_id, api_key_id=api_key_id, endpoint=endpoint,
             input_file_id=input_file_id, completion_window=completion_window, status=VALIDATING,
             metadata_json=json.dumps(metadata) if metadata is not None else None,
             output_expires_after_s=output_expires_after_s, created_at=now, expires_at=now + window_s,

@@ -70,7 +70,11 @@ def start_batch_server(tmp: Path, model_path: Path, *, database_url: str | None 
     values = {"batch_poll_interval_s": 0.2, "max_num_seqs": 8, **settings}
     env = server_env(database_url=database_url, data_dir=tmp, model_path=model_path, **values)
     process = ServerProcess(env, tmp, name=name)
-    process.start(timeout_s=300)
+    try:
+        process.start(timeout_s=600)
+    except BaseException:
+        process.terminate()
+        raise
     return BatchServer(process=process, database_url=database_url, keys=keys, key_ids=key_ids)
 
 

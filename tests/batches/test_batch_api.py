@@ -1,0 +1,207 @@
+"""OpenAI's Batch API end to end with the official SDK, against `loraplex serve` in a subprocess.
+
+files.create -> batches.create -> polling retrieve -> the output file, equal to the same requests sent
+online (greedy); cancel; hostile input files each a clear error with nothing run or billed; another
+tenant's ids are 404s; the size and count limits; a spent budget fails the remaining lines with 429 lines.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from decimal import Decimal
+from pathlib import Path
+
+import openai
+import pytest
+from batch_helpers import (
+    MODEL,
+    BatchServer,
+    chat_line,
+    completion_line,
+    ledger_rows,
+    result_lines,
+    start_batch_server,
+    upload,
+    wait_batch,
+)
+from waiting import wait_until
+
+PRICE_INPUT, PRICE_OUTPUT = Decimal("1"), Decimal("2")   # USD per million tokens
+SCHEMA = {"type": "object", "properties": {"answer": {"type": "integer"}}, "required": ["answer"],
+          "additionalProperties": False}
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory, smollm_path: Path) -> Iterator[BatchServer]:
+    running = start_batch_server(tmp_path_factory.mktemp("batch-api"), smollm_path, batch_concurrency=2,
+                                 batch_max_file_bytes=64 * 1024, batch_file_quota_count_per_tenant=10)
+    try:
+        with running.http("admin") as admin:
+            created = admin.post("/v1/admin/prices", json={"model": MODEL, "input": str(PRICE_INPUT),
+                                                          "output": str(PRICE_OUTPUT)})
+            assert created.status_code == 201, created.text
+        yield running
+    except BaseException:
+        running.process.print_log()
+        raise
+    finally:
+        running.process.terminate()
+
+
+def test_sdk_end_to_end_equals_online_and_bills_the_batch_price(server: BatchServer) -> None:
+    client = server.client("acme")
+    chat = [chat_line("capital", "What is the capital of France?"),
+            chat_line("colour", "Name a colour."),
+            chat_line("json", "Give a number as JSON.", max_tokens=12,
+                      response_format={"type": "json_schema", "json_schema": {"name": "n", "schema": SCHEMA,
+                                                                              "strict": True}})]
+    legacy = [completion_line("sky", "The sky is"), completion_line("grass", "Grass is")]
+    chat_file, legacy_file = upload(client, chat, "chat.jsonl"), upload(client, legacy, "legacy.jsonl")
+    assert (chat_file.object, chat_file.purpose, chat_file.filename) == ("file", "batch", "chat.jsonl")
+    assert client.files.content(chat_file.id).content == b"".join(json.dumps(x).encode() + b"\n" for x in chat)
+    created = client.batches.create(input_file_id=chat_file.id, endpoint="/v1/chat/completions",
+                                    completion_window="24h", metadata={"job": "e2e"})
+    assert (created.status, created.metadata, created.completion_window) == ("validating", {"job": "e2e"}, "24h")
+    legacy_batch = client.batches.create(input_file_id=legacy_file.id, endpoint="/v1/completions",
+                                         completion_window="24h")
+
+    done = wait_batch(client, created.id)
+    assert done.status == "completed", done
+    assert (done.request_counts.total, done.request_counts.completed, done.request_counts.failed) == (3, 3, 0)
+    assert done.in_progress_at and done.finalizing_at and done.completed_at and done.error_file_id is None
+    assert done.model == MODEL
+    outputs = result_lines(client, done.output_file_id)
+    assert [o["custom_id"] for o in outputs] == ["capital", "colour", "json"]
+    assert client.files.retrieve(done.output_file_id).purpose == "batch_output"
+    for line, out in zip(chat, outputs, strict=True):
+        assert out["id"].startswith("batch_req_") and out["error"] is None
+        assert out["response"]["status_code"] == 200
+        body = out["response"]["body"]
+        online = client.chat.completions.create(**line["body"])
+        assert body["choices"][0]["message"]["content"] == online.choices[0].message.content
+        assert body["usage"]["completion_tokens"] == online.usage.completion_tokens
+    assert isinstance(json.loads(outputs[2]["response"]["body"]["choices"][0]["message"]["content"])["answer"], int)
+    assert done.usage.input_tokens == sum(o["response"]["body"]["usage"]["prompt_tokens"] for o in outputs)
+    assert done.usage.output_tokens == sum(o["response"]["body"]["usage"]["completion_tokens"] for o in outputs)
+
+    legacy_done = wait_batch(client, legacy_batch.id)
+    assert legacy_done.status == "completed", legacy_done
+    for line, out in zip(legacy, result_lines(client, legacy_done.output_file_id), strict=True):
+        online = client.completions.create(**line["body"])
+        assert out["response"]["body"]["choices"][0]["text"] == online.choices[0].text
+
+    rows = wait_until(lambda: len(r := ledger_rows(server, "acme", done.id)) == 3 and r,
+                      what="the batch's three lines in the ledger")
+    for row in rows:
+        full = (row["input_tokens"] * PRICE_INPUT + row["output_tokens"] * PRICE_OUTPUT) / 1_000_000
+        assert Decimal(row["cost_usd"]) == full / 2, row
+    assert sorted(row["request_id"] for row in rows) == sorted(o["response"]["request_id"] for o in outputs)
+
+
+def test_cancel_keeps_what_ran_and_fails_the_rest(server: BatchServer) -> None:
+    client = server.client("acme")
+    lines = [chat_line(f"c{i}", f"Say the number {i}.") for i in range(7)]
+    batch = client.batches.create(input_file_id=upload(client, lines).id, endpoint="/v1/chat/completions",
+                                  completion_window="24h")
+    wait_until(lambda: client.batches.retrieve(batch.id).request_counts.completed >= 1, timeout_s=240,
+               interval_s=0.1, what="a first finished line")
+    cancelling = client.batches.cancel(batch.id)
+    assert cancelling.status in ("cancelling", "cancelled") and cancelling.cancelling_at
+    done = wait_batch(client, batch.id)
+    assert done.status == "cancelled" and done.cancelled_at, done
+    counts = done.request_counts
+    assert counts.total == 7 and counts.completed + counts.failed == 7 and counts.failed >= 1
+    errors = result_lines(client, done.error_file_id)
+    assert len(errors) == counts.failed
+    assert all(e["response"] is None and e["error"]["code"] == "batch_cancelled" for e in errors)
+    outputs = result_lines(client, done.output_file_id)
+    assert len(outputs) == counts.completed
+    assert {o["custom_id"] for o in outputs} | {e["custom_id"] for e in errors} == {f"c{i}" for i in range(7)}
+    wait_until(lambda: len(ledger_rows(server, "acme", batch.id)) == counts.completed,
+               what="a ledger row for each line that ran, none for the cancelled ones")
+    assert client.batches.cancel(batch.id).status == "cancelled"  # cancelling again changes nothing
+
+
+def test_hostile_files_fail_validation_with_nothing_run(server: BatchServer) -> None:
+    client = server.client("acme")
+    cases = {
+        "invalid_json_line": [chat_line("a", "x"), '{"custom_id": "b", "method": '],
+        "duplicate_custom_id": [chat_line("same", "x"), chat_line("same", "y")],
+        "invalid_url": [chat_line("a", "x"), {**chat_line("b", "y"), "url": "https://attacker.example/v1/chat/completions"}],
+        "model_not_found": [chat_line("a", "x"), chat_line("b", "y", model="no-such-adapter")],
+    }
+    batches = {code: client.batches.create(input_file_id=upload(client, lines).id, endpoint="/v1/chat/completions",
+                                           completion_window="24h")
+               for code, lines in cases.items()}
+    for code, batch in batches.items():
+        done = wait_batch(client, batch.id)
+        assert done.status == "failed" and done.failed_at, done
+        assert [(e.code, e.line) for e in done.errors.data] == [(code, 2)]
+        assert done.errors.data[0].message
+        assert done.request_counts.total == 0 and done.output_file_id is None and done.error_file_id is None
+    assert all(not ledger_rows(server, "acme", batch.id) for batch in batches.values())
+    with pytest.raises(openai.ConflictError):
+        client.batches.cancel(batches["invalid_url"].id)
+
+
+def test_requests_refused_at_the_door(server: BatchServer) -> None:
+    client = server.client("acme")
+    good = upload(client, [chat_line("a", "x")])
+    with pytest.raises(openai.BadRequestError, match="endpoint"):
+        client.batches.create(input_file_id=good.id, endpoint="/v1/embeddings", completion_window="24h")
+    with pytest.raises(openai.BadRequestError, match="completion_window"):
+        client.batches.create(input_file_id=good.id, endpoint="/v1/chat/completions", completion_window="1h")
+    with pytest.raises(openai.BadRequestError, match="purpose"):
+        client.files.create(file=("x.jsonl", b"{}\n"), purpose="fine-tune")
+    with pytest.raises(openai.APIStatusError) as too_large:
+        client.files.create(file=("big.jsonl", b"x" * (65 * 1024)), purpose="batch")
+    assert too_large.value.status_code == 413 and too_large.value.code == "file_too_large"
+    client.files.delete(good.id)
+    with pytest.raises(openai.NotFoundError):
+        client.files.retrieve(good.id)
+
+
+def test_another_tenants_files_and_batches_are_404(server: BatchServer) -> None:
+    acme, globex = server.client("acme"), server.client("globex")
+    mine = upload(acme, [chat_line("a", "x")])
+    batch = acme.batches.create(input_file_id=mine.id, endpoint="/v1/chat/completions", completion_window="24h")
+    for attempt in (lambda: globex.batches.create(input_file_id=mine.id, endpoint="/v1/chat/completions",
+                                                  completion_window="24h"),
+                    lambda: globex.files.retrieve(mine.id), lambda: globex.files.content(mine.id),
+                    lambda: globex.files.delete(mine.id), lambda: globex.batches.retrieve(batch.id),
+                    lambda: globex.batches.cancel(batch.id)):
+        with pytest.raises(openai.NotFoundError):
+            attempt()
+    assert mine.id not in {f.id for f in globex.files.list()}
+    assert batch.id not in {b.id for b in globex.batches.list()}
+    assert wait_batch(acme, batch.id).status == "completed"
+
+
+def test_file_count_quota_and_pages(server: BatchServer) -> None:
+    client = server.client("initech")
+    ids = [upload(client, [chat_line(f"r{i}", "x")]).id for i in range(10)]
+    with pytest.raises(openai.APIStatusError) as refused:
+        upload(client, [chat_line("r10", "x")])
+    assert refused.value.status_code == 413 and refused.value.code == "storage_quota_exceeded"
+    page = client.files.list(limit=3)
+    assert [f.id for f in page.data] == ids[::-1][:3] and page.has_more
+    assert [f.id for f in client.files.list(limit=3)] == ids[::-1]  # the SDK follows `after` to the next page
+    assert [f.id for f in client.files.list(order="asc", limit=2)] == ids
+
+
+def test_a_spent_budget_fails_the_remaining_lines(server: BatchServer) -> None:
+    with server.http("admin") as admin:
+        assert admin.put("/v1/admin/tenants/globex/budgets", json={"monthly_token_limit": 45}).status_code == 200
+    client = server.client("globex")
+    lines = [chat_line(f"b{i}", f"Say {i}.") for i in range(4)]
+    batch = client.batches.create(input_file_id=upload(client, lines).id, endpoint="/v1/chat/completions",
+                                  completion_window="24h")
+    done = wait_batch(client, batch.id)
+    assert done.status == "completed"
+    assert done.request_counts.completed >= 1 and done.request_counts.failed >= 1
+    assert done.request_counts.completed + done.request_counts.failed == 4
+    errors = result_lines(client, done.error_file_id)
+    assert errors and all(e["response"]["status_code"] == 429 for e in errors)
+    assert all(e["response"]["body"]["error"]["code"] == "insufficient_quota" for e in errors)
+    assert client.models.list().data  # the service itself still answers
