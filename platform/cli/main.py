@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import typer
-from loraplex.platform.cli import adapters, budgets, db, keys, prices, tenants, usage
+from loraplex.platform.cli import adapters, batches, budgets, db, keys, prices, tenants, usage
 from loraplex.platform.cli.serve import serve
 
 app = typer.Typer(
@@ -21,6 +21,7 @@ app.add_typer(usage.app, name="usage")
 app.add_typer(adapters.app, name="adapters")
 app.add_typer(prices.app, name="prices")
 app.add_typer(budgets.app, name="budgets")
+app.add_typer(batches.app, name="batches")
 
 if __name__ == "__main__":
     app()
