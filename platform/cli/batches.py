@@ -155,7 +155,8 @@ def download(
             with client.stream("GET", f"/v1/files/{file_id}/content") as response:
                 if not response.is_success:
                     response.read()
-                    _call(client, "GET", f"/v1/files/{file_id}/content")  # prints the server's error and exits
+                    err_console.print(f"[red]error {response.status_code}: {response.text[:500]}[/red]")
+                    raise typer.Exit(1)
                 target = output.open("wb") if output else sys.stdout.buffer
                 try:
                     for chunk in response.iter_bytes():
