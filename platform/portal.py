@@ -24,6 +24,7 @@ _PAGES = {
     "adapters": ("adapters.html", "Adapters"),
     "playground": ("playground.html", "Playground"),
     "usage": ("usage.html", "Usage"),
+    "batches": ("batches.html", "Batches"),
 }
 
 # The shells are static apart from the root path; a strict policy keeps any
