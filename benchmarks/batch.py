@@ -1,0 +1,410 @@
+"""Batch API benchmark: a batch on the spare capacity of a server an interactive tenant is using.
+
+A real `loraplex serve` in a subprocess; tenant `batchco` runs batches through
+the official `openai` SDK (files.create, batches.create, polling, the output
+file), tenant `chatco` sends interactive chat requests one after another.
+Every line of a batch is a chat request on one of several adapters or the
+base model (mixed adapters, random PEFT weights uploaded at the start), with
+one long system prompt shared by all (prefilled once, then read from the
+prefix cache), greedy with ignore_eos so each makes exactly max_tokens
+tokens. Each phase's user messages carry the phase's tag, so only the shared
+prefix is cached across phases. In order:
+
+- quiet: the interactive tenant alone (its p95 latency is the baseline);
+- batch alone: one batch of N lines, timed from create to `completed`;
+- batch + interactive: another batch of N lines while the interactive tenant
+  sends requests until it ends;
+- online: the same N requests sent online at full concurrency (the batch's);
+- restart: a batch killed (SIGKILL, the whole server) once a third of it is
+  done, then the server restarted on the same database and storage: every
+  custom_id must come back exactly once, each in the ledger once.
+
+Checked before any figure counts: every batch line and online request is a
+200 with exactly max_tokens tokens, and the batch's answers equal the online
+ones (greedy; the fraction equal is reported). Tokens are generated
+(output) tokens.
+
+Figures (benchmarks/results/batch.json): interactive_p95_ratio_under_batch,
+total_throughput_ratio_with_batch (batch + interactive tokens/s over the
+batch alone), batch_over_online_throughput, lost_or_duplicated_on_restart.
+
+    python benchmarks/batch.py           # full (2,000 lines): writes benchmarks/results/batch.json
+    python benchmarks/batch.py --quick   # small sizes on the CPU, in about a minute; writes nothing
+    python benchmarks/batch.py --device cuda --random-weights data/models/SmolLM2-135M-Instruct   # a GPU
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime
+import io
+import json
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULT = ROOT / "benchmarks" / "results" / "batch.json"
+SYSTEM = ("You are the support assistant of a small online bookshop. Answer politely and briefly. Orders ship "
+          "within two working days; returns are accepted for thirty days with a receipt; gift cards never "
+          "expire; the shop is closed on public holidays; customers can track parcels with the number in "
+          "their confirmation e-mail; international shipping takes one to three weeks depending on the "
+          "country. If you do not know an answer, say so and suggest writing to the shop's help desk.")
+QUESTIONS = ["Where is my parcel?", "Can I return a book I bought last week?", "Do gift cards expire?",
+             "How long does shipping to Canada take?", "Are you open on holidays?", "How do I track an order?",
+             "Can I change my delivery address?", "Do you sell e-books?"]
+TERMINAL = ("completed", "failed", "expired", "cancelled")
+
+
+@dataclass(frozen=True)
+class Sizes:
+    num_lines: int
+    max_tokens: int
+    num_adapters: int
+    interactive_max_tokens: int
+    num_quiet: int
+    concurrency: int
+    restart_lines: int
+
+
+QUICK = Sizes(num_lines=12, max_tokens=6, num_adapters=2, interactive_max_tokens=6, num_quiet=5, concurrency=8,
+              restart_lines=9)
+FULL = Sizes(num_lines=2000, max_tokens=64, num_adapters=4, interactive_max_tokens=32, num_quiet=40,
+             concurrency=64, restart_lines=300)
+
+
+# ---- the server ------------------------------------------------------------------------------------
+
+class Server:
+    """`loraplex serve` in its own process group; `kill` is a crash, `start` again comes back on a new port."""
+
+    def __init__(self, env: dict[str, str], log_dir: Path) -> None:
+        self.env, self.log_dir, self.process, self.port, self.num_starts = env, log_dir, None, 0, 0
+
+    def start(self, timeout_s: float = 1200) -> None:
+        from loraplex.platform.engine_process import die_with_parent
+
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            self.port = sock.getsockname()[1]
+        self.num_starts += 1
+        with open(self.log_dir / f"serve-{self.num_starts}.log", "wb") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "loraplex.platform.cli.main", "serve", "--port", str(self.port)],
+                cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                preexec_fn=die_with_parent)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise SystemExit(f"loraplex serve exited with {self.process.returncode}; see {self.log_dir}")
+            try:
+                if httpx.get(f"http://127.0.0.1:{self.port}/healthz", timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        raise SystemExit(f"loraplex serve did not become healthy; see {self.log_dir}")
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def kill(self) -> None:
+        os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait(timeout=60)
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(timeout=90)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+
+def server_env(data_dir: Path, model_path: Path, args: argparse.Namespace, sizes: Sizes) -> dict[str, str]:
+    settings = {
+        "data_dir": data_dir, "model_path": model_path, "device": args.device, "random_weights": bool(args.random_weights),
+        "max_num_seqs": sizes.concurrency, "batch_concurrency": sizes.concurrency, "batch_poll_interval_s": 0.2,
+        "batch_lease_s": 6, "default_rpm": 0, "default_tpm": 0, "log_level": "warning", "max_model_len": 1024,
+    }
+    if args.device == "cpu":
+        settings["kv_cache_memory_mb"] = 256
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LORAPLEX_")}
+    env.update({f"LORAPLEX_{name.upper()}": str(value) for name, value in settings.items()})
+    return env
+
+
+def seed_keys(database_url: str) -> dict[str, str]:
+    from loraplex.platform.auth import store
+    from loraplex.platform.auth.scopes import Scope
+    from loraplex.platform.db import migrate
+    from loraplex.platform.db.session import make_db_engine, make_session_factory
+
+    migrate.upgrade(database_url)
+    engine = make_db_engine(database_url)
+    with make_session_factory(engine)() as db:
+        keys = {name: store.create_api_key(db, tenant=store.create_tenant(db, name=name), scopes=scopes).key
+                for name, scopes in (("batchco", [Scope.INFERENCE, Scope.ADAPTERS, Scope.USAGE]),
+                                     ("chatco", [Scope.INFERENCE]))}
+    engine.dispose()
+    return keys
+
+
+def upload_adapters(server: Server, key: str, model_path: Path, model: str, num: int, work: Path) -> list[str]:
+    from loraplex.adapters.base_model import BaseModelSpec
+    from loraplex.adapters.random_adapters import write_random_adapter
+
+    spec = BaseModelSpec.from_hf_config(json.loads((model_path / "config.json").read_text()), name=model)
+    names = []
+    with httpx.Client(base_url=server.url, headers={"Authorization": f"Bearer {key}"}, timeout=600) as http:
+        for i in range(num):
+            folder = write_random_adapter(work / f"adapter-{i}", spec, seed=i)
+            files = [("file", (p.name, p.read_bytes())) for p in sorted(folder.iterdir())]
+            created = http.post("/v1/adapters", data={"name": f"bench-{i}"}, files=files)
+            created.raise_for_status()
+            while (info := http.get(f"/v1/adapters/{created.json()['id']}").json())["status"] == "validating":
+                time.sleep(0.2)
+            if info["status"] != "ready":
+                raise SystemExit(f"adapter bench-{i} failed validation: {info['reason']}")
+            names.append(info["name"])
+    return names
+
+
+# ---- the work --------------------------------------------------------------------------------------
+
+def lines_for(tag: str, num: int, models: list[str], max_tokens: int) -> list[dict[str, Any]]:
+    return [{"custom_id": f"{tag}-{i}", "method": "POST", "url": "/v1/chat/completions", "body": {
+        "model": models[i % len(models)], "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True,
+        "messages": [{"role": "system", "content": SYSTEM},
+                     {"role": "user", "content": f"[{tag} {i}] {QUESTIONS[i % len(QUESTIONS)]}"}]}}
+            for i in range(num)]
+
+
+def submit(client: openai.OpenAI, lines: list[dict[str, Any]]) -> Any:
+    data = "".join(json.dumps(line) + "\n" for line in lines).encode()
+    uploaded = client.files.create(file=("input.jsonl", io.BytesIO(data)), purpose="batch")
+    return client.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h")
+
+
+def wait(client: openai.OpenAI, batch_id: str, *, until: Any = None, timeout_s: float = 7200) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        batch = client.batches.retrieve(batch_id)
+        if batch.status in TERMINAL or (until is not None and until(batch)):
+            return batch
+        time.sleep(0.2)
+    raise SystemExit(f"batch {batch_id} did not end in {timeout_s} s")
+
+
+def outputs_of(client: openai.OpenAI, batch: Any) -> dict[str, dict[str, Any]]:
+    """Each custom_id's first result line, with how many lines it had (`copies`) across both files."""
+    found: dict[str, dict[str, Any]] = {}
+    for file_id in (batch.output_file_id, batch.error_file_id):
+        for line in client.files.content(file_id).text.splitlines() if file_id else []:
+            item = json.loads(line)
+            first = found.setdefault(item["custom_id"], item)
+            first["copies"] = first.get("copies", 0) + 1
+    return found
+
+
+def run_batch(client: openai.OpenAI, lines: list[dict[str, Any]], max_tokens: int) -> tuple[float, dict[str, str]]:
+    """Seconds from create to completed, and each line's answer (every line checked: 200, max_tokens tokens)."""
+    start = time.perf_counter()
+    batch = wait(client, submit(client, lines).id)
+    wall = time.perf_counter() - start
+    if batch.status != "completed" or batch.request_counts.failed:
+        raise SystemExit(f"batch did not complete cleanly: {batch}")
+    answers = {}
+    for custom_id, item in outputs_of(client, batch).items():
+        body = item["response"]["body"] if item["response"] else None
+        if item["response"] is None or item["response"]["status_code"] != 200 or \
+                body["usage"]["completion_tokens"] != max_tokens:
+            raise SystemExit(f"line {custom_id} is not a full answer: {item}")
+        answers[custom_id] = body["choices"][0]["message"]["content"]
+    if len(answers) != len(lines):
+        raise SystemExit(f"{len(lines) - len(answers)} lines missing from the output")
+    return wall, answers
+
+
+def interactive(client: openai.OpenAI, model: str, max_tokens: int, *, count: int | None = None,
+                stop: threading.Event | None = None) -> list[float]:
+    """Latencies of requests sent one after another (`count` of them, or until `stop` is set)."""
+    latencies: list[float] = []
+    i = 0
+    while (count is None or i < count) and not (stop is not None and stop.is_set()):
+        start = time.perf_counter()
+        reply = client.chat.completions.create(
+            model=model, max_tokens=max_tokens, temperature=0, extra_body={"ignore_eos": True},
+            messages=[{"role": "user", "content": f"Interactive question {i}: {QUESTIONS[i % len(QUESTIONS)]}"}])
+        latencies.append(time.perf_counter() - start)
+        if reply.usage.completion_tokens != max_tokens:
+            raise SystemExit(f"interactive reply of {reply.usage.completion_tokens} tokens, not {max_tokens}")
+        i += 1
+    return latencies
+
+
+async def online(base_url: str, key: str, lines: list[dict[str, Any]], concurrency: int, max_tokens: int
+                 ) -> tuple[float, dict[str, str]]:
+    client = openai.AsyncOpenAI(base_url=base_url, api_key=key, max_retries=0, timeout=3600)
+    slots = asyncio.Semaphore(concurrency)
+    answers: dict[str, str] = {}
+
+    async def one(line: dict[str, Any]) -> None:
+        async with slots:
+            body = dict(line["body"])
+            extra = {"ignore_eos": body.pop("ignore_eos")}
+            reply = await client.chat.completions.create(**body, extra_body=extra)
+        if reply.usage.completion_tokens != max_tokens:
+            raise SystemExit(f"online reply of {reply.usage.completion_tokens} tokens, not {max_tokens}")
+        answers[line["custom_id"]] = reply.choices[0].message.content
+
+    start = time.perf_counter()
+    await asyncio.gather(*(one(line) for line in lines))
+    wall = time.perf_counter() - start
+    await client.close()
+    return wall, answers
+
+
+def p95(values: list[float]) -> float:
+    return statistics.quantiles(values, n=20, method="inclusive")[18] if len(values) > 1 else values[0]
+
+
+def restart_check(server: Server, key: str, models: list[str], sizes: Sizes) -> int:
+    """Kill the server a third of the way into a batch, restart it: lost + duplicated lines and ledger rows."""
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key=key, max_retries=0, timeout=600)
+    lines = lines_for("restart", sizes.restart_lines, models, sizes.max_tokens)
+    batch = submit(client, lines)
+    wait(client, batch.id, until=lambda b: b.request_counts.completed >= sizes.restart_lines // 3)
+    server.kill()
+    server.start()
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key=key, max_retries=0, timeout=600)
+    done = wait(client, batch.id)
+    found = outputs_of(client, done)
+    wanted = {line["custom_id"] for line in lines}
+    bad = len(wanted - set(found)) + sum(item["copies"] - 1 for item in found.values())
+    bad += sum(1 for item in found.values() if not item["response"] or item["response"]["status_code"] != 200)
+    with httpx.Client(base_url=server.url, headers={"Authorization": f"Bearer {key}"}, timeout=60) as http:
+        deadline = time.monotonic() + 120
+        while True:
+            rows = [r for r in http.get("/v1/usage/requests", params={"limit": 1000}).json()["data"]
+                    if r["request_id"].startswith(batch.id + "-")]
+            if len(rows) >= len(wanted) or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+    billed = {row["request_id"] for row in rows}
+    return bad + abs(len(wanted) - len(billed))
+
+
+# ---- the run ---------------------------------------------------------------------------------------
+
+def measure(args: argparse.Namespace) -> dict[str, Any]:
+    from loraplex.engine.model.default_model import ensure_default_model
+
+    sizes = QUICK if args.quick else FULL
+    model_path = (args.random_weights or ensure_default_model(ROOT / "data" / "models")).resolve()
+    model = model_path.name
+    work = Path(tempfile.mkdtemp(prefix="batch-bench-"))
+    keys = seed_keys(f"sqlite:///{work / 'loraplex.db'}")
+    server = Server(server_env(work, model_path, args, sizes), work)
+    server.start()
+    try:
+        adapters = upload_adapters(server, keys["batchco"], model_path, model, sizes.num_adapters, work)
+        models = [model, *adapters]
+        batch_client = openai.OpenAI(base_url=server.url + "/v1", api_key=keys["batchco"], max_retries=0, timeout=600)
+        chat_client = openai.OpenAI(base_url=server.url + "/v1", api_key=keys["chatco"], max_retries=0, timeout=600)
+        interactive(chat_client, model, sizes.interactive_max_tokens, count=2)  # warm-up
+        quiet = interactive(chat_client, model, sizes.interactive_max_tokens, count=sizes.num_quiet)
+
+        alone_s, alone_answers = run_batch(batch_client, lines_for("alone", sizes.num_lines, models, sizes.max_tokens),
+                                           sizes.max_tokens)
+
+        stop = threading.Event()
+        loaded: list[float] = []
+        worker = threading.Thread(target=lambda: loaded.extend(
+            interactive(chat_client, model, sizes.interactive_max_tokens, stop=stop)))
+        worker.start()
+        with_s, _ = run_batch(batch_client, lines_for("mixed", sizes.num_lines, models, sizes.max_tokens),
+                              sizes.max_tokens)
+        stop.set()
+        worker.join()
+
+        online_lines = lines_for("alone", sizes.num_lines, models, sizes.max_tokens)
+        online_s, online_answers = asyncio.run(online(server.url + "/v1", keys["batchco"], online_lines,
+                                                      sizes.concurrency, sizes.max_tokens))
+        lost_or_duplicated = restart_check(server, keys["batchco"], models, sizes)
+    finally:
+        server.stop()
+
+    batch_tokens = sizes.num_lines * sizes.max_tokens
+    equal = sum(online_answers[k] == v for k, v in alone_answers.items()) / len(alone_answers)
+    metrics = {
+        "interactive_p95_ratio_under_batch": p95(loaded) / p95(quiet),
+        "total_throughput_ratio_with_batch":
+            (batch_tokens + len(loaded) * sizes.interactive_max_tokens) / with_s / (batch_tokens / alone_s),
+        "batch_over_online_throughput": (batch_tokens / alone_s) / (batch_tokens / online_s),
+        "lost_or_duplicated_on_restart": lost_or_duplicated,
+        "interactive_p95_quiet_s": p95(quiet), "interactive_p95_under_batch_s": p95(loaded),
+        "interactive_requests_under_batch": len(loaded),
+        "batch_alone_tokens_per_s": batch_tokens / alone_s, "batch_with_interactive_s": with_s,
+        "online_tokens_per_s": batch_tokens / online_s, "greedy_equal_fraction": equal,
+    }
+    return {"sizes": sizes, "model": model, "metrics": metrics, "checked": lost_or_duplicated == 0}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="small sizes on the CPU; writes nothing")
+    parser.add_argument("--device", default="cpu", help="the server's device: cpu or cuda")
+    parser.add_argument("--random-weights", type=Path, default=None, metavar="MODEL_DIR",
+                        help="serve random weights of this model folder's architecture (config + tokenizer)")
+    parser.add_argument("--out", type=Path, default=None, help="where to write the JSON (default: results/ on full runs)")
+    args = parser.parse_args()
+    run = measure(args)
+    metrics = run["metrics"]
+    for name, value in metrics.items():
+        print(f"{name:40s} {value:.4g}" if isinstance(value, float) else f"{name:40s} {value}")
+    if not run["checked"]:
+        raise SystemExit("lines were lost or duplicated across the restart")
+    out = args.out or (None if args.quick else RESULT)
+    if out is None:
+        return
+    import torch
+    from loraplex.engine.host_info import cpu_benchmark_machine
+
+    machine = cpu_benchmark_machine()
+    machine["gpu"] = torch.cuda.get_device_name(0) if args.device == "cuda" and torch.cuda.is_available() else None
+    sizes: Sizes = run["sizes"]
+    result = {
+        "benchmark": "batch",
+        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "machine": machine,
+        "config": {"model": run["model"], "weights": "random" if args.random_weights else "bundled",
+                   "device": args.device, **sizes.__dict__, "tokens": "generated (output) tokens"},
+        "metrics": metrics,
+        "targets": {"interactive_p95_ratio_under_batch": {"op": "<=", "value": 1.5},
+                    "total_throughput_ratio_with_batch": {"op": ">=", "value": 0.9},
+                    "batch_over_online_throughput": {"op": ">=", "value": 0.9},
+                    "lost_or_duplicated_on_restart": {"op": "==", "value": 0}},
+        "checked": run["checked"],
+    }
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
