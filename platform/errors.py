@@ -26,6 +26,7 @@ from loraplex.sessions.errors import (
     SessionConflictError,
     SessionLimitError,
     SessionNotFoundError,
+    StoredStateLimitError,
 )
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -57,6 +58,7 @@ ERROR_TABLE: dict[type[Exception], int] = {
     SessionBusyError: 409,
     SessionConflictError: 409,
     SessionLimitError: 429,
+    StoredStateLimitError: 429,
     adapter_errors.AdapterRejectedError: 422,
     adapter_errors.UnsafeUploadError: 400,
     adapter_errors.UploadTooLargeError: 413,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from loraplex.engine.errors import EngineError
+from loraplex.engine.errors import EngineError, InvalidRequestError
 
 
 class SessionNotFoundError(EngineError):
@@ -53,3 +53,16 @@ class SessionConflictError(EngineError):
             f"Session {session_id!r} changed while this turn ran (its lease expired); the turn was not recorded.",
             param="session_id",
         )
+
+
+class StoredStateLimitError(EngineError):
+    """A tenant's stored responses or sessions are at a per-tenant count or bytes cap (the message names the
+    setting); deleting some, or letting them expire, frees room."""
+
+    code = "stored_state_limit_exceeded"
+
+
+class StoredStateTooLargeError(InvalidRequestError):
+    """One stored response or session would be larger than the per-record cap the message names."""
+
+    code = "stored_state_too_large"

@@ -6,20 +6,25 @@ messages every earlier response and this one added (its input, then its
 answer; instructions are per response and never carried over). So a chain
 is a linked list whose every node is whole: deleting a parent never breaks
 a child, and two children of one parent (a branch) share nothing mutable.
-Another tenant's response is reported as not found. The Redis store
+Another tenant's response is reported as not found. Each tenant's stored
+responses are capped in count and bytes, and one record in size
+(`StoreQuota`, checked atomically with the write). The Redis store
 (`response_redis_store.py`) has the same interface.
 """
 
 from __future__ import annotations
 
+import heapq
 import json
 import secrets
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Protocol
 
 from loraplex.engine.errors import EngineError
+from loraplex.sessions.quota import NO_QUOTA, StoreQuota
 
 
 class ResponseNotFoundError(EngineError):
@@ -56,8 +61,12 @@ class StoredResponse:
 
 
 class ResponseStore(Protocol):
-    def put(self, record: StoredResponse) -> None:
-        """Store (or replace) a response until its `expires_at`."""
+    def put(self, record: StoredResponse, *, quota: StoreQuota = NO_QUOTA) -> None:
+        """Store (or replace) a response until its `expires_at`; refuse it past `quota` (its tenant's count and
+        bytes, counted in the same atomic step)."""
+
+    def usage(self, tenant_id: str) -> tuple[int, int]:
+        """The tenant's live stored responses and their bytes."""
 
     def get(self, tenant_id: str, response_id: str) -> StoredResponse:
         """Raise ResponseNotFoundError for unknown, expired or other tenants' responses."""
@@ -65,36 +74,88 @@ class ResponseStore(Protocol):
     def delete(self, tenant_id: str, response_id: str) -> StoredResponse:
         """Remove at once; returns the removed record (its pin can then be released)."""
 
+    def alive(self, response_ids: list[str]) -> set[str]:
+        """Which of these responses are still stored (any tenant): a replica releases the pins of the others."""
+
+
+@dataclass(slots=True)
+class _Entry:
+    tenant_id: str
+    expires_at: float
+    data: str
+    num_bytes: int
+
 
 class MemoryResponseStore:
-    """One process's responses (the default without Redis); expired records are dropped when touched."""
+    """One process's responses (the default without Redis). Records are kept as their JSON; each tenant's
+    count and bytes are running totals, and expired records leave in expiry order (a heap), so saving one
+    never walks the others."""
 
-    def __init__(self) -> None:
-        self._records: dict[str, StoredResponse] = {}
+    def __init__(self, *, clock: Callable[[], float] = time.time) -> None:
+        self._clock = clock
+        self._entries: dict[str, _Entry] = {}
+        self._expiry: list[tuple[float, str]] = []
+        self._usage: dict[str, list[int]] = {}  # tenant -> [count, bytes]
         self._lock = threading.Lock()
 
-    def put(self, record: StoredResponse) -> None:
+    def put(self, record: StoredResponse, *, quota: StoreQuota = NO_QUOTA) -> None:
+        data = record.to_json()
+        num_bytes = len(data.encode())
+        quota.check_record(num_bytes)
         with self._lock:
-            self._drop_expired(time.time())
-            self._records[record.id] = StoredResponse.from_json(record.to_json())
+            self._drop_expired(self._clock())
+            count, used = self._usage.get(record.tenant_id, (0, 0))
+            old = self._entries.get(record.id)
+            if old is not None and old.tenant_id == record.tenant_id:
+                count, used = count - 1, used - old.num_bytes
+            quota.check(count=count, used_bytes=used, num_new_bytes=num_bytes)
+            if old is not None:
+                self._remove(record.id)
+            self._entries[record.id] = _Entry(record.tenant_id, record.expires_at, data, num_bytes)
+            usage = self._usage.setdefault(record.tenant_id, [0, 0])
+            usage[0] += 1
+            usage[1] += num_bytes
+            heapq.heappush(self._expiry, (record.expires_at, record.id))
+
+    def usage(self, tenant_id: str) -> tuple[int, int]:
+        with self._lock:
+            self._drop_expired(self._clock())
+            count, used = self._usage.get(tenant_id, (0, 0))
+            return count, used
 
     def get(self, tenant_id: str, response_id: str) -> StoredResponse:
         with self._lock:
-            record = self._live(tenant_id, response_id)
-            return StoredResponse.from_json(record.to_json())
+            data = self._live(tenant_id, response_id).data
+        return StoredResponse.from_json(data)
 
     def delete(self, tenant_id: str, response_id: str) -> StoredResponse:
         with self._lock:
-            record = self._live(tenant_id, response_id)
-            del self._records[response_id]
-            return record
+            data = self._live(tenant_id, response_id).data
+            self._remove(response_id)
+        return StoredResponse.from_json(data)
 
-    def _live(self, tenant_id: str, response_id: str) -> StoredResponse:
-        record = self._records.get(response_id)
-        if record is None or record.tenant_id != tenant_id or record.expires_at <= time.time():
-            raise ResponseNotFoundError(f"No response found with id '{response_id}'")
-        return record
+    def alive(self, response_ids: list[str]) -> set[str]:
+        with self._lock:
+            self._drop_expired(self._clock())
+            return {response_id for response_id in response_ids if response_id in self._entries}
+
+    def _live(self, tenant_id: str, response_id: str) -> _Entry:
+        entry = self._entries.get(response_id)
+        if entry is None or entry.tenant_id != tenant_id or entry.expires_at <= self._clock():
+            raise ResponseNotFoundError(f"No response found with id '{response_id[:80]}'")
+        return entry
+
+    def _remove(self, response_id: str) -> None:
+        entry = self._entries.pop(response_id)
+        usage = self._usage[entry.tenant_id]
+        usage[0] -= 1
+        usage[1] -= entry.num_bytes
+        if not usage[0]:
+            del self._usage[entry.tenant_id]
 
     def _drop_expired(self, now: float) -> None:
-        for response_id in [r.id for r in self._records.values() if r.expires_at <= now]:
-            del self._records[response_id]
+        while self._expiry and self._expiry[0][0] <= now:
+            expires_at, response_id = heapq.heappop(self._expiry)
+            entry = self._entries.get(response_id)
+            if entry is not None and entry.expires_at == expires_at:  # not replaced since with a later expiry
+                self._remove(response_id)

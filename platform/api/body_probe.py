@@ -4,7 +4,8 @@ Parsing a body builds a Python object for every value in it: 20,000 tools in
 a 1.7 MB body cost 70-190 ms of the event loop (every tenant's requests wait
 meanwhile), only for the request to be refused for its tool count. msgspec
 scans the same body in a few milliseconds, keeping the fields whose counts
-the edge limits (`tools`, `logit_bias`, `stop`, `messages`, `prompt`) as raw
+the edge limits (`tools`, `logit_bias`, `stop`, `messages`, `prompt`, and the
+Responses API's `input`, whose items count as messages) as raw
 slices and splitting only those into raw elements to count them. A body that
 is malformed or has an unexpected shape is left to the normal parser, which
 reports it as usual.
@@ -18,7 +19,7 @@ import msgspec
 from loraplex.platform.api.request_limits import RequestLimits
 
 PROBE_MIN_BYTES = 64 * 1024  # smaller bodies parse in well under a millisecond: not worth a second pass
-PROBED_PATHS = frozenset({"/v1/chat/completions", "/v1/completions"})
+PROBED_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/responses"})
 _NULL = msgspec.Raw(b"null")
 
 
@@ -28,6 +29,7 @@ class _CountedFields(msgspec.Struct):
     stop: msgspec.Raw = _NULL
     messages: msgspec.Raw = _NULL
     prompt: msgspec.Raw = _NULL
+    input: msgspec.Raw = _NULL
 
 
 _FIELDS = msgspec.json.Decoder(_CountedFields)
@@ -50,7 +52,8 @@ def probe_counts(body: bytes, limits: RequestLimits, *, max_tools: int) -> Refus
             return Refusal(f"tools holds {len(tools)} tools; the limit is {max_tools}", "tools")
         for name, limit, what in (("stop", limits.max_stop_sequences, "stop sequences"),
                                   ("messages", limits.max_messages, "messages"),
-                                  ("prompt", limits.max_prompts, "prompts")):
+                                  ("prompt", limits.max_prompts, "prompts"),
+                                  ("input", limits.max_messages, "items")):
             items = _LIST.decode(getattr(fields, name))
             if isinstance(items, list) and len(items) > limit and not (name == "prompt" and _token_ids(items)):
                 return Refusal(f"{name} allows at most {limit} {what}; got {len(items)}", name)

@@ -8,8 +8,8 @@ retrying it only burns the client's time and our capacity.
 
 from __future__ import annotations
 
-# Error codes whose refusal no retry can change.
-NO_RETRY_CODES = frozenset({"insufficient_quota"})
+# Error codes whose refusal no retry can change (a full store empties only as the tenant deletes).
+NO_RETRY_CODES = frozenset({"insufficient_quota", "stored_state_limit_exceeded"})
 
 
 def retry_headers(code: str | None) -> dict[str, str]:

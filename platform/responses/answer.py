@@ -62,15 +62,25 @@ async def _store(turn: ResponseTurn, chains: ResponseChains, gen: Generation, bo
         created_at=float(turn.created_at),
     )
     await chains.save(record, parent=turn.parent)
+    turn.stored = True
+
+
+def _release_unstored(turn: ResponseTurn, chains: ResponseChains, gen: Generation) -> None:
+    """A response that was to be stored but was not (failed, refused, the client left) lets its KV go."""
+    if gen.prepared.session_id and not turn.stored:
+        chains.release_unstored(gen.prepared.session_id)
 
 
 async def collect_response(gen: Generation, *, turn: ResponseTurn, chains: ResponseChains) -> dict[str, Any]:
-    answer = _Answer(gen)
-    async for _, output in gen.outputs(whole=True):
-        answer.feed(output)
-    body = answer.public(turn, gen)
-    await _store(turn, chains, gen, body)
-    return body
+    try:
+        answer = _Answer(gen)
+        async for _, output in gen.outputs(whole=True):
+            answer.feed(output)
+        body = answer.public(turn, gen)
+        await _store(turn, chains, gen, body)
+        return body
+    finally:
+        _release_unstored(turn, chains, gen)
 
 
 def _event(event: Event, number: int) -> bytes:
@@ -121,3 +131,4 @@ async def stream_response(gen: Generation, outputs: PrimedOutputs[tuple[int, Req
     finally:
         await outputs.aclose()
         await gen.close(error)
+        _release_unstored(turn, chains, gen)

@@ -11,6 +11,7 @@ not send reasoning back).
 from __future__ import annotations
 
 import secrets
+from dataclasses import dataclass
 from typing import Any
 
 from loraplex.engine.errors import InvalidRequestError
@@ -24,28 +25,50 @@ def new_item_id(prefix: str) -> str:
     return f"{prefix}_{secrets.token_hex(16)}"
 
 
-def normalize_input(raw: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The request's input as full items, each with an id (what GET .../input_items returns)."""
+@dataclass(frozen=True, slots=True)
+class ItemLimits:
+    """What a stored response keeps of the caller's own strings (settings: max_messages, max_item_id_chars,
+    max_description_chars); each past its limit is a 400 naming the element."""
+
+    max_items: int = 2048
+    max_id_chars: int = 128
+    max_description_chars: int = 4096
+
+    @classmethod
+    def from_settings(cls, settings: Any) -> ItemLimits:
+        return cls(max_items=settings.max_messages, max_id_chars=settings.max_item_id_chars,
+                   max_description_chars=settings.max_description_chars)
+
+
+def normalize_input(raw: str | list[dict[str, Any]], limits: ItemLimits = ItemLimits()) -> list[dict[str, Any]]:
+    """The request's input as full items, each with an id (what GET .../input_items returns). Only the fields
+    an item type has are kept; ids and call ids a caller chose are bounded."""
     if isinstance(raw, str):
         raw = [{"type": "message", "role": "user", "content": raw}]
+    if len(raw) > limits.max_items:
+        raise InvalidRequestError(f"input allows at most {limits.max_items} items; got {len(raw)}", param="input")
     items = []
     for i, item in enumerate(raw):
+        if not isinstance(item, dict):
+            raise InvalidRequestError("input items must be objects", param=f"input[{i}]")
         kind = item.get("type", "message")
         if kind == "message":
-            items.append(_message_item(item, i))
+            items.append(_message_item(item, i, limits))
         elif kind == "function_call":
             _require_str(item, ("call_id", "name", "arguments"), i)
-            items.append({"id": item.get("id") or new_item_id("fc"), "type": "function_call",
+            _check_ids(item, ("call_id", "name"), i, limits)
+            items.append({"id": _item_id(item, "fc", i, limits), "type": "function_call",
                           "call_id": item["call_id"], "name": item["name"], "arguments": item["arguments"],
                           "status": "completed"})
         elif kind == "function_call_output":
             _require_str(item, ("call_id",), i)
+            _check_ids(item, ("call_id",), i, limits)
             output = item.get("output")
             if isinstance(output, list):
                 output = _joined_text(output, f"input[{i}].output")
             if not isinstance(output, str):
                 raise InvalidRequestError("function_call_output needs a string output", param=f"input[{i}].output")
-            items.append({"id": item.get("id") or new_item_id("fco"), "type": "function_call_output",
+            items.append({"id": _item_id(item, "fco", i, limits), "type": "function_call_output",
                           "call_id": item["call_id"], "output": output, "status": "completed"})
         elif kind == "reasoning":
             continue  # not part of the conversation the model sees
@@ -56,7 +79,24 @@ def normalize_input(raw: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
     return items
 
 
-def _message_item(item: dict[str, Any], index: int) -> dict[str, Any]:
+def _item_id(item: dict[str, Any], prefix: str, index: int, limits: ItemLimits) -> str:
+    given = item.get("id")
+    if given is None or given == "":
+        return new_item_id(prefix)
+    if not isinstance(given, str):
+        raise InvalidRequestError("an item id must be a string", param=f"input[{index}].id")
+    _check_ids(item, ("id",), index, limits)
+    return given
+
+
+def _check_ids(item: dict[str, Any], keys: tuple[str, ...], index: int, limits: ItemLimits) -> None:
+    for key in keys:
+        if len(item[key]) > limits.max_id_chars:
+            raise InvalidRequestError(f"{key} holds {len(item[key])} characters; the limit is {limits.max_id_chars} "
+                                      "(max_item_id_chars)", param=f"input[{index}].{key}")
+
+
+def _message_item(item: dict[str, Any], index: int, limits: ItemLimits) -> dict[str, Any]:
     role = item.get("role")
     if role not in _ROLES:
         raise InvalidRequestError(f"unknown role {role!r}", param=f"input[{index}].role")
@@ -71,7 +111,7 @@ def _message_item(item: dict[str, Any], index: int) -> dict[str, Any]:
     part: dict[str, Any] = {"type": part_type, "text": text}
     if part_type == "output_text":
         part["annotations"] = []
-    return {"id": item.get("id") or new_item_id("msg"), "type": "message", "role": role, "status": "completed",
+    return {"id": _item_id(item, "msg", index, limits), "type": "message", "role": role, "status": "completed",
             "content": [part]}
 
 
@@ -114,33 +154,73 @@ def items_to_messages(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return messages
 
 
-def chat_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
-    """Function tools in chat form; any other tool type (built-in tools) is refused by name."""
-    if not tools:
-        return None
-    converted = []
-    for i, tool in enumerate(tools):
-        if tool.get("type") != "function":
-            raise UnsupportedParameterError(f"tools of type {tool.get('type')!r} are not supported; only function tools",
+def public_tools(tools: list[dict[str, Any]] | None, limits: ItemLimits = ItemLimits()) -> list[dict[str, Any]]:
+    """The function tools as a response keeps them: the fields a function tool has, nothing else the caller
+    added; any other tool type (built-in tools) is refused by name."""
+    public = []
+    for i, tool in enumerate(tools or []):
+        if not isinstance(tool, dict) or tool.get("type") != "function":
+            kind = tool.get("type") if isinstance(tool, dict) else type(tool).__name__
+            raise UnsupportedParameterError(f"tools of type {kind!r} are not supported; only function tools",
                                             param=f"tools[{i}].type")
-        if not isinstance(tool.get("name"), str):
+        name, description, strict = tool.get("name"), tool.get("description"), tool.get("strict")
+        if not isinstance(name, str):
             raise InvalidRequestError("a function tool needs a name", param=f"tools[{i}].name")
-        function = {"name": tool["name"], "parameters": tool.get("parameters") or {"type": "object", "properties": {}}}
-        if tool.get("description") is not None:
+        if len(name) > limits.max_id_chars:
+            raise InvalidRequestError(f"a tool name may hold at most {limits.max_id_chars} characters "
+                                      "(max_item_id_chars)", param=f"tools[{i}].name")
+        if description is not None and not isinstance(description, str):
+            raise InvalidRequestError("a tool description must be a string", param=f"tools[{i}].description")
+        if description is not None and len(description) > limits.max_description_chars:
+            raise InvalidRequestError(f"a tool description may hold at most {limits.max_description_chars} "
+                                      "characters (max_description_chars)", param=f"tools[{i}].description")
+        if strict is not None and not isinstance(strict, bool):
+            raise InvalidRequestError("strict must be a boolean", param=f"tools[{i}].strict")
+        public.append({"type": "function", "name": name, "description": description,
+                       "parameters": tool.get("parameters") or {"type": "object", "properties": {}}, "strict": strict})
+    return public
+
+
+def chat_tools(tools: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
+    """Function tools (as `public_tools` keeps them) in chat form."""
+    converted = []
+    for tool in tools:
+        function = {"name": tool["name"], "parameters": tool["parameters"]}
+        if tool["description"] is not None:
             function["description"] = tool["description"]
-        if tool.get("strict") is not None:
+        if tool["strict"] is not None:
             function["strict"] = tool["strict"]
         converted.append({"type": "function", "function": function})
-    return converted
+    return converted or None
+
+
+_TOOL_CHOICE_MODES = frozenset({"none", "auto", "required"})
+
+
+def public_tool_choice(choice: str | dict[str, Any] | None, limits: ItemLimits = ItemLimits()
+                       ) -> str | dict[str, Any] | None:
+    """tool_choice as a response keeps it: a mode, or the function it names (no other key survives)."""
+    if choice is None:
+        return None
+    if isinstance(choice, str):
+        if choice not in _TOOL_CHOICE_MODES:
+            raise InvalidRequestError(f"tool_choice must be one of {', '.join(sorted(_TOOL_CHOICE_MODES))} or a "
+                                      "function", param="tool_choice")
+        return choice
+    if choice.get("type") == "function" and isinstance(choice.get("name"), str):
+        if len(choice["name"]) > limits.max_id_chars:
+            raise InvalidRequestError(f"a tool name may hold at most {limits.max_id_chars} characters "
+                                      "(max_item_id_chars)", param="tool_choice.name")
+        return {"type": "function", "name": choice["name"]}
+    raise UnsupportedParameterError(f"tool_choice of type {choice.get('type')!r} is not supported",
+                                    param="tool_choice")
 
 
 def chat_tool_choice(choice: str | dict[str, Any] | None) -> str | dict[str, Any] | None:
+    """A `public_tool_choice` in chat form."""
     if choice is None or isinstance(choice, str):
         return choice
-    if choice.get("type") == "function" and isinstance(choice.get("name"), str):
-        return {"type": "function", "function": {"name": choice["name"]}}
-    raise UnsupportedParameterError(f"tool_choice of type {choice.get('type')!r} is not supported",
-                                    param="tool_choice")
+    return {"type": "function", "function": {"name": choice["name"]}}
 
 
 def chat_response_format(fmt: Any) -> dict[str, Any] | None:
