@@ -22,9 +22,20 @@ alike); the spread is the lowest and highest per-round ratio.
 - `prompt_list`: completions whose `prompt` is a list of 3,000 prompts;
 - `many_tools`: chat requests with 20,000 tiny tools;
 - `deep_schema`: chat requests whose json_schema nests 400 levels deep;
-- `logit_bias`: chat requests biasing the whole vocabulary with n=8.
-The last four come from two clients, each sending 5 requests a second (10
-a second together: the default per-key rate limit of 600 a minute).
+- `logit_bias`: chat requests biasing the whole vocabulary with n=8;
+- `poison_parameters`: chat requests with numbers the engine cannot
+  represent (top_k and seed past int64, NaN temperature, stop token ids,
+  min_tokens and a reasoning budget past 2^64, an infinite repetition
+  penalty), each to be refused with a 400 naming it;
+- `flood_long_streams`: 100 concurrent streams of 400 tokens, read normally,
+  each replaced as it ends (quick: 24 of 64);
+- `never_read_streams`: 280 streaming requests of 400 tokens whose answers
+  are never read, held open (quick: 40), more than the server's 256
+  admission places.
+The four refused attacks and the poison come from two clients, each sending
+5 requests a second (10 a second together: the default per-key rate limit
+of 600 a minute). The server runs on its default settings (fair sharing on,
+no per-tenant in-flight cap) but for rate limits off.
 
 Every output is checked before it is timed: each victim reply is a 200 with
 text; the stop-string requests end by length having generated every token;
@@ -299,6 +310,102 @@ def refused_bodies() -> dict[str, tuple[str, dict, str]]:
     }
 
 
+POISON_BODIES: list[tuple[dict, str]] = [
+    ({"top_k": 2**63, "temperature": 0.7}, "top_k"),
+    ({"seed": 2**64}, "seed"),
+    ({"temperature": float("nan")}, "temperature"),
+    ({"stop_token_ids": [2**64]}, "stop_token_ids"),
+    ({"min_tokens": 2**64}, "min_tokens"),
+    ({"max_reasoning_tokens": 2**64}, "max_reasoning_tokens"),
+    ({"repetition_penalty": float("inf")}, "repetition_penalty"),
+]
+
+
+def poison_attack(url: str, key: str, stopped: threading.Event, _quick: bool) -> int:
+    chat = {"model": MODEL, "messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 8}
+    bodies = [(json.dumps({**chat, **fields}).encode(), param) for fields, param in POISON_BODIES]
+    num_sent = 0
+    with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {key}",
+                                             "Content-Type": "application/json"}, timeout=300) as client:
+        while not stopped.wait(REFUSED_PACE_S):
+            content, param = bodies[num_sent % len(bodies)]
+            reply = client.post("/v1/chat/completions", content=content)
+            error = reply.json().get("error") or {} if reply.status_code == 400 else {}
+            if not str(error.get("param") or "").startswith(param):
+                raise RuntimeError(f"poison {param} not refused naming it: {reply.status_code} {reply.text[:300]}")
+            num_sent += 1
+    return num_sent
+
+
+def stream_tokens(quick: bool) -> int:
+    return 64 if quick else 400
+
+
+def flood_long_streams_attack(url: str, key: str, stopped: threading.Event, quick: bool) -> int:
+    """Many concurrent long streams, each read as it comes and replaced when it ends."""
+    num_streams, max_tokens = (24, stream_tokens(quick)) if quick else (100, stream_tokens(quick))
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "Write a long story about a lighthouse."}],
+            "max_tokens": max_tokens, "ignore_eos": True, "temperature": 0.8, "stream": True}
+    counts: list[int] = []
+    errors: list[BaseException] = []
+
+    def stream_loop() -> None:
+        sent = 0
+        try:
+            with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {key}"}, timeout=600) as client:
+                while not stopped.is_set():
+                    with client.stream("POST", "/v1/chat/completions", json=body) as reply:
+                        if reply.status_code != 200:
+                            raise RuntimeError(f"flood stream refused: {reply.status_code} {reply.read()[:300]!r}")
+                        for _ in reply.iter_lines():
+                            if stopped.is_set():
+                                break
+                    sent += 1
+        except BaseException as exc:
+            errors.append(exc)
+        counts.append(sent)
+
+    threads = [threading.Thread(target=stream_loop, daemon=True) for _ in range(num_streams)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=900)
+    if errors:
+        raise errors[0]
+    return sum(counts)
+
+
+def never_read_streams_attack(url: str, key: str, stopped: threading.Event, quick: bool) -> int:
+    """Streaming requests sent on raw sockets whose answers are never read while the attack lasts; past the
+    server's admission places the rest must be refused (429), checked once the attack ends."""
+    num_streams = 40 if quick else 280
+    host, port = url.removeprefix("http://").split(":")
+    body = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "Write a long story."}],
+                       "max_tokens": stream_tokens(quick), "ignore_eos": True, "stream": True}).encode()
+    request = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {key}\r\n"
+               f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n").encode() + body
+    sockets = []
+    try:
+        for _ in range(num_streams):
+            sock = socket.create_connection((host, int(port)), timeout=30)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # a small window: the server's writes stall
+            sock.sendall(request)
+            sockets.append(sock)
+        stopped.wait()
+        statuses = []
+        for sock in sockets:
+            head = sock.recv(64)
+            statuses.append(head.split(b" ")[1] if head.startswith(b"HTTP/1.1 ") else head[:20])
+        unexpected = [s for s in statuses if s not in (b"200", b"429")]
+        if unexpected:
+            raise RuntimeError(f"never-read streams answered {unexpected[:5]}")
+    finally:
+        for sock in sockets:
+            with suppress(OSError):
+                sock.close()
+    return len(sockets)
+
+
 def refused_attack(name: str) -> Callable[..., int]:
     def attack(url: str, key: str, stopped: threading.Event, _quick: bool) -> int:
         path, body, param = refused_bodies()[name]
@@ -326,6 +433,9 @@ ATTACKS: dict[str, tuple[Callable[..., int], int, str]] = {
     "many_tools": (refused_attack("many_tools"), 2, "chat with 20,000 tools"),
     "deep_schema": (refused_attack("deep_schema"), 2, "json_schema nested 400 levels"),
     "logit_bias": (refused_attack("logit_bias"), 2, "logit_bias over the whole vocabulary, n=8"),
+    "poison_parameters": (poison_attack, 2, "numbers past what the engine represents, each a 400 naming it"),
+    "flood_long_streams": (flood_long_streams_attack, 1, "100 concurrent 400-token streams, read normally"),
+    "never_read_streams": (never_read_streams_attack, 1, "280 400-token streams never read, held open"),
 }
 
 
