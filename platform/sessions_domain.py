@@ -29,6 +29,7 @@ from loraplex.platform.pipeline import StageAdditions
 from loraplex.platform.settings import Settings
 from loraplex.sessions.errors import SessionNotFoundError
 from loraplex.sessions.memory_store import MemorySessionStore
+from loraplex.sessions.quota import StoreQuota
 from loraplex.sessions.redis_store import RedisSessionStore
 from loraplex.sessions.store import KVState, SessionStore
 from loraplex.sessions.turns import AnswerCapture, OpenTurn, SessionTurns, conversation
@@ -156,11 +157,19 @@ def make_session_store(settings: Settings) -> SessionStore:
     return RedisSessionStore(client, key_prefix=settings.redis_key_prefix)
 
 
+def session_quota(settings: Settings) -> StoreQuota:
+    """Bytes per session and per tenant (the count is max_sessions_per_tenant, checked by `create`)."""
+    return StoreQuota(what="sessions", max_bytes=settings.max_session_bytes_per_tenant,
+                      max_record_bytes=settings.max_session_bytes, max_bytes_setting="max_session_bytes_per_tenant",
+                      max_record_bytes_setting="max_session_bytes")
+
+
 def install_sessions(extensions: Extensions, settings: Settings, *, engine: EngineClient,
                      metrics: Metrics | None) -> SessionTurns:
     """Register the session stage, the sweeper and the metrics."""
     turns = SessionTurns(make_session_store(settings), replica_id=settings.replica_id, lease_s=settings.session_lease_s,
-                         release=engine.release_session, busy_wait_s=settings.session_busy_wait_s)
+                         release=engine.release_session, busy_wait_s=settings.session_busy_wait_s,
+                         quota=session_quota(settings))
     extensions.domain_state["sessions"] = turns
     extensions.stages["session"] = SessionStage(turns, metrics.session_turns_moved.inc if metrics else lambda: None)
     if metrics is not None:

@@ -12,6 +12,7 @@ from loraplex.sessions.errors import (
     SessionLimitError,
     SessionNotFoundError,
 )
+from loraplex.sessions.quota import NO_QUOTA, StoreQuota
 from loraplex.sessions.store import KVState, SessionPage, SessionRecord, TurnLease, TurnResult, apply_turn
 
 
@@ -21,18 +22,30 @@ class MemorySessionStore:
         self._records: dict[str, SessionRecord] = {}
         self._leases: dict[str, tuple[str, float]] = {}   # session id -> (token, lease expiry)
         self._expired: list[str] = []
+        self._sizes: dict[str, int] = {}   # session id -> bytes of its record
+        self._bytes: dict[str, int] = {}   # tenant -> the sum of its sessions'
         self._lock = threading.Lock()
 
-    def create(self, record: SessionRecord, *, max_per_tenant: int = 0) -> SessionRecord:
-        """`max_per_tenant`: refuse (SessionLimitError) when the tenant already has that many live; 0: no cap."""
+    def create(self, record: SessionRecord, *, max_per_tenant: int = 0, quota: StoreQuota = NO_QUOTA) -> SessionRecord:
+        """`max_per_tenant`: refuse (SessionLimitError) when the tenant already has that many live; 0: no cap.
+        `quota`: its bytes caps (the record's own, the tenant's sum)."""
         with self._lock:
-            if max_per_tenant:
-                self._expire()
-                if sum(r.tenant_id == record.tenant_id for r in self._records.values()) >= max_per_tenant:
-                    raise SessionLimitError(max_per_tenant)
             record.expires_at = self._clock() + record.ttl_seconds
+            num_bytes = len(record.to_json().encode())
+            quota.check_record(num_bytes)
+            self._expire()
+            if max_per_tenant and sum(r.tenant_id == record.tenant_id for r in self._records.values()) >= max_per_tenant:
+                raise SessionLimitError(max_per_tenant)
+            used = self._bytes.get(record.tenant_id, 0)
+            quota.check(count=0, used_bytes=used, num_new_bytes=num_bytes)  # the count: max_per_tenant
             self._records[record.id] = _copy(record)
+            self._set_size(record, num_bytes)
         return record
+
+    def bytes_of(self, tenant_id: str) -> int:
+        with self._lock:
+            self._expire()
+            return self._bytes.get(tenant_id, 0)
 
     def get(self, tenant_id: str, session_id: str) -> SessionRecord:
         with self._lock:
@@ -54,8 +67,7 @@ class MemorySessionStore:
     def delete(self, tenant_id: str, session_id: str) -> SessionRecord:
         with self._lock:
             record = self._live(tenant_id, session_id)
-            del self._records[session_id]
-            self._leases.pop(session_id, None)
+            self._forget(session_id)
             return record
 
     def begin_turn(self, tenant_id: str, session_id: str, *, lease_s: float = 600.0) -> TurnLease:
@@ -80,6 +92,7 @@ class MemorySessionStore:
                 raise SessionConflictError(session_id)
             updated = apply_turn(record, result, now=self._clock())
             self._records[session_id] = updated
+            self._set_size(updated, len(updated.to_json().encode()))
             self._leases.pop(session_id, None)
             return _copy(updated)
 
@@ -125,9 +138,23 @@ class MemorySessionStore:
     def _expire(self, now: float | None = None) -> None:
         now = self._clock() if now is None else now
         for session_id in [sid for sid, r in self._records.items() if r.expires_at <= now]:
-            del self._records[session_id]
-            self._leases.pop(session_id, None)
+            self._forget(session_id)
             self._expired.append(session_id)
+
+    def _forget(self, session_id: str) -> None:
+        record = self._records.pop(session_id)
+        self._leases.pop(session_id, None)
+        self._set_size(record, 0)
+        self._sizes.pop(session_id, None)
+
+    def _set_size(self, record: SessionRecord, num_bytes: int) -> None:
+        delta = num_bytes - self._sizes.get(record.id, 0)
+        self._sizes[record.id] = num_bytes
+        total = self._bytes.get(record.tenant_id, 0) + delta
+        if total:
+            self._bytes[record.tenant_id] = total
+        else:
+            self._bytes.pop(record.tenant_id, None)
 
 
 def _copy(record: SessionRecord) -> SessionRecord:

@@ -6,6 +6,7 @@ Layout under the key prefix:
   sessions:tenant:<t>   sorted set of the tenant's ids by creation time, for listing
   sessions:expiry       sorted set of ids by expiry time, for releasing KV of expired sessions
   sessions:owner        hash id -> tenant, to clean the tenant index after expiry
+  sessions:sizes        hash id -> bytes of its record; sessions:bytes  hash tenant -> the sum of its sessions'
 Every check-then-write is one Lua script, so it is atomic across replicas. A client-given id that is not
 one this store could have made (a ':' would reach another key, `session:<id>:lease` a string) is unknown.
 """
@@ -22,6 +23,7 @@ from loraplex.sessions.errors import (
     SessionLimitError,
     SessionNotFoundError,
 )
+from loraplex.sessions.quota import NO_QUOTA, OVER_BYTES, StoreQuota
 from loraplex.sessions.store import (
     KVState,
     SessionPage,
@@ -32,7 +34,8 @@ from loraplex.sessions.store import (
     is_session_id,
 )
 
-# Count the tenant's live sessions (dropping expired ids from its index) and create only under the cap.
+# Count the tenant's live sessions (dropping expired ids from its index) and their bytes, and create only
+# under both caps: 1 created, 0 past the count, 2 past the bytes.
 _CREATE = """
 local max = tonumber(ARGV[9])
 if max > 0 then
@@ -42,12 +45,18 @@ if max > 0 then
   end
   if live >= max then return 0 end
 end
+local max_bytes = tonumber(ARGV[12])
+if max_bytes > 0 and tonumber(redis.call('HGET', KEYS[6], ARGV[1]) or '0') + tonumber(ARGV[11]) > max_bytes then
+  return 2
+end
 redis.call('HSET', KEYS[1], 'tenant_id', ARGV[1], 'version', ARGV[2], 'data', ARGV[3], 'kv_state', ARGV[4],
            'ttl_seconds', ARGV[5])
 redis.call('EXPIRE', KEYS[1], ARGV[5])
 redis.call('ZADD', KEYS[2], ARGV[6], ARGV[8])
 redis.call('ZADD', KEYS[3], ARGV[7], ARGV[8])
 redis.call('HSET', KEYS[4], ARGV[8], ARGV[1])
+redis.call('HSET', KEYS[5], ARGV[8], ARGV[11])
+redis.call('HINCRBY', KEYS[6], ARGV[1], ARGV[11])
 return 1
 """
 
@@ -73,6 +82,9 @@ redis.call('HSET', KEYS[1], 'data', ARGV[3], 'version', ARGV[4], 'kv_state', ARG
 redis.call('EXPIRE', KEYS[1], ARGV[6])
 redis.call('ZADD', KEYS[3], ARGV[7], ARGV[8])
 redis.call('DEL', KEYS[2])
+local old = tonumber(redis.call('HGET', KEYS[4], ARGV[8]) or '0')
+redis.call('HSET', KEYS[4], ARGV[8], ARGV[9])
+redis.call('HINCRBY', KEYS[5], ARGV[10], tonumber(ARGV[9]) - old)
 return 1
 """
 
@@ -91,7 +103,22 @@ redis.call('DEL', KEYS[1], KEYS[2])
 redis.call('ZREM', KEYS[3], ARGV[2])
 redis.call('ZREM', KEYS[4], ARGV[2])
 redis.call('HDEL', KEYS[5], ARGV[2])
+local size = redis.call('HGET', KEYS[6], ARGV[2])
+if size then
+  redis.call('HINCRBY', KEYS[7], ARGV[1], -tonumber(size))
+  redis.call('HDEL', KEYS[6], ARGV[2])
+end
 return {data, kv_state}
+"""
+
+# An expired session's bytes leave its tenant's total (run by whichever sweeper retired the id).
+_FORGET_SIZE = """
+local size = redis.call('HGET', KEYS[1], ARGV[2])
+if size then
+  redis.call('HINCRBY', KEYS[2], ARGV[1], -tonumber(size))
+  redis.call('HDEL', KEYS[1], ARGV[2])
+end
+return 1
 """
 
 _SET_KV_STATE = """
@@ -110,15 +137,27 @@ class RedisSessionStore:
         self._abort = client.register_script(_ABORT)
         self._delete = client.register_script(_DELETE)
         self._set_kv_state = client.register_script(_SET_KV_STATE)
+        self._forget_size = client.register_script(_FORGET_SIZE)
 
-    def create(self, record: SessionRecord, *, max_per_tenant: int = 0) -> SessionRecord:
+    def create(self, record: SessionRecord, *, max_per_tenant: int = 0, quota: StoreQuota = NO_QUOTA) -> SessionRecord:
         record.expires_at = time.time() + record.ttl_seconds
-        keys = [self._key(record.id), self._tenant_key(record.tenant_id), self._expiry_key, self._owner_key]
-        args = [record.tenant_id, record.version, record.to_json(), record.kv_state, record.ttl_seconds,
-                record.created_at, record.expires_at, record.id, max_per_tenant, self._key("")]
-        if not self._create(keys=keys, args=args):
+        data = record.to_json()
+        num_bytes = len(data.encode())
+        quota.check_record(num_bytes)
+        keys = [self._key(record.id), self._tenant_key(record.tenant_id), self._expiry_key, self._owner_key,
+                self._sizes_key, self._bytes_key]
+        args = [record.tenant_id, record.version, data, record.kv_state, record.ttl_seconds,
+                record.created_at, record.expires_at, record.id, max_per_tenant, self._key(""), num_bytes,
+                quota.max_bytes]
+        created = self._create(keys=keys, args=args)
+        if created == 0:
             raise SessionLimitError(max_per_tenant)
+        if created == 2:
+            quota.raise_for(OVER_BYTES, count=0, used_bytes=self.bytes_of(record.tenant_id))
         return record
+
+    def bytes_of(self, tenant_id: str) -> int:
+        return int(self._redis.hget(self._bytes_key, tenant_id) or 0)
 
     def get(self, tenant_id: str, session_id: str) -> SessionRecord:
         _check_id(session_id)
@@ -158,7 +197,7 @@ class RedisSessionStore:
     def delete(self, tenant_id: str, session_id: str) -> SessionRecord:
         _check_id(session_id)
         keys = [self._key(session_id), self._lease_key(session_id), self._tenant_key(tenant_id),
-                self._expiry_key, self._owner_key]
+                self._expiry_key, self._owner_key, self._sizes_key, self._bytes_key]
         removed = self._delete(keys=keys, args=[tenant_id, session_id])
         if not removed:
             raise SessionNotFoundError(session_id)
@@ -183,10 +222,12 @@ class RedisSessionStore:
     def complete_turn(self, lease: TurnLease, result: TurnResult) -> SessionRecord:
         session = lease.session
         updated = apply_turn(session, result, now=time.time())
+        data = updated.to_json()
         outcome = self._complete(
-            keys=[self._key(session.id), self._lease_key(session.id), self._expiry_key],
-            args=[lease.token, session.version, updated.to_json(), updated.version, updated.kv_state,
-                  updated.ttl_seconds, updated.expires_at, session.id],
+            keys=[self._key(session.id), self._lease_key(session.id), self._expiry_key, self._sizes_key,
+                  self._bytes_key],
+            args=[lease.token, session.version, data, updated.version, updated.kv_state,
+                  updated.ttl_seconds, updated.expires_at, session.id, len(data.encode()), session.tenant_id],
         )
         if outcome == -2:
             raise SessionNotFoundError(session.id)
@@ -218,6 +259,7 @@ class RedisSessionStore:
                 if tenant is not None:
                     self._redis.zrem(self._tenant_key(_text(tenant)), session_id)
                     self._redis.hdel(self._owner_key, session_id)
+                    self._forget_size(keys=[self._sizes_key, self._bytes_key], args=[_text(tenant), session_id])
                 expired.append(session_id)
         return expired
 
@@ -253,6 +295,14 @@ class RedisSessionStore:
     @property
     def _owner_key(self) -> str:
         return f"{self._prefix}sessions:owner"
+
+    @property
+    def _sizes_key(self) -> str:
+        return f"{self._prefix}sessions:sizes"
+
+    @property
+    def _bytes_key(self) -> str:
+        return f"{self._prefix}sessions:bytes"
 
 
 def _check_id(session_id: str) -> None:

@@ -19,6 +19,8 @@ import time
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Protocol
 
+from loraplex.sessions.quota import NO_QUOTA, StoreQuota
+
 
 class KVState:
     NONE = "none"            # no turn has run yet
@@ -136,9 +138,14 @@ def apply_turn(record: SessionRecord, result: TurnResult, *, now: float) -> Sess
 
 
 class SessionStore(Protocol):
-    def create(self, record: SessionRecord, *, max_per_tenant: int = 0) -> SessionRecord:
+    def create(self, record: SessionRecord, *, max_per_tenant: int = 0, quota: StoreQuota = NO_QUOTA) -> SessionRecord:
         """Store a new session (its TTL starts now); SessionLimitError if its tenant already has
-        `max_per_tenant` live sessions (0: no cap). Counting and storing are one atomic step."""
+        `max_per_tenant` live sessions (0: no cap), StoredState*Error past `quota`'s bytes caps (the record's
+        own, the tenant's sum of its sessions' bytes). Counting and storing are one atomic step."""
+
+    def bytes_of(self, tenant_id: str) -> int:
+        """The bytes of the tenant's live sessions as stored (kept as a running total; expiry subtracts
+        when the sweep retires an id)."""
 
     def get(self, tenant_id: str, session_id: str) -> SessionRecord:
         """Raise SessionNotFoundError for unknown, expired or other tenants' sessions."""

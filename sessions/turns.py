@@ -10,6 +10,7 @@ end the turn. The replica remembers which sessions it pinned KV for, and
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Callable
@@ -17,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from loraplex.sessions.errors import SessionBusyError
+from loraplex.sessions.quota import NO_QUOTA, StoreQuota
 from loraplex.sessions.store import KVState, SessionRecord, SessionStore, TurnLease, TurnResult
 
 
@@ -104,8 +106,9 @@ class OpenTurn:
 
 class SessionTurns:
     def __init__(self, store: SessionStore, *, replica_id: str, lease_s: float,
-                 release: Callable[[str], None], busy_wait_s: float = 1.0) -> None:
+                 release: Callable[[str], None], busy_wait_s: float = 1.0, quota: StoreQuota = NO_QUOTA) -> None:
         self.store = store
+        self.quota = quota  # bytes: one session's record, and the sum of a tenant's (checked as each turn begins)
         self.replica_id = replica_id
         self.lease_s = lease_s
         self.busy_wait_s = busy_wait_s
@@ -128,11 +131,28 @@ class SessionTurns:
         while True:
             try:
                 lease = self.store.begin_turn(tenant_id, session_id, lease_s=self.lease_s)
-                return OpenTurn(lease=lease, new_messages=new_messages)
+                break
             except SessionBusyError:
                 if time.monotonic() >= deadline:
                     raise
                 time.sleep(0.02)
+        try:
+            self._check_room(lease, new_messages)
+        except BaseException:
+            self.store.abort_turn(lease)
+            raise
+        return OpenTurn(lease=lease, new_messages=new_messages)
+
+    def _check_room(self, lease: TurnLease, new_messages: list[dict[str, Any]]) -> None:
+        """A turn that would grow its session past `quota` is refused before it runs (its answer, bounded by
+        max_tokens, is not known yet and is recorded whatever its size)."""
+        if not (self.quota.max_record_bytes or self.quota.max_bytes):
+            return
+        growth = len(json.dumps(new_messages, separators=(",", ":")).encode())
+        self.quota.check_record(len(lease.session.to_json().encode()) + growth, param="session_id")
+        if self.quota.max_bytes:
+            used = self.store.bytes_of(lease.session.tenant_id)
+            self.quota.check(count=0, used_bytes=used, num_new_bytes=growth)
 
     def complete(self, turn: OpenTurn, *, prompt_token_ids: list[int], cached_tokens: int,
                  output_tokens: int) -> SessionRecord | None:

@@ -76,7 +76,9 @@ async def create_session(body: SessionCreate, key: InferenceKey, services: AppSe
         system=body.system, tools=body.tools, tool_choice=body.tool_choice, response_format=body.response_format,
         ttl_seconds=ttl,
     )
-    await asyncio.to_thread(_turns(services).store.create, record, max_per_tenant=settings.max_sessions_per_tenant)
+    turns = _turns(services)
+    await asyncio.to_thread(turns.store.create, record, max_per_tenant=settings.max_sessions_per_tenant,
+                            quota=turns.quota)
     response.headers.update(affinity_headers(request.headers, record.id))  # balancers learn the key (affinity.py)
     return session_public(record)
 
