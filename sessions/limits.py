@@ -21,7 +21,7 @@ from loraplex.grammar.validation import parse_tools, response_format_spec
 class SessionLimits:
     max_system_chars: int = 32 * 1024
     max_tools: int = 128
-    max_spec_bytes: int = 256 * 1024      # tools and response_format, each, as JSON
+    max_spec_bytes: int = 256 * 1024      # tools, tool_choice and response_format, each, as JSON
     max_schema_depth: int = 64
     max_schema_nodes: int = 20000
 
@@ -42,7 +42,7 @@ def check_session_create(system: str | None, tools: list[dict[str, Any]] | None,
             f"{limits.max_system_chars}", param="system")
     if tools is not None and len(tools) > limits.max_tools:
         raise InvalidRequestError(f"tools holds {len(tools)} tools; the limit is {limits.max_tools}", param="tools")
-    for name, value in (("tools", tools), ("response_format", response_format)):
+    for name, value in (("tools", tools), ("tool_choice", tool_choice), ("response_format", response_format)):
         if value is not None and len(json.dumps(value)) > limits.max_spec_bytes:
             raise InvalidRequestError(f"{name} is larger than {limits.max_spec_bytes} bytes as JSON", param=name)
     shape = SchemaShapeLimits(limits.max_schema_depth, limits.max_schema_nodes)
