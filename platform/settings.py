@@ -49,11 +49,16 @@ class Settings(BaseSettings):
     # A decode this many tokens long (and twice as long as another tenant's running one) sits out two steps
     # of three for it; None: 16 on the CPU (where a step's cost grows with its batch), off on CUDA; 0: off
     decode_yield_min_tokens: int | None = Field(default=None, ge=0)
+    # Tenants share the engine by weighted fair shares of running slots, KV blocks and prefill tokens, and one
+    # under its share that waits preempts the tenant furthest over its own; False: first come, first served
+    fair_sharing: bool = True
     max_num_batched_tokens: int = 512
     max_model_len: int = 2048
     tensor_parallel_size: int = Field(default=1, ge=1)
     gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1)  # CUDA: the share of the GPU the engine may take  # GPUs one model is split over (one worker process each)
-    max_pending_requests: int = 256     # requests admitted by the API at once; beyond: 503
+    # Requests admitted by the API at once, shared fairly: once full, a tenant past its share (these places over
+    # the tenants with requests in flight) gets a 429; 503 only past twice this many
+    max_pending_requests: int = Field(default=256, ge=1)
     # The engine loop thread and the HTTP event loop share one GIL; Python's default 5 ms switch interval
     # makes the HTTP side wait up to that long whenever the engine thread holds it (a whole token's time).
     gil_switch_interval_ms: float | None = 0.5  # None: leave Python's default

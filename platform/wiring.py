@@ -55,6 +55,7 @@ def engine_config(settings: Settings) -> Any:
         tensor_parallel_size=settings.tensor_parallel_size,
         gpu_memory_utilization=settings.gpu_memory_utilization,
         decode_yield_min_tokens=settings.decode_yield_min_tokens,
+        fair_sharing=settings.fair_sharing,
     )
 
 
