@@ -20,6 +20,7 @@ import redis
 from local_serving import free_port
 from make_serve import CONVERTED_MODEL, newcomer_env, prepare_checkout
 from readme_examples import REPO_ROOT, BashSession, Example, bash_commands, readme_example
+from waiting import wait_until
 
 CELERY_APP = "loraplex.platform.celery_app:celery"
 REDIS_FOR_README = "redis://127.0.0.1:6379/12"   # a database of its own: the Celery queue is not prefixed
@@ -51,19 +52,18 @@ def stop(process: subprocess.Popen[bytes]) -> None:
             process.wait(timeout=30)
 
 
-def wait_until(check: Callable[[], Any], what: str, process: subprocess.Popen[bytes], log: Path,
-               timeout_s: float = 600) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+def wait_while_running(check: Callable[[], Any], what: str, process: subprocess.Popen[bytes], log: Path,
+                       timeout_s: float = 600) -> Any:
+    """wait_until `check` holds, failing at once if `process` exits; an HTTP error means not yet."""
+    def checked() -> Any:
         if process.poll() is not None:
             raise AssertionError(f"{what}: the process exited with {process.returncode}:\n{log.read_text()[-4000:]}")
         try:
-            if result := check():
-                return result
+            return check()
         except httpx.HTTPError:
-            pass
-        time.sleep(0.3)
-    raise AssertionError(f"{what} not within {timeout_s:g} s:\n{log.read_text()[-4000:]}")
+            return None
+
+    return wait_until(checked, timeout_s=timeout_s, interval_s=0.3, what=lambda: f"{what}:\n{log.read_text()[-4000:]}")
 
 
 @pytest.fixture
@@ -108,7 +108,7 @@ def test_postgres_redis_server_worker_and_beat_as_written(
     try:
         server_log = checkout / "serve.log"
         processes.append(server := shell.start(background[0], server_log))
-        wait_until(lambda: httpx.get(url + "/healthz", timeout=2).status_code == 200, "serve", server, server_log)
+        wait_while_running(lambda: httpx.get(url + "/healthz", timeout=2).status_code == 200, "serve", server, server_log)
         shell.run(".venv/bin/loraplex tenants create acme")
         key = shell.run(".venv/bin/loraplex keys create --tenant acme --scopes inference,adapters").stdout.strip()
         headers = {"Authorization": f"Bearer {key}"}
@@ -124,8 +124,9 @@ def test_postgres_redis_server_worker_and_beat_as_written(
 
         worker_log = checkout / "worker.log"
         processes.append(worker := shell.start(background[1], worker_log))
-        status = wait_until(lambda: (s := httpx.get(adapter_url, headers=headers).json()["status"]) != "validating"
-                            and s, "validation by the worker", worker, worker_log)
+        status = wait_while_running(
+            lambda: (s := httpx.get(adapter_url, headers=headers).json()["status"]) != "validating" and s,
+            "validation by the worker", worker, worker_log)
         assert status == "ready", worker_log.read_text()[-3000:]
         assert "loraplex.adapters.validate" in worker_log.read_text()
         answer = httpx.post(url + "/v1/chat/completions", headers=headers, timeout=120, json={
@@ -135,7 +136,7 @@ def test_postgres_redis_server_worker_and_beat_as_written(
 
         beat_log = checkout / "beat.log"
         processes.append(beat := shell.start(background[2], beat_log))
-        wait_until(lambda: "Starting..." in beat_log.read_text(), "celery beat", beat, beat_log, timeout_s=120)
+        wait_while_running(lambda: "Starting..." in beat_log.read_text(), "celery beat", beat, beat_log, timeout_s=120)
         # the replica id the block gave the server names it in the session records it keeps
         session = httpx.post(url + "/v1/sessions", json={"model": "SmolLM2-135M-Instruct"}, headers=headers).json()
         turn = httpx.post(url + "/v1/chat/completions", headers=headers, timeout=120, json={
