@@ -157,6 +157,7 @@ class Bench:
         self.clients, self.make_grammar, self.model = clients, make_grammar, model
         self.counter = 0
         self.client_cpu: list[float] = []
+        self.save: Any = lambda: None  # writes what is measured so far
 
     def engine_side(self, reqs: list[Req], offsets: list[float]) -> list[Trace]:
         self.counter += 1
@@ -233,6 +234,8 @@ async def sweep(bench: Bench, mix: str, reqs: list[Req], fractions: list[float],
     # Requests a second the engine completes with everything queued: past this, queues only grow.
     rate_sat = saturated["requests_per_s"]
     metrics[f"saturation_requests_per_s_engine_{mix}"] = rate_sat
+    metrics[f"saturation_output_tokens_per_s_engine_{mix}"] = saturated["output_tokens_per_s"]
+    bench.save()
     for fraction in fractions:
         label = f"{mix}_inf" if fraction == float("inf") else f"{mix}_{fraction:g}x"
         rate = rate_sat * fraction
@@ -243,6 +246,7 @@ async def sweep(bench: Bench, mix: str, reqs: list[Req], fractions: list[float],
         metrics.update(with_prefix(engine, "engine", label))
         metrics.update(with_prefix(http, "http", label))
         metrics["errors"] += engine["errors"] + http["errors"]
+        bench.save()
         for side, s in (("engine", engine), ("http", http)):
             if "first_error" in s:
                 metrics.setdefault("first_errors", []).append(f"{side} {label}: {s['first_error']}")
@@ -369,51 +373,69 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
                               args.adapter_share, args.schema_share),
     }
     metrics: dict[str, Any] = {"errors": 0}
+
+    def report(partial: bool) -> dict[str, Any]:
+        result = {
+            "benchmark": "serving",
+            "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "machine": machine(),
+            "config": {
+                "model": args.model_shape or "SmolLM2-135M-Instruct",
+                "weights": "random (same architecture)" if settings.random_weights else "bundled",
+                "vocab_size": engine.model_config.vocab_size, "dtype": settings.resolve_dtype(),
+                "device": settings.resolve_device(), "api_servers": args.api_servers,
+                "client_processes": args.client_processes, "max_num_seqs": args.max_num_seqs,
+                "max_num_batched_tokens": args.max_num_batched_tokens, "max_model_len": args.max_model_len,
+                "prefix_caching": False, "mixes": {"fixed": f"{args.fixed_requests} x ({args.fixed_lengths[0]} in, {args.fixed_lengths[1]} out)",
+                                                   "chat": f"{args.chat_requests} long-tailed (scale {s:g}), 15% 1,000-4,000 out"},
+                "adapters": f"{args.adapters} x rank {args.adapter_rank} on all 7 projections, {args.adapter_share:.0%} of requests",
+                "json_schema_share": args.schema_share, "fractions_of_engine_saturation": [str(f) for f in args.fractions],
+                "chat_fractions": [str(f) for f in args.chat_fractions],
+                "long_stream": f"{args.long_streams} x {args.long_stream_tokens} tokens", "tiny_requests": args.tiny_requests,
+                "client": "openai.AsyncOpenAI completions streams, requests dealt round robin over the client processes",
+                "server": "loraplex serve: supervisor + engine-core process + API servers, SQLite, no Redis; engine "
+                          "alone: LLMEngine.step in a plain loop in the benchmark process, requests added at arrival",
+            },
+            "metrics": metrics,
+            "targets": TARGETS,
+            "checked": True,
+        }
+        if partial:
+            result["partial"] = True
+        return result
+
+    def save_partial() -> None:
+        """After each phase: a run cut short (a device lease's time limit) still leaves its figures."""
+        if args.out is not None:
+            args.out.parent.mkdir(parents=True, exist_ok=True)
+            args.out.write_text(json.dumps(report(True), indent=1) + "\n")
+
     try:
         server.wait_healthy()
         if folders:
             upload_adapters(server.base_url, key, folders)
         bench = Bench(args, settings, engine, server, key, clients, make_grammar, model_path.name)
+        bench.save = save_partial
         metrics.update(await check(bench, mixes["fixed"]))
         if "long_stream" in args.phases:
             await long_stream(bench, metrics, vocab)
+            save_partial()
         if "tiny" in args.phases:
             await tiny(bench, metrics)
+            save_partial()
         for mix in ("fixed", "chat"):
             if mix in args.phases:
                 await sweep(bench, mix, mixes[mix], args.fractions if mix == "fixed" else args.chat_fractions, metrics)
                 headline(metrics, mix)
+                metrics["client_cpu_max_fraction"] = max(bench.client_cpu, default=0.0)
+                save_partial()
         metrics["client_cpu_max_fraction"] = max(bench.client_cpu, default=0.0)
         metrics["client_cpu_median_fraction"] = statistics.median(bench.client_cpu) if bench.client_cpu else 0.0
     finally:
         clients.shutdown()
         server.stop()
         engine.close()
-    return {
-        "benchmark": "serving",
-        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "machine": machine(),
-        "config": {
-            "model": args.model_shape or "SmolLM2-135M-Instruct",
-            "weights": "random (same architecture)" if settings.random_weights else "bundled",
-            "vocab_size": engine.model_config.vocab_size, "dtype": settings.resolve_dtype(),
-            "device": settings.resolve_device(), "api_servers": args.api_servers,
-            "client_processes": args.client_processes, "max_num_seqs": args.max_num_seqs,
-            "max_num_batched_tokens": args.max_num_batched_tokens, "max_model_len": args.max_model_len,
-            "prefix_caching": False, "mixes": {"fixed": f"{args.fixed_requests} x ({args.fixed_lengths[0]} in, {args.fixed_lengths[1]} out)",
-                                               "chat": f"{args.chat_requests} long-tailed (scale {s:g}), 15% 1,000-4,000 out"},
-            "adapters": f"{args.adapters} x rank {args.adapter_rank} on all 7 projections, {args.adapter_share:.0%} of requests",
-            "json_schema_share": args.schema_share, "fractions_of_engine_saturation": [str(f) for f in args.fractions],
-            "chat_fractions": [str(f) for f in args.chat_fractions],
-            "long_stream": f"{args.long_streams} x {args.long_stream_tokens} tokens", "tiny_requests": args.tiny_requests,
-            "client": "openai.AsyncOpenAI completions streams, requests dealt round robin over the client processes",
-            "server": "loraplex serve: supervisor + engine-core process + API servers, SQLite, no Redis; engine "
-                      "alone: LLMEngine.step in a plain loop in the benchmark process, requests added at arrival",
-        },
-        "metrics": metrics,
-        "targets": TARGETS,
-        "checked": True,
-    }
+    return report(False)
 
 
 def main() -> None:
@@ -428,6 +450,8 @@ def main() -> None:
     parser.add_argument("--phases", default="long_stream,tiny,fixed,chat")
     parser.add_argument("--fractions", default="0.5,0.8,1.0,inf", help="fixed mix: fractions of the saturation rate")
     parser.add_argument("--chat-fractions", default="0.8,inf")
+    parser.add_argument("--fixed-requests", type=int, default=None, help="default 512 (quick 8)")
+    parser.add_argument("--chat-requests", type=int, default=None, help="default 256 (quick 6)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--profile-dir", type=Path, default=None,
@@ -435,14 +459,17 @@ def main() -> None:
                              "collapsed stacks written here")
     args = parser.parse_args()
     quick = args.quick
-    args.api_servers = args.api_servers or (2 if quick else 4)
-    args.client_processes = args.client_processes or (2 if quick else 8)
+    args.api_servers = args.api_servers or (1 if quick else 4)
+    args.client_processes = args.client_processes or (1 if quick else 8)
     args.phases = set(args.phases.split(","))
     args.fractions = [float(f) for f in args.fractions.split(",")] if not quick else [0.8, float("inf")]
     args.chat_fractions = [float(f) for f in args.chat_fractions.split(",")] if not quick else [float("inf")]
+    fixed_requests, chat_requests = args.fixed_requests, args.chat_requests
     (args.scale, args.fixed_requests, args.chat_requests, args.long_streams, args.long_stream_tokens,
      args.tiny_requests, args.adapters, args.adapter_rank) = (
         (1 / 64, 8, 6, 4, 24, 16, 2, 4) if quick else (1.0, 512, 256, 64, 1000, 2048, 4, 16))
+    args.fixed_requests = fixed_requests or args.fixed_requests
+    args.chat_requests = chat_requests or args.chat_requests
     args.fixed_lengths = (32, 8) if quick else (512, 128)
     args.adapter_share, args.schema_share = (0.25, 0.25) if quick else (0.25, 0.1)
     args.max_num_seqs, args.max_model_len, args.max_num_batched_tokens = (

@@ -16,7 +16,7 @@ def test_serving_quick(tmp_path: Path) -> None:
     metrics = report["metrics"]
     assert metrics["checked_requests"] == 4  # plain, schema, adapter, and the adapter's prompt on the base
     for key in ("ttft_added_ms_p50_at_80pct", "tpot_ratio_p50_at_80pct", "saturation_throughput_ratio",
-                "long_stream_over_engine_throughput", "tiny_requests_per_s_2_api_servers",
+                "long_stream_over_engine_throughput", "tiny_requests_per_s_1_api_servers",
                 "engine_core_cpu_ms_per_tiny_request", "ttft_ms_p50_http_fixed_0.8x", "ttft_ms_p50_engine_fixed_0.8x",
                 "tpot_ms_p50_http_fixed_0.8x", "itl_ms_p99_http_fixed_0.8x", "output_tokens_per_s_http_chat_inf",
                 "client_cpu_max_fraction"):
