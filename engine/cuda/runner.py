@@ -86,6 +86,7 @@ class CudaModelRunner(ModelRunner):
         self.num_graph_steps = 0
         self.num_eager_steps = 0
         self._lora_stream: torch.cuda.Stream | None = None
+        self._lora_graphs_of: Any = None  # the LoRA manager whose slot stacks the LoRA graphs read
 
     # LoRA work on a side stream beside each base GEMM ("delta" or "shrink", engine/cuda/lora_overlap.py);
     # None: after the GEMM on the main stream, the default: on the H100 at batch 64 with 8 adapters the side
@@ -94,7 +95,9 @@ class CudaModelRunner(ModelRunner):
     lora_overlap: str | None = None
 
     def _lora_for(self, seqs: list, token_counts: list[int], batch: InputBatch) -> Any:
-        lora = super()._lora_for(seqs, token_counts, batch)
+        return self._on_side_stream(super()._lora_for(seqs, token_counts, batch))
+
+    def _on_side_stream(self, lora: Any) -> Any:
         if self.lora_overlap is None or self.device.type != "cuda" or self.workers is not None:
             return lora
         if self._lora_stream is None:
@@ -207,16 +210,31 @@ class CudaModelRunner(ModelRunner):
     # ---- decode through graphs ------------------------------------------------------------
     @torch.inference_mode()
     def capture_decode_graphs(self) -> int:
-        """Capture the base model's decode graph of every ladder size now (at start-up, as a
-        server would), instead of on each size's first use; returns how many were captured.
-        Graphs with LoRA are still captured on first use (they need the step's adapter stacks)."""
+        """Capture the decode graph of every ladder size now (at start-up, as a server does), instead
+        of on each size's first use in the middle of serving; returns how many were captured.
+
+        With adapters served on one rank, the LoRA graph of every size too: a graph reads the slot
+        stacks, which exist from the start, and takes each step's adapter mix as metadata copied
+        into it (a first capture, with every row on the base, is what a first use captures too).
+        Tensor-parallel ranks still capture LoRA graphs on first use, all ranks together."""
         if not self.use_graphs:
             return 0
         self.broadcast("capture_decode_graphs")
-        missing = [size for size in self.ladder if (size, None) not in self.graphs]
-        for size in reversed(missing):  # largest first, so smaller ones reuse its pool memory
-            self.graphs[(size, None)] = self._capture(size, None)
+        self._forget_stale_lora_graphs()
+        kinds: list[str | None] = [None] + (["lora"] if self.lora is not None and self.workers is None else [])
+        missing = [(size, kind) for kind in kinds for size in self.ladder if (size, kind) not in self.graphs]
+        for size, kind in sorted(missing, key=lambda key: -key[0]):  # largest first: smaller ones reuse the pool
+            lora = None if kind is None else self._on_side_stream(self.lora.batch_of([-1] * size))
+            self.graphs[(size, kind)] = self._capture(size, lora)
         return len(missing)
+
+    def _forget_stale_lora_graphs(self) -> None:
+        """A new LoRA manager (`LLMEngine.serve_adapters`) brings new slot stacks: graphs captured on the
+        old ones would read them, so they go and are captured again on the new ones."""
+        if self._lora_graphs_of is not self.lora:
+            for key in [k for k in self.graphs if k[1] == "lora"]:
+                del self.graphs[key]
+            self._lora_graphs_of = self.lora
 
     def release_graphs(self) -> None:
         """Drop every captured graph: NCCL finalizes a communicator only once no graph holds it."""
@@ -234,6 +252,7 @@ class CudaModelRunner(ModelRunner):
         """`feed_tokens`: `batch.input_ids` are rows of this device tensor, gathered into the ids."""
         size = batch.block_tables.shape[0]
         key = (size, None if lora is None else "lora")  # one LoRA graph per size: the stacks are fixed
+        self._forget_stale_lora_graphs()
         graph = self.graphs.get(key)
         if graph is None:
             graph = self.graphs[key] = self._capture(size, lora)
