@@ -229,7 +229,11 @@ def with_prefix(summary: dict[str, Any], side: str, label: str) -> dict[str, Any
 async def sweep(bench: Bench, mix: str, reqs: list[Req], fractions: list[float], metrics: dict[str, Any]) -> None:
     """The engine's saturation rate for this mix (all at once), then each fraction of it both ways."""
     args = bench.args
-    bench.engine_side(reqs[: max(len(reqs) // 4, 2)], [0.0] * max(len(reqs) // 4, 2))  # warm-up: untimed
+    # Warm-up, untimed, on both sides alike: first uses of a shape (kernel compiles, a graph not captured yet)
+    # must not land in either side's figures.
+    warm = reqs[: max(len(reqs) // 4, 2)]
+    bench.engine_side(warm, [0.0] * len(warm))
+    await bench.http_side(warm, [0.0] * len(warm))
     saturated = summarize(bench.engine_side(reqs, [0.0] * len(reqs)))
     # Requests a second the engine completes with everything queued: past this, queues only grow.
     rate_sat = saturated["requests_per_s"]
@@ -260,7 +264,9 @@ async def long_stream(bench: Bench, metrics: dict[str, Any], vocab: int) -> None
     args = bench.args
     n, length = args.long_streams, args.long_stream_tokens
     reqs = make_requests([(32, length)] * n, vocab, args.seed + 11, [], 0.0, 0.0)
-    bench.engine_side(reqs[: n // 2 or 1], [0.0] * (n // 2 or 1))  # warm-up: untimed
+    warm = reqs[: n // 2 or 1]  # warm-up, untimed, both sides
+    bench.engine_side(warm, [0.0] * len(warm))
+    await bench.http_side(warm, [0.0] * len(warm))
     engine = bench.engine_side(reqs, [0.0] * n)
     profiler = None
     if args.profile_dir is not None:  # py-spy on the core and the API servers through the HTTP streams
