@@ -48,3 +48,10 @@ class AdapterNameTakenError(InvalidRequestError):
 class AdapterInUseError(EngineError):
     status = 409
     code = "adapter_in_use"
+
+
+class TooManyUploadsError(EngineError):
+    """The tenant already has as many uploads in progress as it may (one finishing frees a place)."""
+
+    status = 429
+    code = "too_many_uploads"

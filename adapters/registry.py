@@ -10,18 +10,22 @@ validation task and the engine's weight source, which work by adapter id.
 
 from __future__ import annotations
 
+import hashlib
 import re
 import secrets
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Protocol
 
 from loraplex.adapters.errors import AdapterNameTakenError, AdapterNotFoundError
 from loraplex.adapters.models import AdapterRecord, AdapterStatus, utcnow
+from loraplex.adapters.storage_quota import StorageQuota
 from loraplex.adapters.validation import AdapterSummary
 from loraplex.engine.errors import InvalidRequestError
-from sqlalchemy import func, select
+from sqlalchemy import func, select, text
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -71,8 +75,13 @@ def split_model_name(model: str, base_model_id: str) -> str | None:
 class AdapterRegistry(Protocol):
     def create(
         self, *, tenant_id: str, name: str, description: str, sha256: str, config_sha256: str,
-        size_bytes: int, base_model: str | None,
-    ) -> AdapterInfo: ...
+        size_bytes: int, base_model: str | None, quota: StorageQuota | None = None,
+    ) -> AdapterInfo:
+        """A new `validating` record; with `quota`, the tenant's adapters are counted and the record created in
+        one atomic step (StorageQuotaExceededError past it)."""
+
+    def usage(self, *, tenant_id: str) -> tuple[int, int]:
+        """The tenant's adapters that may still be served, and their weights' bytes."""
 
     def get(self, *, tenant_id: str, adapter_id: str) -> AdapterInfo: ...
 
@@ -119,10 +128,13 @@ class InMemoryAdapterRegistry:
 
     def create(
         self, *, tenant_id: str, name: str, description: str, sha256: str, config_sha256: str,
-        size_bytes: int, base_model: str | None,
+        size_bytes: int, base_model: str | None, quota: StorageQuota | None = None,
     ) -> AdapterInfo:
         check_adapter_name(name)
         with self._lock:
+            if quota is not None:
+                num_adapters, used_bytes = self._usage(tenant_id)
+                quota.check(num_adapters=num_adapters, used_bytes=used_bytes, num_new_bytes=size_bytes)
             if any(r.tenant_id == tenant_id and r.name == name for r in self._records.values()):
                 raise AdapterNameTakenError(f"an adapter named '{name}' already exists", param="name")
             info = AdapterInfo(
@@ -133,6 +145,14 @@ class InMemoryAdapterRegistry:
             )
             self._records[info.id] = info
             return info
+
+    def usage(self, *, tenant_id: str) -> tuple[int, int]:
+        with self._lock:
+            return self._usage(tenant_id)
+
+    def _usage(self, tenant_id: str) -> tuple[int, int]:
+        live = [r for r in self._records.values() if r.tenant_id == tenant_id and r.status != AdapterStatus.FAILED]
+        return len(live), sum(r.size_bytes for r in live)
 
     def get(self, *, tenant_id: str, adapter_id: str) -> AdapterInfo:
         info = self._records.get(adapter_id)
@@ -184,6 +204,12 @@ class InMemoryAdapterRegistry:
         return {r.sha256 for r in live} | {r.config_sha256 for r in live}
 
 
+def _lock_key(tenant_id: str) -> int:
+    """A signed 64-bit key for PostgreSQL's advisory locks, the same in every process."""
+    return int.from_bytes(hashlib.blake2b(f"loraplex-adapters:{tenant_id}".encode(), digest_size=8).digest(),
+                          "big", signed=True)
+
+
 def _info(row: AdapterRecord) -> AdapterInfo:
     return AdapterInfo(
         id=row.id, tenant_id=row.tenant_id, name=row.name, description=row.description, status=row.status,
@@ -196,24 +222,51 @@ def _info(row: AdapterRecord) -> AdapterInfo:
 class SqlAdapterRegistry:
     def __init__(self, sessions: sessionmaker[Session]) -> None:
         self._sessions = sessions
+        self._tenant_locks: dict[str, threading.Lock] = {}
+        self._locks_lock = threading.Lock()
 
     def create(
         self, *, tenant_id: str, name: str, description: str, sha256: str, config_sha256: str,
-        size_bytes: int, base_model: str | None,
+        size_bytes: int, base_model: str | None, quota: StorageQuota | None = None,
     ) -> AdapterInfo:
+        """Counting the tenant's adapters and inserting the new one hold the tenant's lock: a thread lock in
+        this process, and on PostgreSQL a transaction-scoped advisory lock for every other process."""
         check_adapter_name(name)
         row = AdapterRecord(
             id=new_adapter_id(), tenant_id=tenant_id, name=name, description=description,
             status=AdapterStatus.VALIDATING, size_bytes=size_bytes, sha256=sha256, config_sha256=config_sha256,
             base_model=base_model, target_modules="", created_at=utcnow(),
         )
-        with self._sessions() as db:
+        with self._tenant_lock(tenant_id), self._sessions() as db:
+            if quota is not None and not quota.is_unlimited:
+                if db.get_bind().dialect.name == "postgresql":
+                    db.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _lock_key(tenant_id)})
+                num_adapters, used_bytes = self._usage(db, tenant_id)
+                quota.check(num_adapters=num_adapters, used_bytes=used_bytes, num_new_bytes=size_bytes)
             db.add(row)
             try:
                 db.commit()
             except IntegrityError:
                 raise AdapterNameTakenError(f"an adapter named '{name}' already exists", param="name") from None
             return _info(row)
+
+    def usage(self, *, tenant_id: str) -> tuple[int, int]:
+        with self._sessions() as db:
+            return self._usage(db, tenant_id)
+
+    def _usage(self, db: Session, tenant_id: str) -> tuple[int, int]:
+        count, used = db.execute(
+            select(func.count(), func.coalesce(func.sum(AdapterRecord.size_bytes), 0)).where(
+                AdapterRecord.tenant_id == tenant_id, AdapterRecord.status != AdapterStatus.FAILED)
+        ).one()
+        return int(count), int(used)
+
+    @contextmanager
+    def _tenant_lock(self, tenant_id: str) -> Iterator[None]:
+        with self._locks_lock:
+            lock = self._tenant_locks.setdefault(tenant_id, threading.Lock())
+        with lock:
+            yield
 
     def _scoped(self, db: Session, tenant_id: str, adapter_id: str) -> AdapterRecord:
         row = db.scalar(select(AdapterRecord).where(AdapterRecord.id == adapter_id, AdapterRecord.tenant_id == tenant_id))

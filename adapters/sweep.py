@@ -5,7 +5,9 @@ sweep catches what those paths can miss (a process killed between storing a
 blob and creating its record, a staging folder of a crashed upload, a record
 deleted from another process while its blob was being written). Anything
 younger than `min_age_s` is left alone, so an upload in progress (its blobs
-stored a moment before its record is created) is never swept.
+stored a moment before its record is created) is never swept; storing bytes
+that are already there makes their blob young again, and each removal
+re-checks, under the blob's lock, that it is still old and unreferenced.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ def sweep_storage(registry: AdapterRegistry, store: LocalBlobStore, staging_root
     live = registry.live_blob_digests()
     num_blobs = 0
     for digest, age in store.blob_ages(now).items():
-        if age >= min_age_s and digest not in live and store.delete(digest):
+        if age >= min_age_s and digest not in live and _drop_orphan(registry, store, digest, min_age_s):
             num_blobs += 1
     num_staging = 0
     if staging_root.is_dir():
@@ -49,6 +51,16 @@ def sweep_storage(registry: AdapterRegistry, store: LocalBlobStore, staging_root
     if num_blobs or num_staging:
         log.info("storage sweep removed %d orphaned blobs and %d abandoned staging entries", num_blobs, num_staging)
     return SweepResult(num_blobs, num_staging)
+
+
+def _drop_orphan(registry: AdapterRegistry, store: LocalBlobStore, digest: str, min_age_s: float) -> bool:
+    """Under the blob's lock, still unreferenced and still old (an identical upload storing it again makes it
+    new, and references it before letting go of the lock): removed."""
+    with store.holding([digest]):
+        age = store.age_of(digest, time.time())
+        if age is None or age < min_age_s or registry.num_blob_refs(digest):
+            return False
+        return store.delete(digest)
 
 
 def _newest_mtime(path: Path) -> float:

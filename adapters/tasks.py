@@ -25,7 +25,7 @@ import torch
 from loraplex.adapters.archive import UploadLimits
 from loraplex.adapters.base_model import BaseModelSpec
 from loraplex.adapters.registry import AdapterInfo, AdapterRegistry, SqlAdapterRegistry
-from loraplex.adapters.store import BlobStore, LocalBlobStore, link_adapter_files
+from loraplex.adapters.store import BlobStore, LocalBlobStore, drop_unreferenced_blobs, link_adapter_files
 from loraplex.adapters.validation import validate_adapter
 from loraplex.engine.errors import EngineError
 
@@ -110,9 +110,7 @@ def run_validation(adapter_id: str, context: ValidationContext) -> str:
 def _fail(context: ValidationContext, info: AdapterInfo, reason: str) -> None:
     """Record the reason for the tenant, and free the blobs no adapter that may be served still needs."""
     context.registry.mark_failed(info.id, reason)
-    for digest in {info.sha256, info.config_sha256}:
-        if context.registry.num_blob_refs(digest) == 0:
-            context.store.delete(digest)
+    drop_unreferenced_blobs(context.store, {info.sha256, info.config_sha256}, context.registry.num_blob_refs)
 
 
 class ValidationDispatcher(Protocol):

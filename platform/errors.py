@@ -66,6 +66,7 @@ ERROR_TABLE: dict[type[Exception], int] = {
     adapter_errors.AdapterNotFoundError: 404,
     adapter_errors.AdapterNameTakenError: 409,
     adapter_errors.AdapterInUseError: 409,
+    adapter_errors.TooManyUploadsError: 429,
     QuotaExceededError: 429,
 }
 

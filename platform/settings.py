@@ -111,6 +111,9 @@ class Settings(BaseSettings):
     # Adapter storage per tenant (failed adapters hold none); past either: 413 storage_quota_exceeded. 0: no limit
     adapter_quota_bytes_per_tenant: int = Field(default=20 * 1024**3, ge=0)
     adapter_quota_count_per_tenant: int = Field(default=100, ge=0)
+    # Adapter uploads one tenant may have in progress at once, per API server (their bytes count against the
+    # storage quota as they arrive); past it: 429 too_many_uploads. 0: no cap
+    max_concurrent_uploads_per_tenant: int = Field(default=2, ge=0)
     adapter_sweep_interval_s: float = Field(default=600.0, gt=0)  # orphaned blobs / abandoned staging removed
     adapter_sweep_min_age_s: float = Field(default=3600.0, ge=0)  # ...once at least this old
     max_reasoning_tokens: int | None = None  # default thinking budget; None: unbounded

@@ -26,6 +26,7 @@ from loraplex.adapters.source import StoredAdapterSource
 from loraplex.adapters.store import LocalBlobStore
 from loraplex.adapters.sweep import StorageSweeper
 from loraplex.adapters.tasks import CeleryValidationDispatcher, ThreadValidationDispatcher, make_job
+from loraplex.adapters.upload_slots import TenantUploads
 from loraplex.engine.config import ModelConfig
 from loraplex.engine.core.client import AdapterLimits, EngineClient
 from loraplex.platform.deps import AdaptersKey, AppServices
@@ -156,7 +157,8 @@ def install_adapters(
     quota = StorageQuota(max_bytes=settings.adapter_quota_bytes_per_tenant or None,
                          max_adapters=settings.adapter_quota_count_per_tenant or None)
     service = AdapterService(registry=registry, store=store, dispatcher=dispatcher, staging_root=storage / "staging",
-                             limits=limits or UploadLimits(), hooks=hooks, quota=quota)
+                             limits=limits or UploadLimits(), hooks=hooks, quota=quota,
+                             uploads=TenantUploads(settings.max_concurrent_uploads_per_tenant))
     sweeper = StorageSweeper(registry, store, storage / "staging", interval_s=settings.adapter_sweep_interval_s,
                              min_age_s=settings.adapter_sweep_min_age_s)
     sweeper.start()
