@@ -49,6 +49,7 @@ from pydantic import ValidationError
 
 log = logging.getLogger(__name__)
 UNLIMITED = Limits(rpm=0, tpm=0)
+_KINDS = {"/v1/chat/completions": "chat", "/v1/completions": "completion", "/v1/responses": "response"}
 
 
 class RetryLater(Exception):
@@ -209,7 +210,7 @@ def usage_record(batch: BatchRow, line: BatchLineRow, *, user: str | None) -> Re
     started_at = line.started_at or time.time()
     return RequestRecord(
         request_id=request_id_for(batch.id, line.custom_id), tenant_id=batch.tenant_id, key_id=batch.api_key_id,
-        kind=batch.endpoint.removeprefix("/v1/"), model=line.model, adapter_id=line.adapter_id, session_id=None,
+        kind=_KINDS[batch.endpoint], model=line.model, adapter_id=line.adapter_id, session_id=None,
         status=RequestStatus(line.usage_status), num_prompt_tokens=line.input_tokens,
         num_cached_tokens=line.cached_input_tokens, num_output_tokens=line.output_tokens,
         num_reasoning_tokens=line.reasoning_tokens, started_at=started_at, finished_at=started_at,
