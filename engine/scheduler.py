@@ -23,7 +23,7 @@ On a device where a step's cost grows with its batch (the CPU), a long
 generation slows every other tenant's short one for as long as it runs.
 With `decode_yield_min_tokens` set, a decode that has produced at least
 that many tokens, and at least twice as many as a running sequence of
-another tenant, runs in only one step of every DECODE_YIELD_PERIOD (least
+another tenant, runs in only one step of every `yield_period` (least
 attained service first): short requests of others run at nearly their quiet
 speed, and the long one still advances at a third of its speed or more,
 never starved. (On the 2-core CPU a second sequence makes a step ~1.8x as
@@ -43,7 +43,15 @@ from loraplex.engine.kv.block_manager import BlockManager
 from loraplex.engine.sequence import Sequence, SequenceStatus
 
 SERVICE_DECAY = 0.9  # per step: "recent" service fades, so a tenant's past burst is forgotten
-DECODE_YIELD_PERIOD = 3  # a yielding decode runs in one step of this many
+DECODE_YIELD_PERIOD = 3  # a yielding decode runs in one step of this many (more when many yield together)
+MAX_DECODE_YIELD_PERIOD = 12
+
+
+def yield_period(num_yielding: int) -> int:
+    """One step in this many runs the yielding decodes: on the CPU their step costs more the more of them there
+    are, so the period grows with them (a flood of 24 long streams runs 1 step in 7), keeping the short request's
+    mean step near its quiet cost; the long ones still advance, never starved."""
+    return min(MAX_DECODE_YIELD_PERIOD, DECODE_YIELD_PERIOD + num_yielding // 6)
 MAX_FAIRNESS_PREEMPTIONS_PER_STEP = 8  # bounds one step's host work; a bigger imbalance closes over a few steps
 
 
@@ -156,7 +164,9 @@ class Scheduler:
         self.num_steps += 1
         if self.fair_sharing:
             self._preempt_for_fairness(out)
-        yielding = self._yielding_decodes() if self.num_steps % DECODE_YIELD_PERIOD else set()
+        yielding = self._yielding_decodes()
+        if self.num_steps % yield_period(len(yielding)) == 0:
+            yielding = set()  # the long decodes' step
         # Decodes first, then prefill chunks, each group in admission order.
         order = sorted(self.running, key=lambda s: s.num_uncomputed_tokens > 1)
         caps = self._prefill_caps(order, budget, yielding)
