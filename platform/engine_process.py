@@ -4,7 +4,9 @@
 model, builds the LoRA manager over the adapter store and the grammar
 compiler, and runs `EngineCore` on an IPC socket. `connect_engine` is the API
 server's side: the tokenizer and model config from the same model folder,
-and a `MultiProcessEngineClient` on the socket.
+and a `MultiProcessEngineClient` on the socket. The socket lives in a private
+folder (0700) with a secret (0600) the core requires of every client: another
+local user can neither connect nor, past the folder, be heard.
 """
 
 from __future__ import annotations
@@ -13,12 +15,14 @@ import logging
 import multiprocessing
 import os
 import secrets
+import shutil
 import signal
 import socket
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.process import BaseProcess
+from pathlib import Path
 from typing import Any
 
 from loraplex.engine.core.mp_client import MultiProcessEngineClient, handshake
@@ -47,9 +51,37 @@ def ignore_ctrl_c() -> None:
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 
 
+SECRET_NAME = "core.secret"
+
+
 def new_core_address() -> str:
+    """A socket in a new private folder (0700, whatever the umask) beside a secret only its owner can read:
+    nobody but this user (and root) can connect, and the core acts only on clients that present the secret."""
     # ipc:// paths are limited to ~107 bytes: keep them in the system temp folder, not under data_dir.
-    return f"ipc://{tempfile.gettempdir()}/loraplex-core-{os.getpid()}-{secrets.token_hex(4)}.sock"
+    folder = Path(tempfile.mkdtemp(prefix="loraplex-core-"))  # mkdtemp: mode 0700
+    os.chmod(folder, 0o700)
+    secret_path = folder / SECRET_NAME
+    fd = os.open(secret_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(secrets.token_hex(32))
+    return f"ipc://{folder}/core.sock"
+
+
+def core_secret(address: str) -> str:
+    """The secret of the core at `address` (a folder made by `new_core_address`); "" for any other address."""
+    if not address.startswith("ipc://"):
+        return ""
+    try:
+        return (Path(address.removeprefix("ipc://")).parent / SECRET_NAME).read_text().strip()
+    except FileNotFoundError:
+        return ""
+
+
+def remove_core_address(address: str) -> None:
+    """The core's private folder goes with it."""
+    path = Path(address.removeprefix("ipc://"))
+    if (path.parent / SECRET_NAME).exists():
+        shutil.rmtree(path.parent, ignore_errors=True)
 
 
 def run_engine_core(settings: Settings, address: str) -> None:
@@ -91,7 +123,7 @@ def run_engine_core(settings: Settings, address: str) -> None:
     compiler = GrammarCompilerService(engine.tokenizer, engine.model_config.vocab_size, limits)
     kv_events = start_kv_events(settings, engine.block_manager, source.registry.find)
     try:
-        EngineCore(engine, address, grammar_codec=SpecGrammarCodec(compiler)).run()
+        EngineCore(engine, address, grammar_codec=SpecGrammarCodec(compiler), secret=core_secret(address)).run()
     finally:
         if kv_events is not None:
             kv_events.close()
@@ -149,7 +181,8 @@ class EngineCoreProcess:
         """True once the core answers; False if `cancelled()` turns true first (checked every 100 ms);
         EngineDeadError if the core exits first or takes longer than `timeout_s`."""
         try:
-            handshake(self.address, timeout_s, still_starting=lambda: self.is_alive() and not cancelled())
+            handshake(self.address, timeout_s, still_starting=lambda: self.is_alive() and not cancelled(),
+                      secret=core_secret(self.address))
         except EngineDeadError:
             if cancelled():
                 return False
@@ -166,6 +199,7 @@ class EngineCoreProcess:
             if self.process.is_alive():
                 self.process.kill()
                 self.process.join(5)
+        remove_core_address(self.address)
         return self.process.exitcode
 
 
@@ -187,6 +221,7 @@ def connect_engine(settings: Settings, address: str) -> MultiProcessEngineClient
     model_path = settings.resolve_model_path()
     # The tokenizer loads while the core may still be loading the model (they start together).
     tokenizer, model_config = AutoTokenizer.from_pretrained(model_path), ModelConfig.from_pretrained(model_path)
-    ready = handshake(address, timeout_s=settings.engine_core_start_timeout_s)
-    return MultiProcessEngineClient(address, tokenizer=tokenizer, model_config=model_config, ready=ready,
+    secret = core_secret(address)
+    ready = handshake(address, timeout_s=settings.engine_core_start_timeout_s, secret=secret)
+    return MultiProcessEngineClient(address, tokenizer=tokenizer, model_config=model_config, ready=ready, secret=secret,
                                     grammar_codec=SpecGrammarCodec())

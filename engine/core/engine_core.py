@@ -5,14 +5,16 @@ identity, which is how the core knows where a request's outputs go. Between
 steps the core drains its socket without blocking; when it has nothing to
 run it blocks on the socket (up to the heartbeat interval). Each step's
 outputs (token ids: the API servers make the text) leave as ONE `Outputs`
-message per client. A request's grammar is rebuilt from its text in a small
-thread pool, never on the loop (a cache miss compiles); the request joins the
-engine when its grammar is ready. A `Stats` message to every
+message per client. A core given a secret acts only on clients that said
+hello with it (the API servers of its own `serve`). A request's grammar is
+rebuilt from its text in a small thread pool, never on the loop (a cache miss
+compiles); the request joins the engine when its grammar is ready. A `Stats` message to every
 known client, a few times a second, is both the counters and the heartbeat.
 """
 
 from __future__ import annotations
 
+import hmac
 import logging
 import os
 import time
@@ -51,8 +53,11 @@ _COMPILE_POLL_MS = 2  # how soon an idle core notices a grammar finished compili
 
 class EngineCore:
     def __init__(self, engine: LLMEngine, address: str, *, grammar_codec: GrammarCodec | None = None,
-                 heartbeat_s: float = 0.25, client_timeout_s: float = 30.0) -> None:
+                 heartbeat_s: float = 0.25, client_timeout_s: float = 30.0, secret: str = "") -> None:
         self.engine = engine
+        self.secret = secret  # "": every client is trusted (the socket's folder is the only guard)
+        self._trusted: set[bytes] = set()
+        self.num_untrusted_messages = 0
         engine.detokenize = False  # the API servers make the text (engine.output.text)
         self.address = address
         self.grammar_codec = grammar_codec
@@ -103,13 +108,29 @@ class EngineCore:
                 identity, payload = self._socket.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
                 return
-            self._clients[identity] = time.monotonic()
             try:
                 message = self._codec.to_core.decode(payload)
             except Exception:
                 logger.exception("dropping a malformed message")
                 continue
+            if not self._is_trusted(identity, message):
+                continue
+            self._clients[identity] = time.monotonic()
             self._apply(identity, message)
+
+    def _is_trusted(self, identity: bytes, message: Any) -> bool:
+        """A client is heard once it has said hello with the core's secret; before that, nothing it sends is
+        acted on or answered (shutdown, aborts, requests for any tenant)."""
+        if not self.secret or identity in self._trusted:
+            return True
+        if isinstance(message, Hello) and hmac.compare_digest(message.secret.encode(), self.secret.encode()):
+            self._trusted.add(identity)
+            return True
+        self.num_untrusted_messages += 1
+        if self.num_untrusted_messages in (1, 10, 100) or not self.num_untrusted_messages % 1000:
+            logger.warning("ignored %d message(s) from clients that have not presented the core's secret",
+                           self.num_untrusted_messages)
+        return False
 
     def _apply(self, identity: bytes, message: Any) -> None:
         if isinstance(message, Add):
@@ -238,6 +259,7 @@ class EngineCore:
     def _forget(self, identity: bytes) -> None:
         """A client gone silent: abort what it asked for (nobody will read it) and stop sending to it."""
         del self._clients[identity]
+        self._trusted.discard(identity)
         orphans = [request_id for request_id, owner in self._owner.items() if owner == identity]
         if orphans:
             logger.warning("a client went silent; aborting its %d requests", len(orphans))

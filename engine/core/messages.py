@@ -35,7 +35,10 @@ class WireRequest(msgspec.Struct, array_like=True):
 # ---- API server -> engine core ----------------------------------------------------------------------
 
 class Hello(msgspec.Struct, tag=True):
-    """First message of a client; answered with `Ready`."""
+    """First message of a client; answered with `Ready`. A core started with a secret hears nothing else from a
+    client until it has sent one carrying that secret."""
+
+    secret: str = ""
 
 
 class Add(msgspec.Struct, tag=True):

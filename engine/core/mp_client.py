@@ -19,6 +19,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
+from functools import partial
 from typing import Any
 
 import zmq
@@ -68,11 +69,13 @@ def process_exists(pid: int) -> bool:
         return True
 
 
-def handshake(address: str, timeout_s: float, still_starting: Callable[[], bool] | None = None) -> Ready:
+def handshake(address: str, timeout_s: float, still_starting: Callable[[], bool] | None = None, *,
+              secret: str = "") -> Ready:
     """Wait until the core at `address` answers (blocking; before the event loop serves anything).
 
     `still_starting`, checked every 100 ms, ends the wait early with EngineDeadError when it returns False
-    (the core's process has exited: waiting out the timeout would only delay the error).
+    (the core's process has exited: waiting out the timeout would only delay the error). `secret`: the one
+    the core was started with (a core that has one ignores clients without it).
     """
     codec = Codec()
     context = zmq.Context.instance()
@@ -81,7 +84,7 @@ def handshake(address: str, timeout_s: float, still_starting: Callable[[], bool]
     socket.connect(address)
     deadline = time.monotonic() + timeout_s
     try:
-        socket.send(codec.encode(Hello()))
+        socket.send(codec.encode(Hello(secret)))
         while time.monotonic() < deadline:
             if socket.poll(100):
                 message = codec.to_client.decode(socket.recv())
@@ -96,7 +99,7 @@ def handshake(address: str, timeout_s: float, still_starting: Callable[[], bool]
 
 class MultiProcessEngineClient:
     def __init__(self, address: str, *, tokenizer: Any, model_config: ModelConfig, ready: Ready,
-                 grammar_codec: GrammarCodec | None = None) -> None:
+                 grammar_codec: GrammarCodec | None = None, secret: str = "") -> None:
         self.address = address
         self.tokenizer = tokenizer
         self.model_config = model_config
@@ -119,14 +122,16 @@ class MultiProcessEngineClient:
         self._stats: dict[str, Any] = {}
         self._dead: str | None = None
         self._closed = False
-        self._send(Hello())  # so the core heartbeats to us before our first request
+        self._send(Hello(secret))  # so the core trusts us, and heartbeats to us before our first request
         self._tasks = [self._loop.create_task(self._read()), self._loop.create_task(self._watch())]
 
     @classmethod
     async def connect(cls, address: str, *, tokenizer: Any, model_config: ModelConfig,
-                      grammar_codec: GrammarCodec | None = None, timeout_s: float = 60.0) -> MultiProcessEngineClient:
-        ready = await asyncio.to_thread(handshake, address, timeout_s)
-        return cls(address, tokenizer=tokenizer, model_config=model_config, ready=ready, grammar_codec=grammar_codec)
+                      grammar_codec: GrammarCodec | None = None, timeout_s: float = 60.0,
+                      secret: str = "") -> MultiProcessEngineClient:
+        ready = await asyncio.to_thread(partial(handshake, address, timeout_s, secret=secret))
+        return cls(address, tokenizer=tokenizer, model_config=model_config, ready=ready, grammar_codec=grammar_codec,
+                   secret=secret)
 
     # ---- requests -------------------------------------------------------------------------
     async def generate(self, request: EngineRequest, *, whole: bool = False) -> AsyncIterator[RequestOutput]:
