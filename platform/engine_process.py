@@ -123,7 +123,8 @@ def run_engine_core(settings: Settings, address: str) -> None:
     compiler = GrammarCompilerService(engine.tokenizer, engine.model_config.vocab_size, limits)
     kv_events = start_kv_events(settings, engine.block_manager, source.registry.find)
     try:
-        EngineCore(engine, address, grammar_codec=SpecGrammarCodec(compiler), secret=core_secret(address)).run()
+        EngineCore(engine, address, grammar_codec=SpecGrammarCodec(compiler), secret=core_secret(address),
+                   compiles_per_tenant=settings.grammar_compiles_per_tenant).run()
     finally:
         if kv_events is not None:
             kv_events.close()

@@ -8,7 +8,8 @@ outputs (token ids: the API servers make the text) leave as ONE `Outputs`
 message per client. A core given a secret acts only on clients that said
 hello with it (the API servers of its own `serve`). A request's grammar is
 rebuilt from its text in a small thread pool, never on the loop (a cache miss
-compiles); the request joins the engine when its grammar is ready. A `Stats` message to every
+compiles), each tenant under its own cap and in turn with the others; the
+request joins the engine when its grammar is ready. A `Stats` message to every
 known client, a few times a second, is both the counters and the heartbeat.
 """
 
@@ -19,10 +20,11 @@ import logging
 import os
 import time
 from collections import defaultdict
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from typing import Any
 
 import zmq
+from loraplex.engine.core.compile_queue import TenantCompileQueue
 from loraplex.engine.core.messages import (
     Abort,
     Add,
@@ -53,7 +55,8 @@ _COMPILE_POLL_MS = 2  # how soon an idle core notices a grammar finished compili
 
 class EngineCore:
     def __init__(self, engine: LLMEngine, address: str, *, grammar_codec: GrammarCodec | None = None,
-                 heartbeat_s: float = 0.25, client_timeout_s: float = 30.0, secret: str = "") -> None:
+                 heartbeat_s: float = 0.25, client_timeout_s: float = 30.0, secret: str = "",
+                 compiles_per_tenant: int = 1) -> None:
         self.engine = engine
         self.secret = secret  # "": every client is trusted (the socket's folder is the only guard)
         self._trusted: set[bytes] = set()
@@ -71,7 +74,8 @@ class EngineCore:
         self._running = True
         # request id -> (client, request, its grammar being rebuilt off the loop)
         self._compiling: dict[str, tuple[bytes, WireRequest, Future[CompiledGrammar]]] = {}
-        self._compile_pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="loraplex-grammar")
+        # One tenant's slow compiles never hold both threads, and tenants take turns (compile_queue.py)
+        self._compile_queue = TenantCompileQueue(num_workers=2, max_per_tenant=compiles_per_tenant)
 
     def run(self) -> None:
         context = zmq.Context()
@@ -95,7 +99,7 @@ class EngineCore:
                 self._flush()
                 self._heartbeat()
         finally:
-            self._compile_pool.shutdown(wait=False, cancel_futures=True)
+            self._compile_queue.shutdown()
             socket.close(linger=1000)
             context.term()
 
@@ -172,7 +176,8 @@ class EngineCore:
         elif self.grammar_codec is None:
             self._pending[identity][1].append(failure(wire.request_id, ValueError("this engine core serves no grammars")))
         else:
-            future = self._compile_pool.submit(self.grammar_codec.decode, wire.grammar, wire.reasoning)
+            future = self._compile_queue.submit(wire.request_id, wire.tenant_id, self.grammar_codec.decode,
+                                                wire.grammar, wire.reasoning)
             self._compiling[wire.request_id] = (identity, wire, future)
 
     def _admit(self, identity: bytes, wire: WireRequest, grammar: CompiledGrammar | None) -> None:
@@ -198,8 +203,8 @@ class EngineCore:
 
     def _drop_compiling(self, request_id: str) -> None:
         """Aborted before its grammar was ready: it ends with an empty final output, as any abort does."""
-        identity, wire, future = self._compiling.pop(request_id)
-        future.cancel()
+        identity, wire, _ = self._compiling.pop(request_id)
+        self._compile_queue.cancel(request_id)
         self._pending[identity][0].append(RequestOutput(request_id, [], True, len(wire.prompt_token_ids), 0))
 
     def _call(self, call: Call) -> Reply:
