@@ -145,7 +145,7 @@ class EngineConfig:
     # Session pin budgets (device blocks): past them the least recently used pins (of that tenant, or of
     # anyone) are offloaded; a session larger than a budget is not pinned. None: the pool is the limit.
     max_pinned_blocks: int | None = None
-    max_pinned_blocks_per_tenant: int | None = None
+    max_pinned_blocks_per_tenant: int | float | None = None  # a float: that share of the pool's blocks
     # Grammar-forced tokens (keys, punctuation, the close near max_tokens) are appended without a
     # sampling step and prefilled together (jump-forward); the output is the same either way.
     grammar_jump_forward: bool = True

@@ -40,9 +40,11 @@ class Settings(BaseSettings):
     kv_cache_memory_mb: int = 256
     kv_host_memory_mb: int = 256        # host memory for pinned session KV offloaded under pressure; 0: drop instead
     num_kv_blocks: int | None = None    # overrides the memory budget (tests use tiny pools)
-    # Device KV blocks sessions may pin in all / per tenant; None: the pool is the limit / no per-tenant limit
+    # Device KV blocks sessions (and stored responses) may pin in all / per tenant; None: the pool is the limit /
+    # pinned_kv_share_per_tenant of the pool, so one tenant's sessions cannot push every other tenant's out
     max_pinned_blocks: int | None = Field(default=None, ge=0)
     max_pinned_blocks_per_tenant: int | None = Field(default=None, ge=0)
+    pinned_kv_share_per_tenant: float = Field(default=0.25, gt=0, le=1)  # 1: no per-tenant limit
     kv_block_size: int = 16
     enable_prefix_caching: bool = True
     max_num_seqs: int = 64
@@ -130,8 +132,9 @@ class Settings(BaseSettings):
     grammar_max_schema_nodes: int = Field(default=20000, ge=1)
     grammar_max_tools: int = Field(default=128, ge=1)
     grammar_cache_dir: str | None = None  # compiled grammars shared by this host's processes; None: per process
-    # Grammar compilations one tenant may have running at once (per API server; 0: no cap); a request past
-    # it waits this long for one of them to finish, then 429 tenant_compile_limit. Cached schemas skip it.
+    # Grammar compilations one tenant may have running at once (per API server, and in the engine core, where
+    # tenants also take turns; 0: no cap); a request past it waits this long for one of them to finish, then
+    # 429 tenant_compile_limit. Cached schemas skip it.
     grammar_compiles_per_tenant: int = Field(default=1, ge=0)
     grammar_compile_wait_s: float = Field(default=30.0, ge=0)
     session_ttl_s: int = 3600
@@ -261,6 +264,12 @@ class Settings(BaseSettings):
         if self.engine_cpu_threads:
             return self.engine_cpu_threads
         return 1 if self.resolve_device() == "cuda" else None
+
+    def resolve_max_pinned_blocks_per_tenant(self) -> int | float | None:
+        """Blocks, or a share of the pool the engine turns into blocks once it knows the pool; None: no limit."""
+        if self.max_pinned_blocks_per_tenant is not None:
+            return self.max_pinned_blocks_per_tenant
+        return self.pinned_kv_share_per_tenant if self.pinned_kv_share_per_tenant < 1 else None
 
     def resolve_dtype(self) -> str:
         if self.dtype != "auto":

@@ -51,7 +51,7 @@ def engine_config(settings: Settings) -> Any:
         enable_prefix_caching=settings.enable_prefix_caching,
         host_kv_bytes=settings.kv_host_memory_mb * 1024 * 1024,
         max_pinned_blocks=settings.max_pinned_blocks,
-        max_pinned_blocks_per_tenant=settings.max_pinned_blocks_per_tenant,
+        max_pinned_blocks_per_tenant=settings.resolve_max_pinned_blocks_per_tenant(),
         tensor_parallel_size=settings.tensor_parallel_size,
         gpu_memory_utilization=settings.gpu_memory_utilization,
         decode_yield_min_tokens=settings.decode_yield_min_tokens,

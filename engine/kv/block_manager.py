@@ -53,7 +53,7 @@ def block_hash(parent_hash: bytes, token_ids: list[int], salt: tuple) -> bytes:
 class BlockManager:
     def __init__(
         self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True, *,
-        max_pinned_blocks: int | None = None, max_pinned_blocks_per_tenant: int | None = None,
+        max_pinned_blocks: int | None = None, max_pinned_blocks_per_tenant: int | float | None = None,
         host_tier: HostTier | None = None, listener: KVCacheListener | None = None,
     ) -> None:
         self.block_size = block_size
@@ -66,7 +66,10 @@ class BlockManager:
         self.pins: OrderedDict[str, list[int]] = OrderedDict()  # least recently used first
         self.pin_ledger = PinLedger()
         self.max_pinned_blocks = max_pinned_blocks                        # None: the pool is the limit
-        self.max_pinned_blocks_per_tenant = max_pinned_blocks_per_tenant  # None: no per-tenant limit
+        # None: no per-tenant limit; a float: that share of the pool (what one tenant's sessions may pin)
+        self.max_pinned_blocks_per_tenant = (max(1, int(num_blocks * max_pinned_blocks_per_tenant))
+                                             if isinstance(max_pinned_blocks_per_tenant, float)
+                                             else max_pinned_blocks_per_tenant)
         self.num_pins_evicted = 0
         self.num_pins_over_budget = 0  # sessions not pinned because they alone exceed a budget
         self.host_tier = host_tier  # pinned session KV offloaded to host memory; None: no host KV budget
