@@ -127,7 +127,7 @@ class FileStore:
 
     # -- removing -----------------------------------------------------------------------------
 
-    def delete(self, tenant_id: str, file_id: str) -> FileRow:
+    def delete(self, tenant_id: str, file_id: str) -> None:
         """Remove the file (409 while a batch that is not finished reads it); its blob goes with its last file."""
         with self.db_sessions() as session, session.begin():
             row = session.get(FileRow, file_id)
@@ -138,10 +138,9 @@ class FileStore:
             if in_use:
                 raise FileInUseError(f"file {file_id} is the input of a batch that has not finished; cancel it "
                                      "or wait for it to end", param="file_id")
+            sha256 = row.sha256
             session.delete(row)
-            session.expunge(row)
-        self._drop_blob_if_unused(row.sha256)
-        return row
+        self._drop_blob_if_unused(sha256)
 
     def sweep_expired(self, now: int | None = None) -> int:
         """Delete files past their `expires_at` (not the input of a batch still running); returns how many."""

@@ -102,5 +102,5 @@ async def file_content(file_id: str, key: InferenceKey, services: AppServices) -
 
 @router.delete("/files/{file_id}")
 async def delete_file(file_id: str, key: InferenceKey, services: AppServices) -> dict[str, Any]:
-    row = await asyncio.to_thread(batches_domain(services).files.delete, key.tenant_id, file_id)
-    return {"id": row.id, "object": "file", "deleted": True}
+    await asyncio.to_thread(batches_domain(services).files.delete, key.tenant_id, file_id)
+    return {"id": file_id, "object": "file", "deleted": True}

@@ -39,10 +39,10 @@ class BatchServer:
         return self.process.url
 
     def client(self, tenant: str = "acme") -> openai.OpenAI:
-        return openai.OpenAI(base_url=self.url + "/v1", api_key=self.keys[tenant], max_retries=0, timeout=60)
+        return openai.OpenAI(base_url=self.url + "/v1", api_key=self.keys[tenant], max_retries=0, timeout=300)
 
     def http(self, tenant: str = "acme") -> httpx.Client:
-        return httpx.Client(base_url=self.url, headers={"Authorization": f"Bearer {self.keys[tenant]}"}, timeout=60)
+        return httpx.Client(base_url=self.url, headers={"Authorization": f"Bearer {self.keys[tenant]}"}, timeout=300)
 
 
 def seed(database_url: str) -> tuple[dict[str, str], dict[str, str]]:
@@ -99,7 +99,7 @@ def upload(client: openai.OpenAI, lines: list[Any], name: str = "input.jsonl") -
 
 
 def wait_batch(client: openai.OpenAI, batch_id: str, *, statuses: tuple[str, ...] = TERMINAL,
-               timeout_s: float = 240) -> Any:
+               timeout_s: float = 600) -> Any:
     return wait_until(lambda: (b := client.batches.retrieve(batch_id)).status in statuses and b,
                       timeout_s=timeout_s, interval_s=0.2,
                       what=lambda: f"batch {batch_id} in {statuses}: {client.batches.retrieve(batch_id)}")
