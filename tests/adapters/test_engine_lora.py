@@ -6,8 +6,8 @@ import pytest
 import torch
 from engine_helpers import GatedSource, drain, greedy, make_engine, run_all
 from loraplex.adapters.source import FolderAdapterSource
-from loraplex.engine.config import ModelConfig
-from loraplex.engine.model.loader import load_model
+from loraplex.engine.config import AdapterLimits, EngineConfig
+from loraplex.engine.llm_engine import LLMEngine
 from loraplex.engine.protocol import EngineRequest
 from peft import PeftModel
 from random_adapters import write_random_adapter
@@ -26,12 +26,6 @@ PROMPTS = {
 @pytest.fixture(scope="module")
 def tokenizer(smollm_dir):  # type: ignore[no-untyped-def]
     return AutoTokenizer.from_pretrained(smollm_dir)
-
-
-@pytest.fixture(scope="module")
-def ours(smollm_dir):  # type: ignore[no-untyped-def]
-    config = ModelConfig.from_pretrained(smollm_dir)
-    return load_model(smollm_dir, 512, torch.float32, "cpu"), config
 
 
 @pytest.fixture(scope="module")
@@ -146,3 +140,52 @@ def test_loading_adapter_does_not_stall_others(ours, tokenizer, smollm_spec, ran
     source.gate.set()
     slow = drain(engine)["slow"]
     assert slow.error is None and len(slow.token_ids) == 4
+
+
+def _fair_preemption_run(ours, tokenizer, trained_adapters, smollm_spec, *, max_num_seqs: int,  # type: ignore[no-untyped-def]
+                         num_host_blocks: int) -> tuple[dict, LLMEngine]:
+    """Three requests of one tenant (two adapters and the base model, one in a session), then another tenant's
+    request once they run: with `max_num_seqs` 2 it takes the slot of the first tenant's newest."""
+    model, config = ours
+    engine = LLMEngine(model, config, EngineConfig(num_blocks=256, max_num_seqs=max_num_seqs, max_num_batched_tokens=512,
+                                                    max_model_len=512, dtype="float32", device="cpu",
+                                                    num_host_blocks=num_host_blocks),
+                       tokenizer, adapters=FolderAdapterSource(trained_adapters, smollm_spec, torch.float32),
+                       adapter_limits=AdapterLimits(max_loras=4, max_cpu_loras=8, max_lora_rank=64))
+    # Every adapter in a slot first, so the quiet request is ready to run the moment it arrives.
+    run_all(engine, [EngineRequest(f"warm-{name}", chat_prompt_ids(tokenizer, "Hi"), greedy(1), adapter_id=name)
+                     for name in ("pirate", "upper", "thinker")])
+    flood = [EngineRequest("pirate", chat_prompt_ids(tokenizer, PROMPTS["pirate"]), greedy(24), tenant_id="flood",
+                           adapter_id="pirate"),
+             EngineRequest("upper", chat_prompt_ids(tokenizer, PROMPTS["upper"]), greedy(24), tenant_id="flood",
+                           adapter_id="upper"),
+             EngineRequest("base", chat_prompt_ids(tokenizer, PROMPTS[None]), greedy(24), tenant_id="flood",
+                           session_id="flood-session")]
+    for request in flood:
+        engine.add_request(request)
+    early: dict = {}
+    for _ in range(400):  # until the flood's first two have produced a few tokens (adapters load first)
+        for out in engine.step():
+            early.setdefault(out.request_id, []).extend(t for c in out.choices for t in c.token_ids)
+        if sum(len(early.get(r, [])) for r in ("pirate", "upper")) >= 6:
+            break
+    quiet = EngineRequest("quiet", chat_prompt_ids(tokenizer, PROMPTS["thinker"]), greedy(16), tenant_id="quiet",
+                          adapter_id="thinker")
+    results = run_all(engine, [quiet])
+    for request_id, tokens in early.items():
+        results[request_id].token_ids[:0] = tokens
+    return {rid: r.token_ids for rid, r in results.items() if not rid.startswith("warm-")}, engine
+
+
+@pytest.mark.parametrize("num_host_blocks", [64, 0], ids=["swap", "recompute"])
+def test_fair_preemption_keeps_every_token_with_adapters_and_sessions(ours, tokenizer, trained_adapters, smollm_spec,  # type: ignore[no-untyped-def]
+                                                                      num_host_blocks):
+    expected, _ = _fair_preemption_run(ours, tokenizer, trained_adapters, smollm_spec, max_num_seqs=8,
+                                       num_host_blocks=num_host_blocks)
+    got, engine = _fair_preemption_run(ours, tokenizer, trained_adapters, smollm_spec, max_num_seqs=2,
+                                       num_host_blocks=num_host_blocks)
+    assert engine.scheduler.num_fairness_preemptions >= 1
+    assert (engine.scheduler.num_swapped_out >= 1) == bool(num_host_blocks)
+    assert got == expected
+    assert engine.session_state("flood-session") in ("pinned", "offloaded")
+    assert engine.block_manager.num_free_blocks + engine.block_manager.num_pinned_blocks == engine.num_blocks
