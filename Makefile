@@ -38,7 +38,7 @@ $(TEST_STAMP): $(STAMP) pyproject.toml
 	$(PIP) install -e '.[test,docs]'
 	# instructor pins jiter<0.15 while the openai SDK needs >=0.16; its code works with both, so without its pins
 	$(PIP) install --no-deps 'instructor>=1.10'
-	touch $(TEST_STAMP)
+	touch $(TEST_STAMP) $(DOCS_STAMP)
 
 install: $(STAMP)
 
