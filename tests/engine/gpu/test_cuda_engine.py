@@ -244,3 +244,18 @@ def test_overlapped_steps_give_the_same_tokens_as_steps_one_at_a_time(dtype: str
     assert got == expected
     assert engine.overlap.num_steps_ahead > 10 and engine.overlap.num_rows_dropped > 0
     assert engine.runner.num_graph_steps > 10
+
+
+def test_lora_graphs_captured_at_start_up_equal_cpu_engine_and_follow_a_new_manager() -> None:
+    """`serve` captures every decode graph at start-up, LoRA ones included; a new LoRA manager (new slot
+    stacks) gets new LoRA graphs instead of replaying ones that read the old stacks."""
+    cpu = make_engine("cpu", lora=True, max_num_seqs=24)
+    engine = make_engine(GPU_DEVICE, lora=True, max_num_seqs=24)
+    ladder = engine.runner.ladder
+    assert engine.runner.capture_decode_graphs() == 2 * len(ladder)
+    assert all((size, "lora") in engine.runner.graphs for size in ladder)
+    assert generate(engine, many_lora_requests()) == generate(cpu, many_lora_requests())
+    limits = AdapterLimits(max_loras=4, max_cpu_loras=8, max_lora_rank=8)
+    for e in (cpu, engine):
+        e.serve_adapters(RandomAdapterSource(CONFIG, rank=8, dtype=e.config.torch_dtype, std=0.2), limits)
+    assert generate(engine, many_lora_requests()) == generate(cpu, many_lora_requests())
