@@ -344,7 +344,13 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
         random_weights=args.random_weights is not None, max_pending_requests=100_000,
         gpu_memory_utilization=args.gpu_memory_utilization, max_loras=max(args.adapters, 1),
         max_cpu_loras=max(args.adapters, 1), max_lora_rank=max(args.adapter_rank, 8),
+        engine_cpu_threads=args.engine_cpu_threads,
     )
+    threads = settings.resolve_engine_cpu_threads()
+    if threads is not None:  # the engine alone runs with the engine core's CPU threads
+        import torch
+
+        torch.set_num_threads(threads)
     key = create_key(settings, ("inference", "adapters"))
     server = ServingServer(settings, args.api_servers)
     clients = Clients(args.client_processes)
@@ -391,6 +397,7 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
                 "vocab_size": engine.model_config.vocab_size, "dtype": settings.resolve_dtype(),
                 "device": settings.resolve_device(), "api_servers": args.api_servers,
                 "client_processes": args.client_processes, "max_num_seqs": args.max_num_seqs,
+                "engine_cpu_threads": settings.resolve_engine_cpu_threads() or "default",
                 "max_num_batched_tokens": args.max_num_batched_tokens, "max_model_len": args.max_model_len,
                 "prefix_caching": False, "mixes": {"fixed": f"{args.fixed_requests} x ({args.fixed_lengths[0]} in, {args.fixed_lengths[1]} out)",
                                                    "chat": f"{args.chat_requests} long-tailed (scale {s:g}), 15% 1,000-4,000 out"},
@@ -458,6 +465,9 @@ def main() -> None:
     parser.add_argument("--chat-fractions", default="0.8,inf")
     parser.add_argument("--fixed-requests", type=int, default=None, help="default 512 (quick 8)")
     parser.add_argument("--chat-requests", type=int, default=None, help="default 256 (quick 6)")
+    parser.add_argument("--engine-cpu-threads", type=int, default=None,
+                        help="LORAPLEX_ENGINE_CPU_THREADS for both engines (default: its own default; quick: 1, "
+                             "since OpenMP threads spinning on a busy 2-core machine made CPU steps 15x slower)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--profile-dir", type=Path, default=None,
@@ -477,6 +487,8 @@ def main() -> None:
     args.fixed_requests = fixed_requests or args.fixed_requests
     args.chat_requests = chat_requests or args.chat_requests
     args.fixed_lengths = (32, 8) if quick else (512, 128)
+    if args.engine_cpu_threads is None:
+        args.engine_cpu_threads = 1 if quick else 0
     args.adapter_share, args.schema_share = (0.25, 0.25) if quick else (0.25, 0.1)
     args.max_num_seqs, args.max_model_len, args.max_num_batched_tokens = (
         (8, 512, 256) if quick else (128, 8192, 2048))
