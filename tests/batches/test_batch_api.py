@@ -19,6 +19,7 @@ from batch_helpers import (
     BatchServer,
     chat_line,
     completion_line,
+    jsonl,
     ledger_rows,
     result_lines,
     start_batch_server,
@@ -205,3 +206,45 @@ def test_a_spent_budget_fails_the_remaining_lines(server: BatchServer) -> None:
     assert errors and all(e["response"]["status_code"] == 429 for e in errors)
     assert all(e["response"]["body"]["error"]["code"] == "insufficient_quota" for e in errors)
     assert client.models.list().data  # the service itself still answers
+
+
+def test_responses_lines_equal_online(server: BatchServer) -> None:
+    client = server.client("acme")
+    bodies = [{"model": MODEL, "input": question, "instructions": "Answer in a few words.", "max_output_tokens": 6,
+               "temperature": 0, "store": False} for question in ("Name a fruit.", "Name a river.")]
+    lines = [{"custom_id": f"resp-{i}", "method": "POST", "url": "/v1/responses", "body": body}
+             for i, body in enumerate(bodies)]
+    batch = client.batches.create(input_file_id=upload(client, lines).id, endpoint="/v1/responses",
+                                  completion_window="24h")
+    done = wait_batch(client, batch.id)
+    assert done.status == "completed" and done.request_counts.completed == 2, done
+    for body, out in zip(bodies, result_lines(client, done.output_file_id), strict=True):
+        answer = out["response"]["body"]
+        assert answer["object"] == "response" and answer["status"] in ("completed", "incomplete")
+        online = client.responses.create(**body)
+        texts = [part["text"] for item in answer["output"] if item["type"] == "message" for part in item["content"]]
+        assert "".join(texts) == online.output_text
+
+
+def test_cli_submits_lists_shows_and_downloads(server: BatchServer, tmp_path: Path) -> None:
+    from loraplex.platform.cli.main import app
+    from typer.testing import CliRunner
+
+    runner = CliRunner()
+    env = {"LORAPLEX_API_KEY": server.keys["acme"], "LORAPLEX_BASE_URL": server.url}
+    source = tmp_path / "requests.jsonl"
+    source.write_bytes(jsonl([chat_line("cli-1", "Say hi."), chat_line("cli-2", "Say bye.")]))
+    created = runner.invoke(app, ["batches", "create", str(source), "--wait", "-m", "via=cli"], env=env)
+    assert created.exit_code == 0, created.output
+    batch_id = created.stdout.strip().splitlines()[-1]
+    listed = runner.invoke(app, ["batches", "list"], env=env)
+    assert listed.exit_code == 0 and batch_id in listed.stdout and "2/2 (100%)" in listed.stdout
+    shown = runner.invoke(app, ["batches", "show", batch_id, "--json"], env=env)
+    assert json.loads(shown.stdout)["metadata"] == {"via": "cli"}
+    target = tmp_path / "out.jsonl"
+    assert runner.invoke(app, ["batches", "download", batch_id, "-o", str(target)], env=env).exit_code == 0
+    assert [json.loads(line)["custom_id"] for line in target.read_text().splitlines()] == ["cli-1", "cli-2"]
+    no_errors = runner.invoke(app, ["batches", "download", batch_id, "--errors"], env=env)
+    assert no_errors.exit_code == 1 and "no error file" in no_errors.stderr
+    refused = runner.invoke(app, ["batches", "cancel", batch_id], env=env)
+    assert refused.exit_code == 1 and "Cannot cancel" in refused.stderr
