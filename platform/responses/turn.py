@@ -72,6 +72,12 @@ class ResponseTurn:
         """Leave out the first `num_messages` history messages (a turn boundary, from TurnCosts)."""
         self.num_dropped = min(len(self.history), max(self.num_dropped + 1, num_messages))
 
+    def fit_messages(self, max_messages: int) -> None:
+        """truncation="auto": leave out the oldest turns until the conversation holds at most `max_messages`."""
+        fixed = len(self.new_messages) + (1 if self.body.instructions else 0)
+        while self.can_truncate() and fixed + len(self.history) - self.num_dropped > max_messages:
+            self.truncate()
+
     def truncate(self) -> None:
         """Leave out the oldest turn: history messages up to the next user message."""
         self.num_dropped += 1

@@ -15,6 +15,12 @@ from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Query, Request, Response
 from loraplex.engine.errors import EngineError, PromptTooLongError
+from loraplex.platform.affinity import (
+    affinity_headers,
+    chain_key,
+    previous_response_id_from,
+    served_elsewhere,
+)
 from loraplex.platform.api.admission import AdmissionTicket, admit_early
 from loraplex.platform.api.generation import Generation
 from loraplex.platform.api.preparation import ContextOverflowError, prepare_chat
@@ -45,6 +51,7 @@ def _chains(services: Services) -> ResponseChains:
 @router.post("/responses")
 async def create_response(body: ResponseCreate, key: InferenceKey, services: AppServices, request: Request) -> Response:
     chains = _chains(services)
+    body.previous_response_id = previous_response_id_from(request.headers, body.previous_response_id)
     ticket = await admit_early(services, key)  # before any work: reading the parent, the input, the prompt
     try:
         parent = None
@@ -59,12 +66,16 @@ async def create_response(body: ResponseCreate, key: InferenceKey, services: App
     except BaseException:
         ticket.release()
         raise
+    if parent is not None and served_elsewhere(parent.replica_id, services.settings.replica_id, bool(parent.pin_key)):
+        services.metrics.session_turns_moved.inc()  # its KV is pinned on another replica: prefilled again here
     gen = Generation(services, key, prepared)
-    return await respond(
+    response = await respond(
         request, gen, stream=body.stream,
         collect=partial(collect_response, turn=turn, chains=chains),
         streamer=partial(stream_response, turn=turn, chains=chains),
     )
+    response.headers.update(affinity_headers(request.headers, chain_key(parent, response_id)))  # platform/affinity.py
+    return response
 
 
 async def _prepare(services: Services, key: Any, turn: ResponseTurn, request_id: str, ticket: AdmissionTicket
@@ -76,6 +87,8 @@ async def _prepare(services: Services, key: Any, turn: ResponseTurn, request_id:
     minute, also when even the newest input alone does not fit.
     """
     limits = RequestLimits.from_settings(services.settings)
+    if turn.can_truncate():
+        turn.fit_messages(limits.max_messages)
     costs: TurnCosts | None = None
     try:
         while True:

@@ -243,3 +243,19 @@ def test_truncation_tokenizes_a_long_chain_once_and_counts_it(server: Any) -> No
     # The ~16,000 tokens read and left out counted against the key's tokens per minute.
     again = _post(server, body, key=key)
     assert again.status_code == 429 and again.json()["error"]["code"] == "tokens_rate_limit_exceeded", again.text
+
+
+def test_truncation_also_keeps_the_message_count_within_its_limit() -> None:
+    from loraplex.platform.responses.schemas import ResponseCreate
+    from loraplex.platform.responses.turn import ResponseTurn
+
+    conversation = [{"role": role, "content": f"{role} {i}"} for i in range(1500) for role in ("user", "assistant")]
+    parent = StoredResponse(id="resp_p", tenant_id="t", model=MODEL, body={}, input_items=[],
+                            conversation=conversation)
+    body = ResponseCreate.model_validate({"model": MODEL, "input": "next", "previous_response_id": "resp_p",
+                                          "truncation": "auto", "instructions": "be brief"})
+    turn = ResponseTurn.build("resp_c", body, parent, created_at=0)
+    turn.fit_messages(2048)
+    messages = turn.messages()
+    assert len(messages) <= 2048 and len(messages) >= 2046
+    assert messages[0]["role"] == "system" and messages[1]["role"] == "user" and messages[-1]["content"] == "next"
