@@ -24,6 +24,7 @@ import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+from loraplex.billing.unavailable import UNAVAILABLE_ERRORS
 from loraplex.platform.batches.execution import LineOutcome, RetryLater, execute_line, usage_record
 from loraplex.platform.batches.files import FileStore
 from loraplex.platform.batches.models import BatchLineRow, BatchRow
@@ -104,7 +105,11 @@ class BatchRun:
         lease_s = self.settings.batch_lease_s
         while True:
             await asyncio.sleep(lease_s / 3)
-            row = await asyncio.to_thread(self.repo.renew, self.batch.id, self.owner, lease_s=lease_s)
+            try:
+                row = await asyncio.to_thread(self.repo.renew, self.batch.id, self.owner, lease_s=lease_s)
+            except UNAVAILABLE_ERRORS:
+                log.warning("batch %s: the database is unreachable; renewing its lease again shortly", self.batch.id)
+                continue
             if row is None:
                 log.warning("batch %s: lease lost; its lines in flight are left to the worker holding it", self.batch.id)
                 self.lost = True
@@ -112,6 +117,7 @@ class BatchRun:
                 return
             if row.status == CANCELLING:
                 self.cancelled = True
+            self.batch.expires_at = row.expires_at
 
     def _abandon(self) -> None:
         for task in self._tasks:

@@ -51,6 +51,13 @@ class BatchWorker:
         """A batch was created or cancelled here: look at once instead of at the next poll."""
         self._wake.set()
 
+    def cancelled(self, batch_id: str) -> None:
+        """A cancel was stored: a run of this process stops starting lines now, not at its next lease renewal."""
+        run = self.runs.get(batch_id)
+        if run is not None:
+            run.cancelled = True
+        self._wake.set()
+
     async def stop(self) -> None:
         self._stopping = True
         self._wake.set()

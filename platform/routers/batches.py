@@ -96,5 +96,5 @@ async def cancel_batch(batch_id: str, key: InferenceKey, services: AppServices) 
     domain = batches_domain(services)
     row = await asyncio.to_thread(domain.repo.cancel, key.tenant_id, batch_id)
     if domain.worker is not None:
-        domain.worker.wake()
+        domain.worker.cancelled(batch_id)
     return batch_public(row)

@@ -8,6 +8,7 @@ tenant's ids are 404s; the size and count limits; a spent budget fails the remai
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from decimal import Decimal
 from pathlib import Path
@@ -248,3 +249,28 @@ def test_cli_submits_lists_shows_and_downloads(server: BatchServer, tmp_path: Pa
     assert no_errors.exit_code == 1 and "no error file" in no_errors.stderr
     refused = runner.invoke(app, ["batches", "cancel", batch_id], env=env)
     assert refused.exit_code == 1 and "Cannot cancel" in refused.stderr
+
+
+def test_the_end_of_the_window_expires_the_lines_not_run(server: BatchServer) -> None:
+    from loraplex.platform.batches.models import BatchRow
+    from loraplex.platform.db.session import make_db_engine, make_session_factory
+    from sqlalchemy import update
+
+    client = server.client("acme")
+    lines = [chat_line(f"e{i}", f"Say the word {i}.") for i in range(10)]
+    batch = client.batches.create(input_file_id=upload(client, lines).id, endpoint="/v1/chat/completions",
+                                  completion_window="24h")
+    wait_until(lambda: client.batches.retrieve(batch.id).request_counts.completed >= 1, timeout_s=300,
+               interval_s=0.1, what="a first finished line")
+    engine = make_db_engine(server.database_url)  # the 24 hours pass: the window ends now
+    with make_session_factory(engine)() as db, db.begin():
+        db.execute(update(BatchRow).where(BatchRow.id == batch.id).values(expires_at=int(time.time())))
+    engine.dispose()
+    done = wait_batch(client, batch.id)
+    assert done.status == "expired" and done.expired_at, done
+    counts = done.request_counts
+    assert counts.completed >= 1 and counts.failed >= 1 and counts.completed + counts.failed == 10
+    errors = result_lines(client, done.error_file_id)
+    assert len(errors) == counts.failed
+    assert all(e["response"] is None and e["error"]["code"] == "batch_expired" for e in errors)
+    assert len(result_lines(client, done.output_file_id)) == counts.completed
