@@ -102,12 +102,15 @@ def should_bind(endpoint: str) -> bool:
 class ZmqKVEventPublisher:
     def __init__(self, endpoint: str, topic: str, *, block_size: int,
                  lora_name: Callable[[str], str | None] = lambda _adapter_id: None,
-                 flush_interval_s: float = 0.01, data_parallel_rank: int = 0, hwm: int = 100_000) -> None:
+                 flush_interval_s: float = 0.01, heartbeat_s: float = 0.2, data_parallel_rank: int = 0,
+                 hwm: int = 100_000) -> None:
         """`lora_name(adapter_id)`: the name requests use for that adapter (called on the publisher thread)."""
         self.topic = topic.encode()
         self.block_size = block_size
         self._lora_name = lora_name
         self._flush_interval_s = flush_interval_s
+        self._heartbeat_s = heartbeat_s
+        self._last_sent = 0.0
         self._rank = data_parallel_rank
         self._pending: deque[tuple] = deque()  # appended by the engine thread, drained by the publisher's
         self._encoder = msgspec.msgpack.Encoder()
@@ -152,27 +155,37 @@ class ZmqKVEventPublisher:
         self._context.term()
 
     def _run(self) -> None:
+        self._send([])  # primes the socket (see _publish_pending) before the first real batch
         while not self._stopped.is_set():
             self._wake.wait(self._flush_interval_s)
             self._publish_pending()
         self._publish_pending()
 
     def _publish_pending(self) -> None:
+        """What the engine reported since the last batch, as one batch. An idle publisher sends an empty batch
+        every `heartbeat_s`: a PUB socket takes in a newly connected subscriber's subscription only while it
+        sends, and drops that send, so without them the first batch after every (re)connection is lost."""
         items = []
         while self._pending:
             items.append(self._pending.popleft())
-        if not items:
-            return
+        if items:
+            try:
+                self._send(self._events(items))
+            except Exception:
+                log.exception("kv events: could not publish a batch")
+        elif time.monotonic() - self._last_sent >= self._heartbeat_s:
+            self._send([])
+
+    def _send(self, events: list[BlockStored | BlockRemoved | AllBlocksCleared]) -> None:
+        payload = self._encoder.encode(KVEventBatch(ts=time.time(), events=events, data_parallel_rank=self._rank))
+        self._last_sent = time.monotonic()
         try:
-            events = self._events(items)
-            payload = self._encoder.encode(KVEventBatch(ts=time.time(), events=events, data_parallel_rank=self._rank))
             self._socket.send_multipart([self.topic, self._seq.to_bytes(8, "big"), payload], zmq.NOBLOCK)
-            self._seq += 1
-            self.num_batches += 1
         except zmq.Again:
             log.debug("kv events: no subscriber is keeping up; dropping a batch")
-        except Exception:
-            log.exception("kv events: could not publish a batch")
+            return
+        self._seq += 1
+        self.num_batches += 1
 
     def _events(self, items: list[tuple]) -> list[BlockStored | BlockRemoved | AllBlocksCleared]:
         """Consecutive stores of one chain (each block's parent is the one before) become one BlockStored."""

@@ -56,7 +56,7 @@ def bearer(key: str) -> dict[str, str]:
 def write_adapter(folder: Path, model_path: Path, seed: int) -> list[tuple[str, bytes]]:
     """A random PEFT adapter shaped for the served model, as the multipart files of an upload."""
     from loraplex.adapters.base_model import BaseModelSpec
-    from random_adapters import write_random_adapter
+    from loraplex.adapters.random_adapters import write_random_adapter
 
     write_random_adapter(folder, BaseModelSpec.from_model_dir(model_path), r=4, targets=("q_proj", "v_proj"),
                          seed=seed)
