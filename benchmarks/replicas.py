@@ -1,0 +1,362 @@
+"""Replicas benchmark: two `loraplex serve` replicas (one GPU each) behind HAProxy, against one replica.
+
+Both replicas run the same model (random weights of the given folder's architecture, seeded alike, or the
+real weights), one engine core and one API server each, on one shared SQLite database; HAProxy runs the
+shipped deploy/haproxy/haproxy.cfg unchanged (header-hash + stick-on-response affinity, /readyz checks).
+
+- throughput: closed-loop clients (greedy, `ignore_eos`, `max_tokens` each, non-streaming), C of them
+  against one replica, then 2C through the balancer: `aggregate_throughput_ratio_2_replicas` is the
+  balancer's generated tokens/s over one replica's (each replica sees the same load);
+- sessions: S sessions of T turns against one replica, then 2S through the balancer, each turn streamed
+  with its `x-session-id`: `session_turn10_ttft_ratio_2_replicas` is the balancer's p50 time to first
+  token of the last turn over one replica's (affinity keeps each session on the replica holding its KV;
+  without it every turn would prefill the whole conversation again);
+- a kill: clients keep sending through the balancer while one replica is SIGKILLed; a request that fails
+  is lost (`lost_requests_on_replica_kill`; HAProxy retries a request whose replica died before answering).
+
+Checked before timing: a greedy answer is the same from either replica and through the balancer, and every
+session's turns after the first are served from its pinned KV (cached tokens cover the previous turn).
+
+    python benchmarks/replicas.py --device cuda --random-weights .bench_model/SmolLM2-135M-Instruct
+    python benchmarks/replicas.py --quick     # CPU, small sizes; writes nothing
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime
+import itertools
+import json
+import os
+import platform
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULT = ROOT / "benchmarks" / "results" / "replicas.json"
+HAPROXY_CFG = ROOT / "deploy" / "haproxy" / "haproxy.cfg"
+PROMPT = "Write a long story about a lighthouse keeper and the sea."
+TURNS = ["Hello, my name is Ada.", "I live in a small town by the sea.", "I keep a lighthouse.",
+         "Tell me about ships.", "What about storms?", "And the tides?", "Any advice on lamps?",
+         "What should I read?", "Summarize our talk.", "What is my name and where do I live?"]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_for(url: str, process: subprocess.Popen[bytes], log: Path, timeout_s: float = 900) -> None:
+    import httpx
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise SystemExit(f"{url}: exited with {process.returncode}:\n{log.read_text()[-4000:]}")
+        try:
+            if httpx.get(url, timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise SystemExit(f"{url} did not answer in {timeout_s:g} s:\n{log.read_text()[-4000:]}")
+
+
+class Replica:
+    """`loraplex serve` in its own process group, on GPU `gpu` (None: the CPU)."""
+
+    def __init__(self, name: str, env: dict[str, str], gpu: int | None, work: Path) -> None:
+        self.name, self.port, self.log = name, free_port(), work / f"{name}.log"
+        env = {**env, "LORAPLEX_REPLICA_ID": name, "LORAPLEX_DATA_DIR": str(work / name)}
+        if gpu is not None:
+            env["CUDA_VISIBLE_DEVICES"] = str(gpu)
+        (work / name).mkdir()
+        with self.log.open("wb") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "loraplex.platform.cli.main", "serve", "--port", str(self.port)],
+                cwd=work, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def kill(self) -> None:
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait(timeout=30)
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+
+def start_balancer(haproxy: str, replicas: list[Replica], work: Path) -> tuple[subprocess.Popen[bytes], str]:
+    port = free_port()
+    env = {**os.environ, "LORAPLEX_LB_BIND": f"127.0.0.1:{port}", "LORAPLEX_LB_LOG": "stdout",
+           "LORAPLEX_REPLICA_1": f"127.0.0.1:{replicas[0].port}", "LORAPLEX_REPLICA_2": f"127.0.0.1:{replicas[1].port}"}
+    log = work / "haproxy.log"
+    with log.open("wb") as out:
+        process = subprocess.Popen([haproxy, "-db", "-f", str(HAPROXY_CFG)], env=env, stdout=out,
+                                   stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    wait_for(url + "/readyz", process, log, timeout_s=60)
+    return process, url
+
+
+# ---- load -------------------------------------------------------------------------------------------
+
+def chat_body(content: Any, max_tokens: int, **extra: Any) -> dict[str, Any]:
+    messages = [{"role": "user", "content": content}] if isinstance(content, str) else content
+    return {"messages": messages, "max_tokens": max_tokens, "temperature": 0, **extra}
+
+
+async def closed_loop(url: str, key: str, model: str, clients: int, max_tokens: int, duration_s: float,
+                      kill_at_s: float | None = None, victim: Replica | None = None) -> dict[str, Any]:
+    """`clients` loops sending one request after another for `duration_s`; tokens, requests and failures."""
+    import httpx
+
+    done = {"tokens": 0, "requests": 0, "failed": 0, "after_kill": 0}
+    start = time.monotonic()
+    killed = asyncio.Event()
+
+    async def one_client(client: httpx.AsyncClient) -> None:
+        while time.monotonic() - start < duration_s:
+            try:
+                response = await client.post(url + "/v1/chat/completions", json={
+                    **chat_body(PROMPT, max_tokens, ignore_eos=True), "model": model})
+                ok = response.status_code == 200
+            except httpx.HTTPError:
+                ok = False
+            if not ok:
+                done["failed"] += 1
+                continue
+            done["requests"] += 1
+            done["tokens"] += response.json()["usage"]["completion_tokens"]
+            if killed.is_set():
+                done["after_kill"] += 1
+
+    async def killer() -> None:
+        if kill_at_s is None or victim is None:
+            return
+        await asyncio.sleep(kill_at_s)
+        victim.kill()
+        killed.set()
+
+    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
+    async with httpx.AsyncClient(headers={"Authorization": f"Bearer {key}"}, timeout=600, limits=limits) as client:
+        await asyncio.gather(killer(), *(one_client(client) for _ in range(clients)))
+    done["seconds"] = time.monotonic() - start
+    done["tokens_per_s"] = done["tokens"] / done["seconds"]
+    return done
+
+
+async def session_turns(url: str, key: str, model: str, sessions: int, turns: int, max_tokens: int
+                        ) -> list[list[dict[str, float]]]:
+    """`sessions` conversations at once, each `turns` streamed turns carrying its x-session-id; per session,
+    per turn: time to first token, prompt and cached tokens."""
+    import httpx
+
+    async def one_session(client: httpx.AsyncClient) -> list[dict[str, float]]:
+        created = await client.post(url + "/v1/sessions", json={"model": model})
+        created.raise_for_status()
+        headers = {"x-session-id": created.headers["x-session-id"]}
+        out = []
+        for text in TURNS[:turns]:
+            sent = time.monotonic()
+            first: float | None = None
+            usage: dict[str, Any] = {}
+            body = {**chat_body(text, max_tokens, ignore_eos=True), "model": model, "stream": True,
+                    "stream_options": {"include_usage": True}}
+            async with client.stream("POST", url + "/v1/chat/completions", json=body, headers=headers) as response:
+                response.raise_for_status()
+                async for line in response.aiter_lines():
+                    if not line.startswith("data: ") or line == "data: [DONE]":
+                        continue
+                    chunk = json.loads(line[6:])
+                    if first is None and chunk.get("choices") and chunk["choices"][0]["delta"].get("content"):
+                        first = time.monotonic()
+                    usage = chunk.get("usage") or usage
+            out.append({"ttft_s": (first or time.monotonic()) - sent, "prompt_tokens": usage["prompt_tokens"],
+                        "cached_tokens": usage["prompt_tokens_details"]["cached_tokens"]})
+        return out
+
+    async with httpx.AsyncClient(headers={"Authorization": f"Bearer {key}"}, timeout=600) as client:
+        return list(await asyncio.gather(*(one_session(client) for _ in range(sessions))))
+
+
+def check_affinity(sessions: list[list[dict[str, float]]], block_size: int) -> None:
+    for turns in sessions:
+        for before, turn in itertools.pairwise(turns):
+            if turn["cached_tokens"] < before["prompt_tokens"] - block_size:
+                raise SystemExit(f"a session turn was not served from its pinned KV: {turns}")
+
+
+def greedy_answer(url: str, key: str, model: str) -> str:
+    import httpx
+
+    response = httpx.post(url + "/v1/chat/completions", headers={"Authorization": f"Bearer {key}"}, timeout=600,
+                          json={**chat_body(PROMPT, 32), "model": model})
+    response.raise_for_status()
+    return response.json()["choices"][0]["message"]["content"]
+
+
+# ---- setup ------------------------------------------------------------------------------------------
+
+def prepare(work: Path, model_path: Path) -> tuple[str, str, str]:
+    """A migrated SQLite database both replicas share, with one tenant; (database url, key, model name)."""
+    from loraplex.platform.auth import store
+    from loraplex.platform.auth.scopes import Scope
+    from loraplex.platform.db import migrate
+    from loraplex.platform.db.session import make_db_engine, make_session_factory
+
+    database_url = f"sqlite:///{work / 'loraplex.db'}"
+    migrate.upgrade(database_url)
+    engine = make_db_engine(database_url)
+    with make_session_factory(engine)() as db:
+        tenant = store.create_tenant(db, name="bench")
+        key = store.create_api_key(db, tenant=tenant, scopes=[Scope.INFERENCE]).key
+    engine.dispose()
+    return database_url, key, model_path.name
+
+
+def machine(device: str) -> dict[str, Any]:
+    import torch
+
+    cpu = platform.processor()
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            cpu = line.split(":", 1)[1].strip()
+            break
+    gpu = torch.cuda.get_device_name(0) if device == "cuda" else None
+    return {"cpu": cpu, "cores": os.cpu_count(), "gpu": gpu,
+            "gpus": torch.cuda.device_count() if device == "cuda" else 0, "torch": torch.__version__,
+            "load_average_1m_at_end": round(os.getloadavg()[0], 2)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="CPU, small sizes, one repeat; writes nothing")
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    parser.add_argument("--random-weights", type=Path, help="a model folder (config.json + tokenizer): random weights")
+    parser.add_argument("--haproxy", default="haproxy", help="the haproxy binary")
+    parser.add_argument("--clients", type=int, default=64, help="closed-loop clients per replica")
+    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--duration", type=float, default=40.0, help="seconds of each throughput phase")
+    parser.add_argument("--sessions", type=int, default=16, help="sessions per replica")
+    parser.add_argument("--turns", type=int, default=10)
+    parser.add_argument("--out", type=Path, default=RESULT)
+    args = parser.parse_args()
+    if args.quick:
+        args.device, args.clients, args.max_tokens, args.duration = "cpu", 2, 8, 6.0
+        args.sessions, args.turns = 1, 3
+    if args.device == "cuda":
+        import torch
+
+        if torch.cuda.device_count() < 2:
+            raise SystemExit(f"two GPUs are needed, {torch.cuda.device_count()} found")
+    from loraplex.engine.model.default_model import ensure_default_model
+
+    model_path = (args.random_weights or ensure_default_model(ROOT / "data" / "models")).resolve()
+    with tempfile.TemporaryDirectory(prefix="lpx-replicas-") as tmp:
+        work = Path(tmp)
+        database_url, key, model = prepare(work, model_path)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("LORAPLEX_")}
+        env.update({"LORAPLEX_DATABASE_URL": database_url, "LORAPLEX_MIGRATE_ON_START": "false",
+                    "LORAPLEX_MODEL_PATH": str(model_path), "LORAPLEX_DEVICE": args.device,
+                    "LORAPLEX_RANDOM_WEIGHTS": str(args.random_weights is not None).lower(),
+                    "LORAPLEX_DEFAULT_RPM": "0", "LORAPLEX_DEFAULT_TPM": "0", "LORAPLEX_LOG_LEVEL": "warning",
+                    "LORAPLEX_MAX_NUM_SEQS": str(max(8, 2 * args.clients)), "LORAPLEX_MAX_PENDING_REQUESTS": "4096",
+                    "LORAPLEX_MAX_MODEL_LEN": "4096", "LORAPLEX_API_SERVERS": "1",
+                    "LORAPLEX_KV_CACHE_MEMORY_MB": "64" if args.device == "cpu" else "8192"})
+        replicas = [Replica(f"replica-{i + 1}", env, i if args.device == "cuda" else None, work) for i in range(2)]
+        balancer = None
+        try:
+            for replica in replicas:
+                wait_for(replica.url + "/healthz", replica.process, replica.log)
+            balancer, lb = start_balancer(args.haproxy, replicas, work)
+            results = run(args, replicas, lb, key, model)
+        finally:
+            if balancer is not None and balancer.poll() is None:
+                os.killpg(balancer.pid, signal.SIGTERM)
+            for replica in replicas:
+                replica.stop()
+    results["machine"] = machine(args.device)
+    print(json.dumps(results["metrics"], indent=2))
+    if not args.quick:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(results, indent=2) + "\n")
+        print(f"wrote {args.out}")
+
+
+def run(args: argparse.Namespace, replicas: list[Replica], lb: str, key: str, model: str) -> dict[str, Any]:
+    one = replicas[0]
+    answers = {url: greedy_answer(url, key, model) for url in (one.url, replicas[1].url, lb)}
+    if len(set(answers.values())) != 1:
+        raise SystemExit(f"the replicas answer differently: {answers}")
+    # warm-up, then one replica alone, then both through the balancer (each replica sees `clients`)
+    asyncio.run(closed_loop(lb, key, model, 2 * args.clients, args.max_tokens, min(5.0, args.duration)))
+    single = asyncio.run(closed_loop(one.url, key, model, args.clients, args.max_tokens, args.duration))
+    double = asyncio.run(closed_loop(lb, key, model, 2 * args.clients, args.max_tokens, args.duration))
+    print(f"throughput: one replica {single['tokens_per_s']:.0f} tok/s, two {double['tokens_per_s']:.0f} tok/s")
+
+    alone = asyncio.run(session_turns(one.url, key, model, args.sessions, args.turns, 16))
+    spread = asyncio.run(session_turns(lb, key, model, 2 * args.sessions, args.turns, 16))
+    for sessions in (alone, spread):
+        check_affinity(sessions, block_size=16)
+    last_alone = statistics.median(s[-1]["ttft_s"] for s in alone)
+    last_spread = statistics.median(s[-1]["ttft_s"] for s in spread)
+    print(f"turn-{args.turns} TTFT p50: one replica {last_alone * 1000:.1f} ms, two {last_spread * 1000:.1f} ms")
+
+    kill = asyncio.run(closed_loop(lb, key, model, 2 * args.clients, args.max_tokens, args.duration,
+                                   kill_at_s=args.duration / 3, victim=replicas[1]))
+    if kill["after_kill"] == 0:
+        raise SystemExit(f"nothing was served after the kill: {kill}")
+    print(f"kill: {kill['requests']} served ({kill['after_kill']} after the kill), {kill['failed']} lost")
+    now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return {
+        "benchmark": "replicas", "date": now,
+        "config": {"model": model, "weights": "random" if args.random_weights else "real", "device": args.device,
+                   "replicas": 2, "api_servers_per_replica": 1, "clients_per_replica": args.clients,
+                   "max_tokens": args.max_tokens, "duration_s": args.duration, "sessions_per_replica": args.sessions,
+                   "turns": args.turns, "balancer": "haproxy " + haproxy_version(args.haproxy),
+                   "database": "sqlite (shared)", "redis": None},
+        "metrics": {
+            "aggregate_throughput_ratio_2_replicas": round(double["tokens_per_s"] / single["tokens_per_s"], 3),
+            f"session_turn{args.turns}_ttft_ratio_2_replicas": round(last_spread / last_alone, 3),
+            "lost_requests_on_replica_kill": kill["failed"],
+            "tokens_per_s_1_replica": round(single["tokens_per_s"], 1),
+            "tokens_per_s_2_replicas": round(double["tokens_per_s"], 1),
+            f"turn{args.turns}_ttft_ms_p50_1_replica": round(last_alone * 1000, 2),
+            f"turn{args.turns}_ttft_ms_p50_2_replicas": round(last_spread * 1000, 2),
+            "turn1_ttft_ms_p50_2_replicas": round(statistics.median(s[0]["ttft_s"] for s in spread) * 1000, 2),
+            "requests_served_during_kill_phase": kill["requests"],
+            "requests_served_after_kill": kill["after_kill"],
+            "errors_1_replica": single["failed"], "errors_2_replicas": double["failed"],
+        },
+        "targets": {"aggregate_throughput_ratio_2_replicas": {"op": ">=", "value": 1.9},
+                    f"session_turn{args.turns}_ttft_ratio_2_replicas": {"op": "<=", "value": 1.1},
+                    "lost_requests_on_replica_kill": {"op": "==", "value": 0}},
+        "checked": True,
+    }
+
+
+def haproxy_version(binary: str) -> str:
+    out = subprocess.run([binary, "-v"], capture_output=True, text=True).stdout
+    return out.split()[2] if out.startswith("HAProxy version") else "unknown"
+
+
+if __name__ == "__main__":
+    main()
