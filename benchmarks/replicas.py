@@ -258,6 +258,7 @@ def main() -> None:
     parser.add_argument("--sessions", type=int, default=16, help="sessions per replica")
     parser.add_argument("--turns", type=int, default=10)
     parser.add_argument("--out", type=Path, default=RESULT)
+    parser.add_argument("--log-dir", type=Path, help="copy the replicas' and HAProxy's logs here at the end")
     args = parser.parse_args()
     if args.quick:
         args.device, args.clients, args.max_tokens, args.duration = "cpu", 2, 8, 6.0
@@ -293,6 +294,10 @@ def main() -> None:
                 os.killpg(balancer.pid, signal.SIGTERM)
             for replica in replicas:
                 replica.stop()
+            if args.log_dir is not None:
+                args.log_dir.mkdir(parents=True, exist_ok=True)
+                for log in work.glob("*.log"):
+                    (args.log_dir / log.name).write_bytes(log.read_bytes()[-2_000_000:])
     results["machine"] = machine(args.device)
     print(json.dumps(results["metrics"], indent=2))
     if not args.quick:
