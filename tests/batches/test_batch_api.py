@@ -274,3 +274,43 @@ def test_the_end_of_the_window_expires_the_lines_not_run(server: BatchServer) ->
     assert len(errors) == counts.failed
     assert all(e["response"] is None and e["error"]["code"] == "batch_expired" for e in errors)
     assert len(result_lines(client, done.output_file_id)) == counts.completed
+
+
+def test_portal_lists_batches_with_progress_and_downloads(server: BatchServer, tmp_path: Path) -> None:
+    chromium = Path("/usr/bin/chromium")
+    if not chromium.exists():
+        pytest.skip("needs Debian's chromium: apt-get install -y chromium")
+    from playwright.sync_api import expect, sync_playwright
+
+    client = server.client("acme")
+    done = wait_batch(client, client.batches.create(
+        input_file_id=upload(client, [chat_line("p1", "Hi."), chat_line("p2", "Bye.")]).id,
+        endpoint="/v1/chat/completions", completion_window="24h").id)
+    source = tmp_path / "from-the-page.jsonl"
+    source.write_bytes(jsonl([chat_line("page-1", "Say yes.")]))
+    problems: list[str] = []
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=str(chromium), args=["--no-sandbox", "--disable-gpu"])
+        try:
+            page = browser.new_page(accept_downloads=True)
+            page.set_default_timeout(60_000)
+            page.on("pageerror", lambda error: problems.append(str(error)))
+            page.goto(f"{server.url}/portal/signin?next=/portal/batches")
+            page.get_by_label("API key").fill(server.keys["acme"])
+            page.get_by_role("button", name="Sign in").click()
+            page.wait_for_url("**/portal/batches")
+            row = page.locator(f'tr[data-batch="{done.id}"]')
+            expect(row).to_have_attribute("data-status", "completed")
+            expect(row.locator("progress")).to_have_attribute("value", "2")
+            with page.expect_download() as downloading:
+                row.locator('[data-action="output"]').click()
+            saved = Path(downloading.value.path())
+            assert [json.loads(line)["custom_id"] for line in saved.read_text().splitlines()] == ["p1", "p2"]
+            page.set_input_files("#batch-file", str(source))
+            page.click("#batch-submit")
+            started = page.locator("tbody tr").first
+            expect(started).not_to_have_attribute("data-batch", done.id)
+            expect(started).to_have_attribute("data-status", "completed", timeout=300_000)
+        finally:
+            browser.close()
+    assert problems == []
