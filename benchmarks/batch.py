@@ -41,6 +41,7 @@ import datetime
 import io
 import json
 import os
+import shutil
 import signal
 import socket
 import statistics
@@ -80,8 +81,8 @@ class Sizes:
     restart_lines: int
 
 
-QUICK = Sizes(num_lines=12, max_tokens=6, num_adapters=2, interactive_max_tokens=6, num_quiet=5, concurrency=8,
-              restart_lines=9)
+QUICK = Sizes(num_lines=8, max_tokens=6, num_adapters=2, interactive_max_tokens=6, num_quiet=4, concurrency=8,
+              restart_lines=6)
 FULL = Sizes(num_lines=2000, max_tokens=64, num_adapters=4, interactive_max_tokens=32, num_quiet=40,
              concurrency=64, restart_lines=300)
 
@@ -139,7 +140,7 @@ def server_env(data_dir: Path, model_path: Path, args: argparse.Namespace, sizes
     settings = {
         "data_dir": data_dir, "model_path": model_path, "device": args.device, "random_weights": bool(args.random_weights),
         "max_num_seqs": sizes.concurrency, "batch_concurrency": sizes.concurrency, "batch_poll_interval_s": 0.2,
-        "batch_lease_s": 6, "default_rpm": 0, "default_tpm": 0, "log_level": "warning", "max_model_len": 1024,
+        "batch_lease_s": 3, "default_rpm": 0, "default_tpm": 0, "log_level": "warning", "max_model_len": 1024,
     }
     if args.device == "cpu":
         settings["kv_cache_memory_mb"] = 256
@@ -348,6 +349,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         lost_or_duplicated = restart_check(server, keys["batchco"], models, sizes)
     finally:
         server.stop()
+    shutil.rmtree(work, ignore_errors=True)  # kept (with the server's logs) when the run failed
 
     batch_tokens = sizes.num_lines * sizes.max_tokens
     equal = sum(online_answers[k] == v for k, v in alone_answers.items()) / len(alone_answers)
