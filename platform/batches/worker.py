@@ -85,6 +85,9 @@ class BatchWorker:
                                             skip=set(self.runs))
             if batch is None:
                 return
+            if self._stopping:  # stopped while claiming: hand it straight back
+                await asyncio.to_thread(self.repo.release, batch.id, self.owner)
+                return
             run = BatchRun(self.services, self.files, self.repo, batch, self.owner)
             self.runs[batch.id] = run
             task = asyncio.create_task(run.run(), name=f"batch-{batch.id}")
