@@ -2,12 +2,13 @@
 
 - `postgres_url`: a freshly created PostgreSQL database for this test run (dropped at the end).
 - `redis_url` + `redis_prefix`: the shared Redis with a key prefix unique to this run (keys deleted after).
-- `smollm_path` / `smollm_engine`: the bundled SmolLM2-135M-Instruct (converted once into data/models)
-  and one session-wide AsyncEngine over it.
+- `smollm_path` / `smollm_weights` / `smollm_engine`: the bundled SmolLM2-135M-Instruct (converted once into
+  data/models), its weights loaded once for every in-process engine, and one session-wide AsyncEngine over them.
 - `start_server`: a real uvicorn server on a free port (a thread of this process, sharing an engine; with
   `engine_core_address=` it talks to an engine-core process instead, as `loraplex serve` does).
 - `engine_core`: one engine-core process for the session (the e2e suite's server runs on it).
-- `api_server`: one such server with two tenants and keys of every scope; `openai_client` calls it.
+- `api_server`: one such server per test module, with two tenants and keys of every scope; `openai_client`
+  calls it.
 
 Tests marked `gpu` are skipped when CUDA is absent (run them on a machine with a GPU).
 """
@@ -24,6 +25,7 @@ from typing import Any
 
 import pytest
 import torch
+from heap import release_freed_memory
 from local_serving import free_port, serve_in_thread
 from rss_report import register as register_rss_report
 
@@ -42,6 +44,14 @@ REDIS_TEST_URL = os.environ.get("LORAPLEX_TEST_REDIS_URL", "redis://127.0.0.1:63
 
 def pytest_configure(config: pytest.Config) -> None:
     register_rss_report(config)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    """After the last test of a module its module-scoped fixtures are gone: give their memory back."""
+    yield
+    if nextitem is None or nextitem.path != item.path:
+        release_freed_memory()
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -147,12 +157,33 @@ TEST_ENGINE_CONFIG = {
 }
 
 
+@dataclass(frozen=True)
+class SmolWeights:
+    model: Any  # LlamaForCausalLM
+    config: Any  # ModelConfig
+
+
 @pytest.fixture(scope="session")
-def smollm_engine(smollm_path: Path) -> Iterator[Any]:
+def smollm_weights(smollm_path: Path) -> SmolWeights:
+    """SmolLM2 loaded once (float32, CPU, 2048 positions): every in-process engine of the run shares these
+    weights, as no engine changes its model (adapters and KV live beside it), instead of a copy per engine."""
+    from loraplex.engine.config import ModelConfig
+    from loraplex.engine.model.loader import load_model
+
+    return SmolWeights(load_model(smollm_path, TEST_ENGINE_CONFIG["max_model_len"]),
+                       ModelConfig.from_pretrained(smollm_path))
+
+
+@pytest.fixture(scope="session")
+def smollm_engine(smollm_weights: SmolWeights, smollm_path: Path) -> Iterator[Any]:
     from loraplex.engine.async_engine import AsyncEngine
     from loraplex.engine.config import EngineConfig
+    from loraplex.engine.llm_engine import LLMEngine
+    from transformers import AutoTokenizer
 
-    engine = AsyncEngine.from_model_path(smollm_path, EngineConfig(**TEST_ENGINE_CONFIG))
+    # a tokenizer of its own: the engine thread must not share one with tests running beside it
+    engine = AsyncEngine(LLMEngine(smollm_weights.model, smollm_weights.config, EngineConfig(**TEST_ENGINE_CONFIG),
+                                   AutoTokenizer.from_pretrained(smollm_path)))
     yield engine
     engine.shutdown()
 
@@ -205,13 +236,18 @@ def seed_tenants(database_url: str) -> tuple[dict[str, str], dict[str, str], dic
 
 
 ServerFactory = Callable[..., Any]
+# Each app builds its own LoRA slot pool on the shared engine (about 78 MB a slot for SmolLM2 at rank 64, float32):
+# four slots hold every trained adapter at once at less than half the default's eight.
+TEST_SERVER_SETTINGS = {"max_loras": 4}
 
 
 @pytest.fixture(scope="session")
 def start_server(
-    smollm_engine: Any, smollm_path: Path, tmp_path_factory: pytest.TempPathFactory
+    request: pytest.FixtureRequest, smollm_path: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[ServerFactory]:
-    """`with start_server(**settings_overrides) as server:` a fresh app (own SQLite DB) on the shared engine."""
+    """`with start_server(**settings_overrides) as server:` a fresh app (own SQLite DB) on the shared engine.
+
+    The shared engine is loaded the first time a server needs it: one given `engine_core_address=` does not."""
     from loraplex.platform.app import create_app
     from loraplex.platform.db import migrate
     from loraplex.platform.settings import Settings
@@ -219,12 +255,14 @@ def start_server(
     @contextmanager
     def start(**overrides: Any) -> Iterator[RunningServer]:
         data_dir = tmp_path_factory.mktemp("server")
-        values = {"data_dir": data_dir, "model_path": smollm_path, "migrate_on_start": True, **overrides}
+        values = {"data_dir": data_dir, "model_path": smollm_path, "migrate_on_start": True, **TEST_SERVER_SETTINGS,
+                  **overrides}
         settings = Settings(**values)
         migrate.upgrade(settings.resolved_database_url)
         keys, key_ids, tenants = seed_tenants(settings.resolved_database_url)
         # An app given an engine-core address connects to that process; otherwise it shares the in-process engine.
-        app = create_app(settings, engine=None if settings.engine_core_address else smollm_engine)
+        engine = None if settings.engine_core_address else request.getfixturevalue("smollm_engine")
+        app = create_app(settings, engine=engine)
         with serve_in_thread(app, free_port()) as base_url:
             yield RunningServer(base_url=base_url, app=app, settings=settings, keys=keys, key_ids=key_ids, tenants=tenants)
 
@@ -250,8 +288,9 @@ def engine_core(smollm_path: Path, tmp_path_factory: pytest.TempPathFactory) -> 
         core.stop()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def api_server(start_server: ServerFactory) -> Iterator[RunningServer]:
+    """Per module, so its LoRA pool and caches go when the module ends instead of staying for the whole run."""
     with start_server() as server:
         yield server
 

@@ -1,4 +1,4 @@
-"""Engine test fixtures: one SmolLM2 load shared by the whole run, tiny random families.
+"""Engine test fixtures: the run's one SmolLM2 load, tiny random families.
 
 Tests run with one intra-op thread: the CI box has two cores shared by
 many jobs, where a second spinning OpenMP thread costs far more than it gives.
@@ -46,19 +46,12 @@ class LoadedModel:
 
 
 @pytest.fixture(scope="session")
-def smol(smollm_path: Path) -> LoadedModel:
+def smol(smollm_path: Path, smollm_weights: Any) -> LoadedModel:
+    """The run's one copy of SmolLM2 (tests/conftest.py), with a tokenizer of the engine tests' own."""
     from transformers import AutoTokenizer
 
-    config = ModelConfig.from_pretrained(smollm_path)
-    model = load_model(smollm_path, max_model_len=2048)
-    return LoadedModel(smollm_path, model, config, AutoTokenizer.from_pretrained(smollm_path))
-
-
-@pytest.fixture(scope="session")
-def smol_hf(smollm_path: Path) -> Any:
-    from transformers import AutoModelForCausalLM
-
-    return AutoModelForCausalLM.from_pretrained(smollm_path, dtype=torch.float32).eval()
+    return LoadedModel(smollm_path, smollm_weights.model, smollm_weights.config,
+                       AutoTokenizer.from_pretrained(smollm_path))
 
 
 @pytest.fixture(scope="session")

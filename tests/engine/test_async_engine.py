@@ -11,6 +11,7 @@ from loraplex.engine.async_engine import AsyncEngine
 from loraplex.engine.config import EngineConfig
 from loraplex.engine.errors import DuplicateRequestError, InvalidRequestError, PromptTooLongError
 from loraplex.engine.protocol import EngineRequest, FinishReason, SamplingParams
+from waiting import async_wait_until
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -28,13 +29,14 @@ async def collect(engine: AsyncEngine, request: EngineRequest) -> list:
     return [out async for out in engine.generate(request)]
 
 
-async def wait_idle(engine: AsyncEngine) -> dict:
-    for _ in range(200):
+async def wait_idle(engine: AsyncEngine, *, keeps_pins: bool = False) -> dict:
+    """The engine's stats once nothing runs or waits and no block is held (`keeps_pins`: but sessions' pins)."""
+    def idle_stats() -> dict | None:
         stats = engine.stats()
-        if stats["num_running"] == 0 and stats["num_waiting"] == 0 and stats["num_blocks_used"] == 0:
-            return stats
-        await asyncio.sleep(0.02)
-    return engine.stats()
+        held = stats["num_blocks_pinned"] if keeps_pins else 0
+        return stats if stats["num_running"] == stats["num_waiting"] == 0 and stats["num_blocks_used"] == held else None
+
+    return await async_wait_until(idle_stats, timeout_s=10, what=lambda: f"an idle engine: {engine.stats()}")
 
 
 async def test_generate_streams_deltas_that_add_up(smollm_engine, chat_prompt_ids):
@@ -167,7 +169,7 @@ async def test_thousand_mixed_requests_return_every_block(smol):
     try:
         for start in range(0, 1000, 100):
             await asyncio.gather(*(one(i) for i in range(start, start + 100)))
-        stats = await wait_idle(engine)
+        stats = await wait_idle(engine, keeps_pins=True)
         assert stats["num_blocks_pinned"] > 0
         for i in range(0, 1000, 11):
             engine.release_session(f"s{i}")
@@ -195,11 +197,8 @@ async def test_session_pin_makes_the_next_turn_a_cache_hit(smollm_engine, chat_p
     out2 = await collect(smollm_engine, turn2)
     assert out2[-1].num_cached_tokens == (len(history) - 1) // 16 * 16
     smollm_engine.release_session("sess-1")
-    for _ in range(100):
-        if smollm_engine.stats()["num_blocks_pinned"] <= pinned_before:
-            break
-        await asyncio.sleep(0.02)
-    assert smollm_engine.stats()["num_blocks_pinned"] <= pinned_before
+    await async_wait_until(lambda: smollm_engine.stats()["num_blocks_pinned"] <= pinned_before, timeout_s=10,
+                           what="the released session's blocks to be unpinned")
 
 
 async def test_shutdown_ends_open_streams_and_refuses_new_work(smol):

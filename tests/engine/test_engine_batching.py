@@ -82,22 +82,3 @@ def test_n_choices_share_the_prompt_blocks(tiny):
     for index in range(3):
         assert [t for o in outputs for c in o.choices if c.index == index for t in c.token_ids] == expected
     assert engine.block_manager.num_free_blocks == engine.num_blocks
-
-
-def test_prompt_logprobs_and_logprobs_match_transformers(smol, smol_hf, chat_prompt_ids):
-    prompt = chat_prompt_ids[0]
-    engine = smol.engine(max_num_batched_tokens=16)  # prompt logprobs gathered across chunks
-    params = greedy(3, logprobs=2, prompt_logprobs=1)
-    outputs = run_to_completion(engine, [EngineRequest("lp", prompt, params)])["lp"]
-    with torch.no_grad():
-        reference = torch.log_softmax(smol_hf(torch.tensor([prompt])).logits[0].float(), dim=-1)
-    prompt_lps = outputs[0].prompt_logprobs
-    assert prompt_lps[0] is None and len(prompt_lps) == len(prompt)
-    for i in range(1, len(prompt)):
-        entry = prompt_lps[i]
-        assert entry.token_id == prompt[i]
-        assert entry.logprob == pytest.approx(float(reference[i - 1, prompt[i]]), abs=2e-3)
-        assert len(entry.top) == 1
-    first = outputs[0].choices[0].logprobs[0]
-    assert first.token_id == first.top[0][0]  # greedy picks the top token
-    assert first.logprob == pytest.approx(float(reference[-1].max()), abs=2e-3)

@@ -1,4 +1,6 @@
-"""Greedy output equals transformers `generate`, token for token, in float32."""
+"""Greedy output equals transformers `generate`, token for token, in float32, and logprobs equal its logits.
+
+The one module that loads transformers' copy of SmolLM2, so it is freed when the module ends."""
 
 from __future__ import annotations
 
@@ -8,6 +10,13 @@ from enginecore_helpers import greedy, output_tokens, run_to_completion
 from loraplex.engine.protocol import EngineRequest
 
 MAX_NEW = 24
+
+
+@pytest.fixture(scope="module")
+def smol_hf(smollm_path):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(smollm_path, dtype=torch.float32).eval()
 
 
 def hf_greedy(hf_model, prompt: list[int], max_new: int, eos: int | None) -> list[int]:
@@ -38,3 +47,22 @@ def test_tiny_random_families_match_transformers(tiny_family, family):
     outputs = run_to_completion(engine, requests)
     for i, prompt in enumerate(prompts):
         assert output_tokens(outputs[f"{family}{i}"]) == hf_greedy(hf, prompt, 20, None)
+
+
+def test_prompt_logprobs_and_logprobs_match_transformers(smol, smol_hf, chat_prompt_ids):
+    prompt = chat_prompt_ids[0]
+    engine = smol.engine(max_num_batched_tokens=16)  # prompt logprobs gathered across chunks
+    params = greedy(3, logprobs=2, prompt_logprobs=1)
+    outputs = run_to_completion(engine, [EngineRequest("lp", prompt, params)])["lp"]
+    with torch.no_grad():
+        reference = torch.log_softmax(smol_hf(torch.tensor([prompt])).logits[0].float(), dim=-1)
+    prompt_lps = outputs[0].prompt_logprobs
+    assert prompt_lps[0] is None and len(prompt_lps) == len(prompt)
+    for i in range(1, len(prompt)):
+        entry = prompt_lps[i]
+        assert entry.token_id == prompt[i]
+        assert entry.logprob == pytest.approx(float(reference[i - 1, prompt[i]]), abs=2e-3)
+        assert len(entry.top) == 1
+    first = outputs[0].choices[0].logprobs[0]
+    assert first.token_id == first.top[0][0]  # greedy picks the top token
+    assert first.logprob == pytest.approx(float(reference[-1].max()), abs=2e-3)

@@ -12,6 +12,7 @@ import pytest
 from enginecore_helpers import greedy, output_text, output_tokens, run_to_completion
 from loraplex.engine.output.text import OutputStream, RequestText, merge
 from loraplex.engine.protocol import ChoiceDelta, EngineRequest, FinishReason, RequestOutput
+from waiting import async_wait_until
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -97,10 +98,10 @@ async def test_a_stop_string_through_the_async_engine_stops_the_request_and_coun
     delivered = [t for o in outs for c in o.choices for t in c.token_ids]
     assert last.num_output_tokens == len(delivered) < 40
     assert "".join(c.text for o in outs for c in o.choices) == text[: text.index(stop)]
-    for _ in range(100):  # the engine stopped it (not aborted): its blocks are free and its session pinned
-        if smollm_engine.engine.session_state("stop-session") == "pinned" and "stop-t" not in smollm_engine.engine.requests:
-            break
-        await asyncio.sleep(0.02)
+    # the engine stopped it (not aborted): its blocks are free and its session pinned
+    await async_wait_until(lambda: smollm_engine.engine.session_state("stop-session") == "pinned"
+                           and "stop-t" not in smollm_engine.engine.requests, timeout_s=10,
+                           what="the stopped request to end with its session pinned")
     assert "stop-t" not in smollm_engine.engine.requests
     assert smollm_engine.engine.session_state("stop-session") == "pinned"
     after = smollm_engine.engine.stats()

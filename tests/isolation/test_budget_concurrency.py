@@ -3,11 +3,11 @@ reservations live in the database): the tenant overspends by at most one request
 
 from __future__ import annotations
 
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
+from waiting import wait_until
 
 BUDGET_TOKENS = 300
 MAX_TOKENS = 12
@@ -44,13 +44,12 @@ def test_concurrent_requests_overspend_by_at_most_one_reservation(server):
 
     # The ledger (what the tenant is charged) agrees once the meter has written every event.
     usage_key = {"Authorization": f"Bearer {server.keys['usage']}"}
-    deadline = time.monotonic() + 30
-    while True:
+
+    def tenant_used() -> int:
         budgets = httpx.get(f"{server.base_url}/v1/usage/budgets", headers=usage_key).json()["data"]
-        used = next(b["used_tokens"] for b in budgets if b["scope"] == "tenant")
-        if used == billed or time.monotonic() > deadline:
-            break
-        time.sleep(0.2)
-    assert used == billed
+        return next(b["used_tokens"] for b in budgets if b["scope"] == "tenant")
+
+    wait_until(lambda: tenant_used() == billed, timeout_s=30, interval_s=0.2,
+               what=lambda: f"the ledger to show {billed} tokens used, not {tenant_used()}")
     late = call(0)
     assert late.status_code == 429 and late.json()["error"]["code"] == "insufficient_quota"

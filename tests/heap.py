@@ -1,0 +1,32 @@
+"""Giving freed memory back to the OS between test modules.
+
+A module-scoped model, server or engine that is torn down frees its tensors, but glibc keeps most of
+them: its heap grows in place (the threshold above which it maps large blocks of their own rises with
+every such block freed) and only its top is returned by itself. Loading SmolLM2 three times in a row
+and dropping it each time leaves the process at about 1.3 GB instead of 0.4 GB. `malloc_trim(0)` hands
+every free page of every arena back, so memory that a module's fixtures released really goes.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import gc
+from functools import cache
+
+
+@cache
+def _libc() -> ctypes.CDLL | None:
+    name = ctypes.util.find_library("c")
+    if name is None:
+        return None
+    libc = ctypes.CDLL(name)
+    return libc if hasattr(libc, "malloc_trim") else None  # musl and macOS have none
+
+
+def release_freed_memory() -> None:
+    """Collect reference cycles (apps, closures, threads' frames), then return free heap pages to the OS."""
+    gc.collect()
+    libc = _libc()
+    if libc is not None:
+        libc.malloc_trim(0)
