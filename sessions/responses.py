@@ -47,6 +47,8 @@ class StoredResponse:
     conversation: list[dict[str, Any]]           # chat messages a continuation sees before its own input
     previous_response_id: str | None = None
     pin_key: str | None = None                   # the engine session key its KV is pinned under
+    session_key: str | None = None               # the chain's affinity key (its first response's id)
+    replica_id: str | None = None                # the replica whose engine holds the pinned KV
     created_at: float = field(default_factory=time.time)
     expires_at: float = 0.0
 

@@ -13,6 +13,7 @@ from typing import Any
 
 from loraplex.engine.errors import EngineError
 from loraplex.engine.protocol import FinishReason, RequestOutput
+from loraplex.platform.affinity import chain_key
 from loraplex.platform.api.generation import Generation
 from loraplex.platform.api.keepalive import PrimedOutputs
 from loraplex.platform.api.stream_tail import ChoiceFailed
@@ -59,7 +60,8 @@ async def _store(turn: ResponseTurn, chains: ResponseChains, gen: Generation, bo
         id=turn.response_id, tenant_id=gen.prepared.tenant_id, model=turn.body.model, body=body,
         input_items=turn.input_items, conversation=turn.conversation_after(body["output"]),
         previous_response_id=turn.body.previous_response_id, pin_key=gen.prepared.session_id,
-        created_at=float(turn.created_at),
+        created_at=float(turn.created_at), session_key=chain_key(turn.parent, turn.response_id),
+        replica_id=gen.services.settings.replica_id,
     )
     await chains.save(record, parent=turn.parent)
     turn.stored = True

@@ -80,3 +80,37 @@ def test_a_turn_whose_kv_another_replica_holds_is_counted_as_moved(api_server: A
     again = chat(api_server, "Still there?", session_id=session_id)
     assert again.status_code == 200, again.text
     assert moved_turns(api_server) == before + 1
+
+
+def respond(server: Any, text: str, headers: dict[str, str] | None = None, **body: Any) -> httpx.Response:
+    return httpx.post(server.base_url + "/v1/responses", headers={**auth(server), **(headers or {})}, timeout=120,
+                      json={"model": MODEL, "input": text, "max_output_tokens": 4, "temperature": 0, **body})
+
+
+def test_a_responses_chain_is_keyed_by_its_first_response(api_server: Any) -> None:
+    first = respond(api_server, "My name is Ada.")
+    assert first.status_code == 200, first.text
+    root = first.json()["id"]
+    assert first.headers["x-session-id"] == root
+    # the previous response named by a header, then by the body: the key stays the chain's first response
+    second = respond(api_server, "What is my name?", {"x-previous-response-id": root})
+    assert second.status_code == 200, second.text
+    assert second.json()["previous_response_id"] == root and second.headers["x-session-id"] == root
+    assert second.json()["usage"]["input_tokens_details"]["cached_tokens"] > 0
+    third = respond(api_server, "Thanks.", previous_response_id=second.json()["id"])
+    assert third.headers["x-session-id"] == root
+    conflict = respond(api_server, "Hi", {"x-previous-response-id": root}, previous_response_id=third.json()["id"])
+    assert conflict.status_code == 400 and conflict.json()["error"]["param"] == "previous_response_id"
+
+
+def test_a_continuation_whose_kv_another_replica_holds_is_counted_as_moved(api_server: Any) -> None:
+    first = respond(api_server, "Hello there.").json()
+    before = moved_turns(api_server)
+    assert respond(api_server, "Again.", previous_response_id=first["id"]).status_code == 200
+    assert moved_turns(api_server) == before
+    chains = api_server.services.extensions.domain_state["responses"]
+    record = chains.store.get(api_server.tenants["acme"], first["id"])
+    record.replica_id = "another-replica"  # as if another replica had answered it
+    chains.store.put(record)
+    assert respond(api_server, "Still there?", previous_response_id=first["id"]).status_code == 200
+    assert moved_turns(api_server) == before + 1
