@@ -1,0 +1,265 @@
+"""Noisy neighbour on a GPU: one tenant's flood of long streams against a quiet tenant's time to first token.
+
+A real `loraplex serve` (engine-core process + API servers) on the GPU, SmolLM2-135M shapes with random
+weights, default settings but rate limits off. A flood tenant opens N concurrent streams of 1,000 tokens
+(N = 64, then 256: the server's whole `max_pending_requests`) from its own client process, while a quiet
+tenant sends 16-token streams one at a time from this process and times the first token. The quiet p95 comes
+from the same server before the floods. The same floods run again on a server with fair sharing off: all
+tenants' tokens per second with fair sharing over without it says whether fairness wastes the GPU.
+
+Checked before timed: every victim reply is a 200 stream with its 16 tokens; every flood stream is a 200 with
+its 1,000 tokens or a 429 naming the tenant's share (never a 5xx).
+
+    python benchmarks/noisy_neighbor_gpu.py          # GPU: merges gpu_flood_* into results/noisy_neighbor.json
+    python benchmarks/noisy_neighbor_gpu.py --quick  # CPU, small sizes, fair sharing on only; writes nothing
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import datetime
+import json
+import statistics
+import sys
+import tempfile
+import time
+from datetime import UTC
+from multiprocessing import get_context
+from pathlib import Path
+from typing import Any
+
+import httpx
+from api_overhead import ServedProcesses
+from loraplex.engine.host_info import cpu_benchmark_machine
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULT = ROOT / "benchmarks" / "results" / "noisy_neighbor.json"
+MODEL = "SmolLM2-135M-Instruct"
+TARGET_TTFT_RATIO, TARGET_THROUGHPUT_RATIO = 2.0, 0.9
+
+
+class FloodServer(ServedProcesses):
+    setting_names = (*ServedProcesses.setting_names, "fair_sharing")
+
+
+def server_settings(data_dir: Path, model_path: Path, *, gpu: bool, fair: bool, max_tokens: int) -> Any:
+    from loraplex.platform.settings import Settings
+
+    return Settings(
+        data_dir=data_dir, model_path=model_path, device="cuda" if gpu else "cpu", random_weights=gpu,
+        default_rpm=0, default_tpm=0, log_level="warning", fair_sharing=fair,
+        max_model_len=max(2048, 128 + max_tokens), kv_cache_memory_mb=4096 if gpu else 128,
+        # Settings' defaults otherwise (max_num_seqs 64, max_pending_requests 256); the benchmark's API
+        # servers get what `serve` picks for the machine.
+    )
+
+
+def seed_keys(database_url: str) -> dict[str, str]:
+    from loraplex.platform.auth import store
+    from loraplex.platform.auth.scopes import Scope
+    from loraplex.platform.db import migrate
+    from loraplex.platform.db.session import make_db_engine, make_session_factory
+
+    migrate.upgrade(database_url)
+    engine = make_db_engine(database_url)
+    with make_session_factory(engine)() as db:
+        keys = {name: store.create_api_key(db, tenant=store.create_tenant(db, name=name), scopes=[Scope.INFERENCE]).key
+                for name in ("victim", "flood")}
+    engine.dispose()
+    return keys
+
+
+# ---- the flood: its own process, asyncio streams ---------------------------------------------------
+
+async def _flood(base_url: str, key: str, num_streams: int, max_tokens: int) -> dict[str, Any]:
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "Write a very long story."}],
+            "max_tokens": max_tokens, "ignore_eos": True, "temperature": 0.8, "stream": True,
+            "stream_options": {"include_usage": True}}
+    counts = {"tokens": 0, "served": 0, "refused": 0, "errors": []}
+
+    async def one(client: httpx.AsyncClient) -> None:
+        async with client.stream("POST", "/chat/completions", json=body) as reply:
+            if reply.status_code == 429:
+                await reply.aread()
+                code = reply.json()["error"]["code"]
+                if code != "tenant_share_exceeded":
+                    counts["errors"].append(f"429 {code}")
+                counts["refused"] += 1
+                return
+            if reply.status_code != 200:
+                counts["errors"].append(f"{reply.status_code} {(await reply.aread())[:200]!r}")
+                return
+            tail = b""
+            async for raw in reply.aiter_raw():  # bytes as they come: the client must never be the bottleneck
+                tail = (tail + raw)[-4096:]
+            usage = None
+            for line in tail.decode(errors="replace").splitlines():
+                if line.startswith("data: {") and '"usage"' in line:  # the include_usage chunk (and nulls)
+                    with contextlib.suppress(ValueError):
+                        usage = json.loads(line[6:]).get("usage") or usage
+            if not usage or usage["completion_tokens"] != max_tokens:
+                counts["errors"].append(f"stream ended short: {usage}")
+                return
+            counts["tokens"] += usage["completion_tokens"]
+            counts["served"] += 1
+
+    limits = httpx.Limits(max_connections=num_streams + 8, max_keepalive_connections=num_streams + 8)
+    async with httpx.AsyncClient(base_url=base_url, headers={"Authorization": f"Bearer {key}"}, timeout=900,
+                                 limits=limits) as client:
+        start = time.perf_counter()
+        await asyncio.gather(*(one(client) for _ in range(num_streams)))
+        counts["wall_s"] = time.perf_counter() - start
+    return counts
+
+
+def flood_worker(conn: Any, base_url: str, key: str, num_streams: int, max_tokens: int) -> None:
+    conn.recv()  # "go"
+    conn.send(asyncio.run(_flood(base_url, key, num_streams, max_tokens)))
+
+
+def split(num_streams: int, gpu: bool) -> list[int]:
+    """The flood's streams over client processes (32 a process on the GPU run: the client is never the limit)."""
+    num_processes = max(1, num_streams // 32) if gpu else 1
+    return [num_streams // num_processes + (i < num_streams % num_processes) for i in range(num_processes)]
+
+
+class Flood:
+    def __init__(self, base_url: str, key: str, num_streams: int, max_tokens: int) -> None:
+        self.conn, child = get_context("spawn").Pipe()
+        self.process = get_context("spawn").Process(target=flood_worker, args=(child, base_url, key, num_streams,
+                                                                                max_tokens), daemon=True)
+        self.process.start()
+
+    def result(self) -> dict[str, Any]:
+        out = self.conn.recv()
+        self.process.join(timeout=60)
+        return out
+
+
+# ---- the victim ---------------------------------------------------------------------------------------
+
+def victim_request(client: httpx.Client, num_tokens: int) -> tuple[float, int]:
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "Say hi."}], "max_tokens": num_tokens,
+            "ignore_eos": True, "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}
+    start = time.perf_counter()
+    ttft = None
+    usage = None
+    with client.stream("POST", "/chat/completions", json=body) as reply:
+        if reply.status_code != 200:
+            raise RuntimeError(f"victim request failed: {reply.status_code} {reply.read()[:300]!r}")
+        for line in reply.iter_lines():
+            if not line.startswith("data: {"):
+                continue
+            chunk = json.loads(line[6:])
+            if ttft is None and chunk.get("choices") and chunk["choices"][0]["delta"].get("content"):
+                ttft = time.perf_counter() - start
+            usage = chunk.get("usage") or usage
+    if ttft is None or not usage or usage["completion_tokens"] != num_tokens:
+        raise RuntimeError(f"victim stream incomplete: ttft={ttft} usage={usage}")
+    return ttft, usage["completion_tokens"]
+
+
+def p95(values: list[float]) -> float:
+    return statistics.quantiles(values, n=100, method="inclusive")[94] if len(values) > 1 else values[0]
+
+
+def run_server(data_dir: Path, model_path: Path, *, gpu: bool, fair: bool, sizes: list[int], max_tokens: int,
+               victim_tokens: int, num_quiet: int) -> dict[str, Any]:
+    settings = server_settings(data_dir, model_path, gpu=gpu, fair=fair, max_tokens=max_tokens)
+    keys = seed_keys(settings.resolved_database_url)
+    server = FloodServer(settings, api_servers=4 if gpu else 1)
+    out: dict[str, Any] = {}
+    try:
+        server.wait_healthy()
+        with httpx.Client(base_url=server.base_url, headers={"Authorization": f"Bearer {keys['victim']}"},
+                          timeout=900) as client:
+            for _ in range(3):
+                victim_request(client, victim_tokens)  # warm-up
+            out["quiet_ttft_s"] = [victim_request(client, victim_tokens)[0] for _ in range(num_quiet)]
+            for size in sizes:
+                floods = [Flood(server.base_url, keys["flood"], part, max_tokens) for part in split(size, gpu)]
+                for flood_process in floods:
+                    flood_process.conn.send("go")
+                time.sleep(1.0 if gpu else 3.0)  # the flood holds its streams before the victim is timed
+                ttfts, victim_tokens_total = [], 0
+                while not all(f.conn.poll() for f in floods):
+                    ttft, tokens = victim_request(client, victim_tokens)
+                    ttfts.append(ttft)
+                    victim_tokens_total += tokens
+                parts = [f.result() for f in floods]
+                flood = {"errors": [e for p in parts for e in p["errors"]], "served": sum(p["served"] for p in parts),
+                         "refused": sum(p["refused"] for p in parts), "tokens": sum(p["tokens"] for p in parts),
+                         "wall_s": max(p["wall_s"] for p in parts)}
+                if flood["errors"]:
+                    raise RuntimeError(f"flood of {size}: {flood['errors'][:3]}")
+                out[f"flood_{size}"] = {
+                    "victim_ttft_s": ttfts, "flood_served": flood["served"], "flood_refused": flood["refused"],
+                    "tokens_per_s": (flood["tokens"] + victim_tokens_total) / flood["wall_s"],
+                    "wall_s": flood["wall_s"],
+                }
+                print(f"fair={fair} flood={size}: victim ttft p95 {p95(ttfts) * 1e3:.1f} ms over {len(ttfts)} requests "
+                      f"(quiet {p95(out['quiet_ttft_s']) * 1e3:.1f} ms); {out[f'flood_{size}']['tokens_per_s']:.0f} "
+                      f"tokens/s; flood served {flood['served']}, refused {flood['refused']}", flush=True)
+    finally:
+        server.stop()
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="CPU, small sizes, fair sharing on only; writes nothing")
+    args = parser.parse_args()
+    import torch
+    from loraplex.engine.model.default_model import ensure_default_model
+
+    gpu = torch.cuda.is_available() and not args.quick
+    model_path = ROOT / ".bench_model" / "SmolLM2-135M-Instruct" if gpu else ensure_default_model(ROOT / "data" / "models")
+    sizes, max_tokens, victim_tokens, num_quiet = ([64, 256], 1000, 16, 30) if gpu else ([6], 24, 4, 3)
+    runs = {}
+    for fair in ([True, False] if gpu else [True]):
+        with tempfile.TemporaryDirectory(prefix="flood-") as tmp:
+            runs[fair] = run_server(Path(tmp), model_path, gpu=gpu, fair=fair, sizes=sizes, max_tokens=max_tokens,
+                                    victim_tokens=victim_tokens, num_quiet=num_quiet)
+    fair_run = runs[True]
+    quiet = p95(fair_run["quiet_ttft_s"])
+    metrics: dict[str, float] = {"gpu_flood_quiet_ttft_ms_p95": quiet * 1e3}
+    for size in sizes:
+        flood = fair_run[f"flood_{size}"]
+        metrics[f"gpu_flood_{size}_victim_ttft_ms_p95"] = p95(flood["victim_ttft_s"]) * 1e3
+        metrics[f"gpu_flood_{size}_victim_ttft_p95_ratio"] = p95(flood["victim_ttft_s"]) / quiet
+        metrics[f"gpu_flood_{size}_tokens_per_s"] = flood["tokens_per_s"]
+        metrics[f"gpu_flood_{size}_refused_for_share"] = flood["flood_refused"]
+        if False in runs:
+            off = runs[False][f"flood_{size}"]
+            metrics[f"gpu_flood_{size}_tokens_per_s_fair_off"] = off["tokens_per_s"]
+            metrics[f"gpu_flood_{size}_total_throughput_ratio"] = flood["tokens_per_s"] / off["tokens_per_s"]
+            metrics[f"gpu_flood_{size}_victim_ttft_ms_p95_fair_off"] = p95(off["victim_ttft_s"]) * 1e3
+    metrics["gpu_flood_victim_ttft_p95_ratio"] = max(metrics[f"gpu_flood_{s}_victim_ttft_p95_ratio"] for s in sizes)
+    metrics["gpu_flood_victim_errors"] = 0  # a victim error raises before this point
+    if False in runs:
+        metrics["gpu_flood_total_throughput_ratio"] = min(metrics[f"gpu_flood_{s}_total_throughput_ratio"]
+                                                          for s in sizes)
+    for name, value in metrics.items():
+        print(f"{name:<52}{value:>12.3f}")
+    if args.quick or not gpu:
+        return
+    result = json.loads(RESULT.read_text()) if RESULT.exists() else {"benchmark": "noisy_neighbor", "metrics": {},
+                                                                      "targets": {}, "checked": True}
+    result["metrics"].update(metrics)
+    result["targets"].update({"gpu_flood_victim_ttft_p95_ratio": {"op": "<=", "value": TARGET_TTFT_RATIO},
+                              "gpu_flood_total_throughput_ratio": {"op": ">=", "value": TARGET_THROUGHPUT_RATIO}})
+    result.setdefault("config", {})["gpu_flood"] = {
+        "date": datetime.datetime.now(UTC).isoformat(timespec="seconds"),
+        "machine": {**cpu_benchmark_machine(), "gpu": torch.cuda.get_device_name()},
+        "model": f"{MODEL} shapes, random weights, bfloat16 default", "server": "loraplex serve, 4 API servers, "
+        "default settings but rate limits off", "flood": f"{sizes} concurrent streams x {max_tokens} tokens, one "
+        "tenant, its own client process", "victim": f"{victim_tokens}-token streams one at a time, TTFT",
+        "throughput": "all tenants' tokens/s during the flood, fair sharing on over off"}
+    RESULT.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {RESULT.relative_to(ROOT)}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
