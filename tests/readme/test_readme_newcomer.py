@@ -168,3 +168,17 @@ def test_extensions_and_errors(example: Example, make_serve: MakeServe, placehol
     assert run.printed[0].strip() in ("yes", "no")
     status, param, code = run.printed[1].split()
     assert (status, param) == ("400", "suffix") and code != "None", run.printed
+
+
+@readme_example("api-batch-python")
+def test_batch_api_example(example: Example, make_serve: MakeServe, placeholders: dict[str, str],
+                           calling_run: PythonRun) -> None:
+    run = run_python(example, placeholders, namespace=dict(calling_run.namespace), cwd=make_serve.workdir)
+    batch = run.namespace["batch"]
+    assert batch.status == "completed" and batch.request_counts.completed == 2, batch
+    assert run.printed[0].split(" ", 2)[:2] == ["completed", "2"], run.printed
+    results = {result["custom_id"]: result for result in run.namespace["results"]}
+    assert set(results) == {"q0", "q1"}
+    for result in results.values():
+        assert result["error"] is None and result["response"]["status_code"] == 200, result
+        assert result["response"]["body"]["choices"][0]["message"]["content"].strip()
