@@ -45,6 +45,7 @@ from loraplex.engine.sequence import Sequence, SequenceStatus
 SERVICE_DECAY = 0.9  # per step: "recent" service fades, so a tenant's past burst is forgotten
 DECODE_YIELD_PERIOD = 3  # a yielding decode runs in one step of this many (more when many yield together)
 MAX_DECODE_YIELD_PERIOD = 12
+FLOOD_MIN_SEQS, FLOOD_RATIO = 4, 4  # a tenant running this many sequences, this many times another's, floods
 
 
 def yield_period(num_yielding: int) -> int:
@@ -165,8 +166,10 @@ class Scheduler:
         if self.fair_sharing:
             self._preempt_for_fairness(out)
         yielding = self._yielding_decodes()
-        if self.num_steps % yield_period(len(yielding)) == 0:
-            yielding = set()  # the long decodes' step
+        flooding = self._flooding_tenants()
+        num_sitting_out = len(yielding | {s.seq_id for s in self.running if s.tenant_id in flooding})
+        if self.num_steps % yield_period(num_sitting_out) == 0:
+            yielding, flooding = set(), set()  # the long decodes' step
         # Decodes first, then prefill chunks, each group in admission order.
         order = sorted(self.running, key=lambda s: s.num_uncomputed_tokens > 1)
         caps = self._prefill_caps(order, budget, yielding)
@@ -175,7 +178,7 @@ class Scheduler:
                 break
             if seq.status is not SequenceStatus.RUNNING:
                 continue  # preempted earlier in this loop
-            if seq.seq_id in yielding:
+            if seq.seq_id in yielding or seq.tenant_id in flooding:
                 self.num_yielded_decodes += 1
                 continue
             num_new = min(seq.num_uncomputed_tokens, budget)
@@ -188,7 +191,7 @@ class Scheduler:
                 continue
             budget -= self._schedule_seq(seq, num_new, out)
         if out.num_preempted == 0:
-            self._admit(budget, out)
+            self._admit(budget, out, skip_tenants=flooding)
         return out
 
     # ---- fair sharing -----------------------------------------------------------------------
@@ -270,6 +273,28 @@ class Scheduler:
                 yielding.add(seq.seq_id)
         return yielding
 
+    def _flooding_tenants(self) -> set[str]:
+        """Tenants running many sequences while another tenant runs or waits with few (CPU, with decode
+        yielding on): in the steps the long decodes sit out, all of a flooding tenant's work sits out too (its
+        young decodes, prefill chunks and admissions), so the few-sequence tenant's steps cost near what they
+        cost alone; the flood still runs one step in `yield_period`."""
+        if not self.decode_yield_min_tokens or not self.running:
+            return set()
+        counts: dict[str, int] = {}
+        for seq in self.running:
+            counts[seq.tenant_id] = counts.get(seq.tenant_id, 0) + 1
+        for tenant, queue in self.waiting.items():
+            if queue and tenant not in counts:
+                counts[tenant] = 1  # a tenant whose request waits counts as running one
+        if len(counts) < 2:
+            return set()
+        flooding = set()
+        for tenant, count in counts.items():
+            fewest_other = min(c for t, c in counts.items() if t != tenant)
+            if count >= FLOOD_MIN_SEQS and count >= FLOOD_RATIO * fewest_other:
+                flooding.add(tenant)
+        return flooding
+
     def _make_room(self, seq: Sequence, num_new: int, out: SchedulerOutput) -> bool:
         """Free blocks for `seq`: drop session pins first (oldest first), then preempt the newest."""
         while not self.block_manager.can_append(seq, num_new):
@@ -334,9 +359,9 @@ class Scheduler:
             i = out.seqs.index(seq)
             del out.seqs[i], out.num_new_tokens[i]
 
-    def _admit(self, budget: int, out: SchedulerOutput) -> None:
+    def _admit(self, budget: int, out: SchedulerOutput, skip_tenants: set[str] | None = None) -> None:
         while budget > 0 and len(self.running) < self.max_num_seqs:
-            seq = self._next_waiting()
+            seq = self._next_waiting(skip_tenants)
             if seq is None:
                 return
             first_time = seq.num_cached_tokens < 0
@@ -358,7 +383,7 @@ class Scheduler:
             self.running.append(seq)
             budget -= self._schedule_seq(seq, num_new, out)
 
-    def _next_waiting(self) -> Sequence | None:
+    def _next_waiting(self, skip_tenants: set[str] | None = None) -> Sequence | None:
         """Interactive work first; then the tenant furthest under its slot share (running over weight), then
         the one with the least recent service per weight; within a tenant by `admission_key`."""
         best: Sequence | None = None
@@ -368,6 +393,8 @@ class Scheduler:
             if not seq.background:
                 num_running[seq.tenant_id] = num_running.get(seq.tenant_id, 0) + 1
         for tenant, queue in self.waiting.items():
+            if skip_tenants and tenant in skip_tenants:
+                continue
             ready = [s for s in queue if self._is_ready(s)]
             if not ready:
                 continue

@@ -196,3 +196,20 @@ def test_off_means_first_come_first_served_slots():
     sched.add(victim)
     out = sched.schedule()
     assert victim not in out.seqs and sched.num_fairness_preemptions == 0
+
+
+def test_on_the_cpu_a_flooding_tenant_sits_out_with_its_long_decodes_but_still_advances():
+    bm = BlockManager(2000, 16)
+    sched = Scheduler(bm, max_num_batched_tokens=512, max_num_seqs=32, decode_yield_min_tokens=16)
+    flood = [seq(20, "flood") for _ in range(24)]
+    for s in flood:
+        sched.add(s)
+    run(sched, bm, 4)  # the flood runs alone: every step
+    assert all(len(s.token_ids) == 24 for s in flood)
+    victim = seq(12, "quiet")
+    sched.add(victim)
+    outs = run(sched, bm, 14)  # the quiet request stays short (under 16 tokens) all along
+    flood_steps = [out for out in outs if any(s.tenant_id == "flood" for s in out.seqs)]
+    assert all(victim in out.seqs for out in outs), "the quiet request runs every step"
+    assert 1 <= len(flood_steps) <= 14 // 3, "the flood runs in few of the steps, never none"
+    assert all(s.tenant_id == "quiet" for out in outs if out not in flood_steps for s in out.seqs)
