@@ -123,44 +123,62 @@ def chat_body(content: Any, max_tokens: int, **extra: Any) -> dict[str, Any]:
     return {"messages": messages, "max_tokens": max_tokens, "temperature": 0, **extra}
 
 
-async def closed_loop(url: str, key: str, model: str, clients: int, max_tokens: int, duration_s: float,
-                      kill_at_s: float | None = None, victim: Replica | None = None) -> dict[str, Any]:
-    """`clients` loops sending one request after another for `duration_s`; tokens, requests and failures."""
+async def _closed_loop(url: str, key: str, model: str, clients: int, max_tokens: int, until: float
+                       ) -> list[tuple[float, int, str]]:
+    """One process's clients, each sending one request after another until `until` (wall clock); per request:
+    (when it ended, tokens generated, "" or what went wrong)."""
     import httpx
 
-    done = {"tokens": 0, "requests": 0, "failed": 0, "after_kill": 0}
-    start = time.monotonic()
-    killed = asyncio.Event()
+    records: list[tuple[float, int, str]] = []
 
     async def one_client(client: httpx.AsyncClient) -> None:
-        while time.monotonic() - start < duration_s:
+        while time.time() < until:
             try:
                 response = await client.post(url + "/v1/chat/completions", json={
                     **chat_body(PROMPT, max_tokens, ignore_eos=True), "model": model})
-                ok = response.status_code == 200
-            except httpx.HTTPError:
-                ok = False
-            if not ok:
-                done["failed"] += 1
-                continue
-            done["requests"] += 1
-            done["tokens"] += response.json()["usage"]["completion_tokens"]
-            if killed.is_set():
-                done["after_kill"] += 1
-
-    async def killer() -> None:
-        if kill_at_s is None or victim is None:
-            return
-        await asyncio.sleep(kill_at_s)
-        victim.kill()
-        killed.set()
+                error = "" if response.status_code == 200 else f"HTTP {response.status_code}"
+                tokens = response.json()["usage"]["completion_tokens"] if not error else 0
+            except httpx.HTTPError as exc:
+                error, tokens = type(exc).__name__, 0
+            records.append((time.time(), tokens, error))
 
     limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
     async with httpx.AsyncClient(headers={"Authorization": f"Bearer {key}"}, timeout=600, limits=limits) as client:
-        await asyncio.gather(killer(), *(one_client(client) for _ in range(clients)))
-    done["seconds"] = time.monotonic() - start
-    done["tokens_per_s"] = done["tokens"] / done["seconds"]
-    return done
+        await asyncio.gather(*(one_client(client) for _ in range(clients)))
+    return records
+
+
+def _closed_loop_process(url: str, key: str, model: str, clients: int, max_tokens: int, until: float
+                         ) -> list[tuple[float, int, str]]:
+    return asyncio.run(_closed_loop(url, key, model, clients, max_tokens, until))
+
+
+def closed_loop(url: str, key: str, model: str, clients: int, max_tokens: int, duration_s: float, processes: int,
+                kill_at_s: float | None = None, victim: Replica | None = None) -> dict[str, Any]:
+    """`clients` closed-loop clients spread over `processes` client processes (one Python process holding many
+    httpx clients tops out near 80 requests/s and would measure itself); optionally SIGKILL `victim` on the way."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    start = time.time()
+    until = start + duration_s
+    shares = [clients // processes + (i < clients % processes) for i in range(processes)]
+    with ProcessPoolExecutor(processes, mp_context=multiprocessing.get_context("spawn")) as pool:
+        futures = [pool.submit(_closed_loop_process, url, key, model, n, max_tokens, until) for n in shares if n]
+        killed_at = None
+        if kill_at_s is not None and victim is not None:
+            time.sleep(max(start + kill_at_s - time.time(), 0))
+            victim.kill()
+            killed_at = time.time()
+        records = [record for future in futures for record in future.result()]
+    seconds = max(r[0] for r in records) - start if records else duration_s
+    errors = [r[2] for r in records if r[2]]
+    return {
+        "requests": len(records) - len(errors), "failed": len(errors), "tokens": sum(r[1] for r in records),
+        "seconds": seconds, "tokens_per_s": sum(r[1] for r in records) / seconds,
+        "after_kill": sum(1 for r in records if killed_at is not None and r[0] > killed_at and not r[2]),
+        "error_kinds": {kind: errors.count(kind) for kind in sorted(set(errors))},
+    }
 
 
 async def session_turns(url: str, key: str, model: str, sessions: int, turns: int, max_tokens: int
@@ -195,6 +213,24 @@ async def session_turns(url: str, key: str, model: str, sessions: int, turns: in
 
     async with httpx.AsyncClient(headers={"Authorization": f"Bearer {key}"}, timeout=600) as client:
         return list(await asyncio.gather(*(one_session(client) for _ in range(sessions))))
+
+
+def _session_process(url: str, key: str, model: str, sessions: int, turns: int, max_tokens: int
+                     ) -> list[list[dict[str, float]]]:
+    return asyncio.run(session_turns(url, key, model, sessions, turns, max_tokens))
+
+
+def spread_sessions(url: str, key: str, model: str, sessions: int, turns: int, max_tokens: int, processes: int
+                    ) -> list[list[dict[str, float]]]:
+    """`session_turns` with the sessions spread over client processes (at most 4 sessions a process)."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    processes = max(1, min(processes, (sessions + 3) // 4))
+    shares = [sessions // processes + (i < sessions % processes) for i in range(processes)]
+    with ProcessPoolExecutor(processes, mp_context=multiprocessing.get_context("spawn")) as pool:
+        futures = [pool.submit(_session_process, url, key, model, n, turns, max_tokens) for n in shares if n]
+        return [session for future in futures for session in future.result()]
 
 
 def check_affinity(sessions: list[list[dict[str, float]]], block_size: int) -> None:
@@ -253,6 +289,7 @@ def main() -> None:
     parser.add_argument("--random-weights", type=Path, help="a model folder (config.json + tokenizer): random weights")
     parser.add_argument("--haproxy", default="haproxy", help="the haproxy binary")
     parser.add_argument("--clients", type=int, default=64, help="closed-loop clients per replica")
+    parser.add_argument("--client-processes", type=int, default=8, help="client processes per replica's clients")
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--duration", type=float, default=40.0, help="seconds of each throughput phase")
     parser.add_argument("--sessions", type=int, default=16, help="sessions per replica")
@@ -261,7 +298,7 @@ def main() -> None:
     parser.add_argument("--log-dir", type=Path, help="copy the replicas' and HAProxy's logs here at the end")
     args = parser.parse_args()
     if args.quick:
-        args.device, args.clients, args.max_tokens, args.duration = "cpu", 2, 8, 6.0
+        args.device, args.clients, args.max_tokens, args.duration, args.client_processes = "cpu", 2, 8, 6.0, 1
         args.sessions, args.turns = 1, 3
     if args.device == "cuda":
         import torch
@@ -312,31 +349,33 @@ def run(args: argparse.Namespace, replicas: list[Replica], lb: str, key: str, mo
     if len(set(answers.values())) != 1:
         raise SystemExit(f"the replicas answer differently: {answers}")
     # warm-up, then one replica alone, then both through the balancer (each replica sees `clients`)
-    asyncio.run(closed_loop(lb, key, model, 2 * args.clients, args.max_tokens, min(5.0, args.duration)))
-    single = asyncio.run(closed_loop(one.url, key, model, args.clients, args.max_tokens, args.duration))
-    double = asyncio.run(closed_loop(lb, key, model, 2 * args.clients, args.max_tokens, args.duration))
+    procs = args.client_processes
+    closed_loop(lb, key, model, 2 * args.clients, args.max_tokens, min(5.0, args.duration), 2 * procs)
+    single = closed_loop(one.url, key, model, args.clients, args.max_tokens, args.duration, procs)
+    double = closed_loop(lb, key, model, 2 * args.clients, args.max_tokens, args.duration, 2 * procs)
     print(f"throughput: one replica {single['tokens_per_s']:.0f} tok/s, two {double['tokens_per_s']:.0f} tok/s")
 
-    alone = asyncio.run(session_turns(one.url, key, model, args.sessions, args.turns, 16))
-    spread = asyncio.run(session_turns(lb, key, model, 2 * args.sessions, args.turns, 16))
+    alone = spread_sessions(one.url, key, model, args.sessions, args.turns, 16, procs)
+    spread = spread_sessions(lb, key, model, 2 * args.sessions, args.turns, 16, 2 * procs)
     for sessions in (alone, spread):
         check_affinity(sessions, block_size=16)
     last_alone = statistics.median(s[-1]["ttft_s"] for s in alone)
     last_spread = statistics.median(s[-1]["ttft_s"] for s in spread)
     print(f"turn-{args.turns} TTFT p50: one replica {last_alone * 1000:.1f} ms, two {last_spread * 1000:.1f} ms")
 
-    kill = asyncio.run(closed_loop(lb, key, model, 2 * args.clients, args.max_tokens, args.duration,
-                                   kill_at_s=args.duration / 3, victim=replicas[1]))
+    kill = closed_loop(lb, key, model, 2 * args.clients, args.max_tokens, args.duration, 2 * procs,
+                       kill_at_s=args.duration / 3, victim=replicas[1])
     if kill["after_kill"] == 0:
         raise SystemExit(f"nothing was served after the kill: {kill}")
-    print(f"kill: {kill['requests']} served ({kill['after_kill']} after the kill), {kill['failed']} lost")
+    print(f"kill: {kill['requests']} served ({kill['after_kill']} after the kill), {kill['failed']} lost "
+          f"{kill['error_kinds']}")
     now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     return {
         "benchmark": "replicas", "date": now,
         "config": {"model": model, "weights": "random" if args.random_weights else "real", "device": args.device,
                    "replicas": 2, "api_servers_per_replica": 1, "clients_per_replica": args.clients,
                    "max_tokens": args.max_tokens, "duration_s": args.duration, "sessions_per_replica": args.sessions,
-                   "turns": args.turns, "balancer": "haproxy " + haproxy_version(args.haproxy),
+                   "turns": args.turns, "client_processes_per_replica": args.client_processes, "balancer": "haproxy " + haproxy_version(args.haproxy),
                    "database": "sqlite (shared)", "redis": None},
         "metrics": {
             "aggregate_throughput_ratio_2_replicas": round(double["tokens_per_s"] / single["tokens_per_s"], 3),
@@ -350,6 +389,7 @@ def run(args: argparse.Namespace, replicas: list[Replica], lb: str, key: str, mo
             "requests_served_during_kill_phase": kill["requests"],
             "requests_served_after_kill": kill["after_kill"],
             "errors_1_replica": single["failed"], "errors_2_replicas": double["failed"],
+            "lost_request_kinds_on_replica_kill": kill["error_kinds"],
         },
         "targets": {"aggregate_throughput_ratio_2_replicas": {"op": ">=", "value": 1.9},
                     f"session_turn{args.turns}_ttft_ratio_2_replicas": {"op": "<=", "value": 1.1},
