@@ -37,7 +37,7 @@ SCHEMA = {"type": "object", "properties": {"answer": {"type": "integer"}}, "requ
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory, smollm_path: Path) -> Iterator[BatchServer]:
     running = start_batch_server(tmp_path_factory.mktemp("batch-api"), smollm_path, batch_concurrency=2,
-                                 batch_max_file_bytes=64 * 1024, batch_file_quota_count_per_tenant=10)
+                                 batch_max_file_bytes=64 * 1024, batch_file_quota_count_per_tenant=30)
     try:
         with running.http("admin") as admin:
             created = admin.post("/v1/admin/prices", json={"model": MODEL, "input": str(PRICE_INPUT),
@@ -182,9 +182,9 @@ def test_another_tenants_files_and_batches_are_404(server: BatchServer) -> None:
 
 def test_file_count_quota_and_pages(server: BatchServer) -> None:
     client = server.client("initech")
-    ids = [upload(client, [chat_line(f"r{i}", "x")]).id for i in range(10)]
+    ids = [upload(client, [chat_line(f"r{i}", "x")]).id for i in range(30)]
     with pytest.raises(openai.APIStatusError) as refused:
-        upload(client, [chat_line("r10", "x")])
+        upload(client, [chat_line("r30", "x")])
     assert refused.value.status_code == 413 and refused.value.code == "storage_quota_exceeded"
     page = client.files.list(limit=3)
     assert [f.id for f in page.data] == ids[::-1][:3] and page.has_more
