@@ -14,9 +14,17 @@ and every instance judged right), compile time p50/p99 and mask time p50/p99
 (one bitmask fill per token of the valid instances). The labels are checked with
 `jsonschema` first; an instance whose label `jsonschema` disagrees with is left out.
 
+The sample is split once, before any tuning, into a tuning part and a held-out
+part: a schema is held out when the first 8 hex digits of the SHA-256 of its
+name, as an integer, are 0, 1 or 2 modulo 10 (`is_held_out`; 254 of the 770).
+Coverage work looks only at the tuning part: `--uncovered` and the list of
+refusals name tuning schemas alone, and the held-out part is only counted
+(`*_heldout` keys, beside `*_tuning` and the keys over all 770).
+
     python benchmarks/jsonschemabench.py            # all 770: writes benchmarks/results/jsonschemabench.json
     python benchmarks/jsonschemabench.py --quick    # 3 schemas per group; writes nothing
-    python benchmarks/jsonschemabench.py --backends auto --uncovered   # also list each uncovered schema and why
+    python benchmarks/jsonschemabench.py --backends auto --uncovered   # also list each uncovered tuning schema
+    python benchmarks/jsonschemabench.py --per-group 4 --cases-json out.json   # per-schema outcomes (the tests)
 """
 
 from __future__ import annotations
@@ -24,6 +32,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import gzip
+import hashlib
 import json
 import time
 from collections import defaultdict
@@ -48,17 +57,31 @@ BACKENDS = ("xgrammar", "llguidance", "auto")
 VOCAB = 49152
 
 
-def load_cases(quick: bool) -> list[dict[str, Any]]:
+PARTS = ("tuning", "heldout")
+
+
+def is_held_out(name: str) -> bool:
+    """The fixed split (see the module docstring): 3 in 10 schemas, by a hash of the name alone."""
+    return int(hashlib.sha256(name.encode("utf-8")).hexdigest()[:8], 16) % 10 < 3
+
+
+def load_cases(quick: bool = False, per_group: int | None = None,
+               whole_groups: tuple[str, ...] = ()) -> list[dict[str, Any]]:
+    """The sample in file order; `quick` keeps the first 3 schemas of each group, `per_group` the first n (of
+    each group but `whole_groups`, kept whole)."""
     with gzip.open(DATA, "rt", encoding="utf-8") as f:
         cases = [json.loads(line) for line in f]
-    if quick:
+    limit = 3 if quick else per_group
+    if limit is not None:
         seen: dict[str, int] = defaultdict(int)
         kept = []
         for case in cases:
-            if seen[case["group"]] < 3:
+            if seen[case["group"]] < limit or case["group"] in whole_groups:
                 seen[case["group"]] += 1
                 kept.append(case)
         cases = kept
+    for case in cases:
+        case["part"] = "heldout" if is_held_out(case["name"]) else "tuning"
     return cases
 
 
@@ -111,8 +134,27 @@ def in_schema_order(value: Any, schema: Any, root: Any) -> Any:
     return {k: in_schema_order(value[k], declared.get(k) or extra, root) for k in keys}
 
 
+def enum_instances(case: dict[str, Any]) -> list[tuple[str, bool]]:
+    """For a schema without instances that pins a value set (`allOf: [{enum}, ...]`, the Synthesized group):
+    every listed value, valid when jsonschema accepts it under draft 7 and 2020-12 alike (the grammars keep a
+    value only then). An integral float is printed as the grammars print it (1.0 as 1)."""
+    schema = case["schema"]
+    members = schema.get("allOf") if isinstance(schema, dict) else None
+    values = next((m["enum"] for m in members or [] if isinstance(m, dict) and isinstance(m.get("enum"), list)), [])
+    out = []
+    for value in values:
+        valid = all(cls(schema, format_checker=cls.FORMAT_CHECKER, registry=referencing.Registry()).is_valid(value)
+                    for cls in (jsonschema.Draft7Validator, jsonschema.Draft202012Validator))
+        printed = int(value) if isinstance(value, float) and value.is_integer() else value
+        out.append((json.dumps(printed, ensure_ascii=False), valid))
+    return out
+
+
 def checked_instances(case: dict[str, Any]) -> list[tuple[str, bool]]:
-    """(JSON text as our grammars print it, valid) for each instance whose label jsonschema confirms."""
+    """(JSON text as our grammars print it, valid) for each instance whose label jsonschema confirms; a schema
+    without instances that pins a value set is judged on those values (`enum_instances`)."""
+    if not case["tests"]:
+        return enum_instances(case)
     validator_class = jsonschema.validators.validator_for(case["schema"], default=jsonschema.Draft202012Validator)
     try:
         # An empty registry: a remote $ref is unresolvable here, never fetched.
@@ -244,43 +286,53 @@ def _feed_text(matcher: Any, text: str, tokenizer: Any) -> int | None:
     return num_accepted
 
 
-def evaluate(service: GrammarCompilerService, cases: list[dict[str, Any]], tokenizer: Any) -> dict[str, Any]:
-    groups: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
-    compile_ms: list[float] = []
-    mask_us: list[float] = []
-    refusals: dict[str, int] = defaultdict(int)
-    uncovered: list[str] = []
+def evaluate(service: GrammarCompilerService, cases: list[dict[str, Any]], tokenizer: Any) -> list[dict[str, Any]]:
+    """One record per schema: whether it compiled (or the refusal), its instances judged, and the times."""
+    records = []
     for number, case in enumerate(cases):
-        stats = groups[case["group"]]
         instances = case["instances"]
-        stats["schemas"] += 1
+        record: dict[str, Any] = {"number": number, "name": case["name"], "group": case["group"],
+                                  "part": case["part"], "compiled": False, "refusal": None, "wrong": [],
+                                  "valid": sum(1 for _, ok in instances if ok),
+                                  "invalid": sum(1 for _, ok in instances if not ok),
+                                  "valid_accepted": 0, "invalid_accepted": 0, "compile_ms": None, "mask_us": []}
+        records.append(record)
         spec = GrammarSpec(GrammarKind.JSON_SCHEMA, case["schema"], param="schema", strict=True)
         started = time.perf_counter()
         try:
             grammar = service.compile_blocking(spec)
         except InvalidRequestError as exc:
-            refusals[exc.message.split(": ", 1)[-1][:60]] += 1
-            uncovered.append(f"{number} {case['group']}: refused: {exc.message[:240]}")
+            record["refusal"] = exc.message
             continue
-        compile_ms.append((time.perf_counter() - started) * 1e3)
-        stats["compiled"] += 1
-        # Instance shares are over the schemas the backend compiled (a refused schema is a 400, not a miss).
-        stats["valid"] += sum(1 for _, ok in instances if ok)
-        stats["invalid"] += sum(1 for _, ok in instances if not ok)
-        right = True
+        record["compile_ms"] = (time.perf_counter() - started) * 1e3
+        record["compiled"] = True
         for text, valid in instances:
-            ok = judge(grammar, text, tokenizer, mask_us if valid else None)
-            if valid:
-                stats["valid_accepted"] += ok
-            else:
-                stats["invalid_accepted"] += ok
-            if ok != valid and right:
-                uncovered.append(f"{number} {case['group']}: {'valid refused' if valid else 'INVALID ACCEPTED'}: "
-                                 f"{text[:160]}")
-            right = right and ok == valid
-        stats["covered"] += right
-    return {"groups": groups, "compile_ms": compile_ms, "mask_us": mask_us, "refusals": refusals,
-            "uncovered": uncovered}
+            ok = judge(grammar, text, tokenizer, record["mask_us"] if valid else None)
+            record["valid_accepted" if valid else "invalid_accepted"] += ok
+            if ok != valid:
+                record["wrong"].append(("valid refused" if valid else "INVALID ACCEPTED", text[:160]))
+    return records
+
+
+def uncovered_lines(records: list[dict[str, Any]]) -> list[str]:
+    """Why each uncovered schema of the tuning part is (the held-out part is never listed)."""
+    lines = []
+    for r in records:
+        if r["part"] != "tuning":
+            continue
+        if r["refusal"] is not None:
+            lines.append(f"{r['number']} {r['group']}: refused: {r['refusal'][:240]}")
+        lines += [f"{r['number']} {r['group']}: {what}: {text}" for what, text in r["wrong"][:1]]
+    return lines
+
+
+def top_refusals(records: list[dict[str, Any]]) -> list[tuple[str, int]]:
+    """The commonest refusals of the tuning part."""
+    counts: dict[str, int] = defaultdict(int)
+    for r in records:
+        if r["part"] == "tuning" and r["refusal"] is not None:
+            counts[r["refusal"].split(": ", 1)[-1][:60]] += 1
+    return sorted(counts.items(), key=lambda kv: -kv[1])[:8]
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -290,27 +342,48 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))]
 
 
-def summarize(name: str, result: dict[str, Any]) -> tuple[dict[str, float], dict[str, dict[str, float]]]:
+def summarize(name: str, records: list[dict[str, Any]]) -> tuple[dict[str, float], dict[str, dict[str, float]]]:
+    """The metrics over all schemas, the same per part (`_tuning`, `_heldout` suffixes), and the group table."""
+    metrics = _metrics(name, records)
+    for part in PARTS:
+        chosen = [r for r in records if r["part"] == part]
+        metrics.update({f"{key}_{part}": value for key, value in _metrics(name, chosen).items()
+                        if not key.startswith(("compile_ms", "mask_us", "compile_s"))})
+    groups: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for r in records:
+        groups[r["group"]].append(r)
+    return metrics, {group: _fractions(_totals(chosen)) for group, chosen in sorted(groups.items())}
+
+
+def _totals(records: list[dict[str, Any]]) -> dict[str, float]:
     totals: dict[str, float] = defaultdict(float)
-    table = {}
-    for group, stats in sorted(result["groups"].items()):
-        for key, value in stats.items():
-            totals[key] += value
-        table[group] = _fractions(stats)
+    for r in records:
+        totals["schemas"] += 1
+        if r["compiled"]:  # instance shares are over compiled schemas (a refused schema is a 400, not a miss)
+            totals["compiled"] += 1
+            for key in ("valid", "invalid", "valid_accepted", "invalid_accepted"):
+                totals[key] += r[key]
+            totals["covered"] += not r["wrong"]
+    return totals
+
+
+def _metrics(name: str, records: list[dict[str, Any]]) -> dict[str, float]:
+    totals = _totals(records)
     overall = _fractions(totals)
-    metrics = {
+    compile_ms = [r["compile_ms"] for r in records if r["compile_ms"] is not None]
+    mask_us = [us for r in records for us in r["mask_us"]]
+    return {
         f"coverage_{name}": overall["coverage"],
         f"compiled_fraction_{name}": overall["compiled_fraction"],
         f"valid_accepted_fraction_{name}": overall["valid_accepted_fraction"],
         f"invalid_accepted_{name}": int(totals["invalid_accepted"]),
         f"invalid_rejected_fraction_{name}": overall["invalid_rejected_fraction"],
-        f"compile_ms_p50_{name}": round(percentile(result["compile_ms"], 50), 3),
-        f"compile_ms_p99_{name}": round(percentile(result["compile_ms"], 99), 3),
-        f"mask_us_p50_{name}": round(percentile(result["mask_us"], 50), 2),
-        f"mask_us_p99_{name}": round(percentile(result["mask_us"], 99), 2),
-        f"compile_s_total_{name}": round(sum(result["compile_ms"]) / 1e3, 2),
+        f"compile_ms_p50_{name}": round(percentile(compile_ms, 50), 3),
+        f"compile_ms_p99_{name}": round(percentile(compile_ms, 99), 3),
+        f"mask_us_p50_{name}": round(percentile(mask_us, 50), 2),
+        f"mask_us_p99_{name}": round(percentile(mask_us, 99), 2),
+        f"compile_s_total_{name}": round(sum(compile_ms) / 1e3, 2),
     }
-    return metrics, table
 
 
 def _fractions(stats: dict[str, float]) -> dict[str, float]:
@@ -333,10 +406,14 @@ def main() -> None:
     parser.add_argument("--backends", default=",".join(BACKENDS))
     parser.add_argument("--compile-timeout-s", type=float, default=10.0)
     parser.add_argument("--merge", action="store_true", help="add to the backends already in the results file")
-    parser.add_argument("--uncovered", action="store_true", help="list each uncovered schema (its index) and why")
+    parser.add_argument("--uncovered", action="store_true",
+                        help="list each uncovered tuning schema (its index) and why; held-out ones are never listed")
+    parser.add_argument("--per-group", type=int, help="only the first N schemas of each group; writes no results")
+    parser.add_argument("--whole-group", action="append", default=[], help="with --per-group: keep this group whole")
+    parser.add_argument("--cases-json", type=Path, help="write each schema's outcome here (auto only)")
     args = parser.parse_args()
     tokenizer = AutoTokenizer.from_pretrained(ensure_default_model(ROOT / "data" / "models"))
-    cases = load_cases(args.quick)
+    cases = load_cases(args.quick, args.per_group, tuple(args.whole_group))
     for case in cases:
         case["instances"] = checked_instances(case)
     metrics: dict[str, Any] = {}
@@ -347,31 +424,39 @@ def main() -> None:
         service.compile_blocking(GrammarSpec(GrammarKind.REGEX, "[a-z]"))  # start the compile workers first
         try:
             started = time.perf_counter()
-            result = evaluate(service, cases, tokenizer)
+            records = evaluate(service, cases, tokenizer)
             wall = time.perf_counter() - started
         finally:
             service.close()
-        backend_metrics, table = summarize(name, result)
+        backend_metrics, table = summarize(name, records)
         backend_metrics[f"wall_s_{name}"] = round(wall, 1)
         metrics.update(backend_metrics)
         groups[name] = table
-        top = sorted(result["refusals"].items(), key=lambda kv: -kv[1])[:8]
-        print(f"{name}: {json.dumps(backend_metrics)}\n  top refusals: {top}", flush=True)
+        print(f"{name}: {json.dumps(backend_metrics)}\n  top refusals (tuning part): {top_refusals(records)}",
+              flush=True)
         if args.uncovered:
-            print(f"{name}: {len(result['uncovered'])} uncovered\n  " + "\n  ".join(result["uncovered"]), flush=True)
+            lines = uncovered_lines(records)
+            print(f"{name}: {len(lines)} uncovered in the tuning part\n  " + "\n  ".join(lines), flush=True)
+        if args.cases_json and name == "auto":
+            args.cases_json.write_text(json.dumps([{k: v for k, v in r.items() if k != "mask_us"}
+                                                   for r in records]))
     print(json.dumps({"metrics": metrics}, indent=1))
-    if args.quick:
+    if args.quick or args.per_group is not None:
         return
     result = {
         "benchmark": "jsonschemabench",
         "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "machine": cpu_benchmark_machine(),
         "config": {"tokenizer": DEFAULT_MODEL_NAME, "schemas": len(cases), "strict": True,
+                   "heldout_schemas": sum(c["part"] == "heldout" for c in cases),
+                   "split": "held out: int(sha256(name)[:8], 16) % 10 < 3",
                    "serialization": "json.dumps default separators, ensure_ascii=False",
                    "compile_timeout_s": args.compile_timeout_s, "data": str(DATA.relative_to(ROOT))},
         "metrics": metrics,
         "groups": groups,
         "targets": {"coverage_auto": {"op": ">=", "value": 0.95}, "invalid_accepted_auto": {"op": "==", "value": 0},
+                    "coverage_auto_heldout": {"op": ">=", "value": 0.95},
+                    "invalid_accepted_auto_heldout": {"op": "==", "value": 0},
                     "compile_ms_p99_auto": {"op": "<=", "value": 100.0}},
         "checked": True,
     }

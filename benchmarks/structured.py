@@ -41,7 +41,7 @@ from loraplex.engine.model.default_model import DEFAULT_MODEL_NAME, ensure_defau
 from loraplex.engine.protocol import EngineRequest, SamplingParams
 from loraplex.engine.sampler import Sampler
 from loraplex.grammar.compiler import GrammarCompilerService
-from loraplex.grammar.matcher import StructuredGrammar, StructuredMatcher
+from loraplex.grammar.runtime.matcher import StructuredGrammar, StructuredMatcher
 from loraplex.grammar.spec import GrammarKind, GrammarSpec
 
 ROOT = Path(__file__).resolve().parents[1]

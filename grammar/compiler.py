@@ -2,8 +2,9 @@
 
 The cache holds compile *futures* keyed by the spec's canonical JSON, so a
 burst of identical requests compiles once and every request awaits the same
-future (per API process). Which backend serves a spec is decided by
-`selection.backend_order`; a JSON schema goes to the first backend that
+future (per API process). Backends come from `backends.registry`, which
+decides which serves a spec (`backend_order`); a JSON schema, once through
+the schema passes (`schema.passes`), goes to the first backend that
 enforces it exactly. A strict schema that none enforces is a 400 naming the
 keyword and where it is; a non-strict one is served by the backend that
 ignores the least, and the grammar says what was relaxed (`relaxed`).
@@ -25,25 +26,15 @@ from concurrent.futures import TimeoutError as FutureTimeoutError
 from dataclasses import dataclass
 from typing import Any
 
-import loraplex.grammar.llguidance_backend  # registers the backend
-import loraplex.grammar.xgrammar_backend  # noqa: F401  (registers the backend)
 from loraplex.engine.errors import InvalidRequestError
-from loraplex.grammar.backend import (
-    GRAMMAR_BACKENDS,
-    GrammarBackend,
-    TokenizerContext,
-    UnsupportedSchemaError,
-)
-from loraplex.grammar.closing import ClosingTokens
-from loraplex.grammar.disk_cache import GrammarDiskCache
-from loraplex.grammar.matcher import StructuredGrammar
-from loraplex.grammar.schema_exact import exact_rewrite
-from loraplex.grammar.schema_rewrite import with_disjoint_one_of_as_any_of
-from loraplex.grammar.schema_unique import TokenBytes, UniqueItemsGrammar, without_checked_unique_items
-from loraplex.grammar.schema_walk import with_reachable_ref_targets
-from loraplex.grammar.selection import backend_order
+from loraplex.grammar.backends.disk_cache import GrammarDiskCache
+from loraplex.grammar.backends.protocol import GrammarBackend, TokenizerContext, UnsupportedSchemaError
+from loraplex.grammar.backends.registry import backend_order, check_choice, create_backends, token_vocabulary
+from loraplex.grammar.runtime.closing import ClosingTokens
+from loraplex.grammar.runtime.matcher import StructuredGrammar
+from loraplex.grammar.runtime.unique_items import TokenBytes, UniqueItemsGrammar
+from loraplex.grammar.schema.passes import prepare_schema
 from loraplex.grammar.spec import GrammarKind, GrammarSpec
-from loraplex.grammar.xgrammar_backend import XGrammarBackend
 
 
 @dataclass(slots=True)
@@ -68,17 +59,13 @@ class GrammarCompilerService:
         self.limits = limits or GrammarLimits()
         self.vocab_size = vocab_size
         disk_cache = GrammarDiskCache(self.limits.cache_dir) if self.limits.cache_dir else None
-        context = TokenizerContext(tokenizer, vocab_size, disk_cache)
-        if self.limits.backend != "auto" and self.limits.backend not in GRAMMAR_BACKENDS:
-            raise ValueError(f"unknown grammar backend {self.limits.backend!r}; known: {sorted(GRAMMAR_BACKENDS)}")
-        self.backends: dict[str, GrammarBackend] = {name: make(context) for name, make in GRAMMAR_BACKENDS.items()}
-        xgr_backend = self.backends["xgrammar"]
-        assert isinstance(xgr_backend, XGrammarBackend)
-        info = xgr_backend.tokenizer_info
-        self.stop_token_ids = list(info.stop_token_ids)
-        special = set(getattr(tokenizer, "all_special_ids", [])) | set(info.special_token_ids) | set(self.stop_token_ids)
-        self.closing_tokens = ClosingTokens(list(info.decoded_vocab), special, vocab_size, encode=_encoder(tokenizer))
-        self._decoded_vocab = info.decoded_vocab
+        check_choice(self.limits.backend)
+        self.backends: dict[str, GrammarBackend] = create_backends(TokenizerContext(tokenizer, vocab_size, disk_cache))
+        vocabulary = token_vocabulary(self.backends)
+        self.stop_token_ids = vocabulary.stop_token_ids
+        self.closing_tokens = ClosingTokens(vocabulary.token_bytes, vocabulary.special_token_ids, vocab_size,
+                                            encode=_encoder(tokenizer))
+        self._vocabulary = vocabulary
         self._token_bytes: TokenBytes | None = None  # built on the first schema with checked uniqueItems
         self._pool = ThreadPoolExecutor(max_workers=self.limits.num_compile_threads, thread_name_prefix="grammar-compile")
         self._compilations: OrderedDict[str, Future[StructuredGrammar]] = OrderedDict()
@@ -125,9 +112,7 @@ class GrammarCompilerService:
     def _get_token_bytes(self) -> TokenBytes:
         with self._lock:
             if self._token_bytes is None:
-                data = [bytes(b) for b in self._decoded_vocab]
-                data += [b""] * (self.vocab_size - len(data))
-                self._token_bytes = TokenBytes(data)
+                self._token_bytes = TokenBytes(self._vocabulary.token_bytes)
             return self._token_bytes
 
     def _deadline_s(self) -> float:
@@ -152,14 +137,13 @@ class GrammarCompilerService:
         payload = spec.payload
         unique_items = None
         if spec.kind == GrammarKind.JSON_SCHEMA:
-            # The same language, in words the backends know.
-            payload = exact_rewrite(with_disjoint_one_of_as_any_of(with_reachable_ref_targets(payload)))
-            if payload is False:
+            # The same language, in words the backends know (schema.passes.SCHEMA_PASSES, in order).
+            prepared = prepare_schema(payload)
+            if prepared.schema is False:
                 raise InvalidRequestError(
                     f"{spec.param} cannot be enforced exactly: keyword 'schema' at # accepts no JSON value "
                     "(its constraints contradict each other)", param=spec.param)
-            # uniqueItems over string arrays: the matchers check it (exactly), the grammar goes without.
-            payload, unique_items = without_checked_unique_items(payload)
+            payload, unique_items = prepared.schema, prepared.unique_items
         for name, exact in backend_order(spec, self.backends, self.limits.backend):
             backend = self.backends[name]
             started = time.perf_counter()

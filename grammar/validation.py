@@ -17,9 +17,9 @@ from typing import Any
 
 import jsonschema
 from loraplex.engine.errors import InvalidRequestError
-from loraplex.grammar.schema_walk import SchemaShapeLimits, first_keyword_outside, shape_problem
+from loraplex.grammar.backends.registry import unenforced_in
+from loraplex.grammar.schema.walk import SchemaShapeLimits, shape_problem
 from loraplex.grammar.spec import GrammarKind, GrammarSpec
-from loraplex.grammar.xgrammar_backend import XGRAMMAR_EXACT_FORMATS, XGRAMMAR_EXACT_KEYWORDS
 
 RESPONSE_FORMAT_TYPES = ("text", "json_object", "json_schema", "regex", "grammar", "choice")
 _NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
@@ -93,8 +93,8 @@ def _json_schema_spec(json_schema: Any, limits: SchemaShapeLimits) -> GrammarSpe
 
 def check_json_schema(schema: Any, *, param: str, strict: bool,
                       limits: SchemaShapeLimits = DEFAULT_SHAPE_LIMITS) -> None:
-    """Raise a 400 if `schema` is too deep or large, not a valid JSON schema, or (strict) uses a keyword
-    xgrammar does not enforce (tool parameters: tool calls compile with xgrammar)."""
+    """Raise a 400 if `schema` is too deep or large, not a valid JSON schema, or (strict) uses a keyword the
+    backend of tool calls does not enforce (a strict tool's parameters: the registry says which backend)."""
     if not isinstance(schema, dict):
         raise InvalidRequestError(f"{param} must be a JSON schema object", param=param)
     problem = shape_problem(schema, limits)
@@ -107,11 +107,10 @@ def check_json_schema(schema: Any, *, param: str, strict: bool,
         where = "/".join(str(p) for p in exc.absolute_path) or "(root)"
         raise InvalidRequestError(f"{param} is not a valid JSON schema at {where}: {exc.message}", param=param) from None
     if strict:
-        found = first_keyword_outside(schema, XGRAMMAR_EXACT_KEYWORDS, XGRAMMAR_EXACT_FORMATS)
-        if found:
-            keyword, path = found
+        problem = unenforced_in(GrammarKind.STRUCTURAL_TAG, schema)
+        if problem:
             raise InvalidRequestError(
-                f"{param} is not supported in strict mode: keyword {keyword!r} at {path}", param=param)
+                f"{param} is not supported in strict mode: keyword {problem.keyword!r} at {problem.path}", param=param)
 
 
 @dataclass(frozen=True, slots=True)

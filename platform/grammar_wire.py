@@ -14,7 +14,7 @@ from typing import Any
 from loraplex.engine.interfaces import CompiledGrammar
 from loraplex.engine.protocol import ReasoningMarkers
 from loraplex.grammar.compiler import GrammarCompilerService
-from loraplex.grammar.reasoning_gate import ReasoningGatedGrammar
+from loraplex.grammar.runtime.reasoning_gate import ReasoningGatedGrammar
 from loraplex.grammar.spec import GrammarSpec
 
 

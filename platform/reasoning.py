@@ -23,14 +23,14 @@ from typing import Any
 from loraplex.engine.core.client import EngineClient
 from loraplex.engine.errors import InvalidRequestError
 from loraplex.engine.protocol import ReasoningMarkers
-from loraplex.grammar.reasoning import (
+from loraplex.platform.extensions import Extensions, MessageParser, PreparedRequest
+from loraplex.platform.pipeline import StageAdditions
+from loraplex.platform.reasoning_parser import (
     REASONING_FORMATS,
     ReasoningFormat,
     reasoning_format_for,
     reasoning_markers,
 )
-from loraplex.platform.extensions import Extensions, MessageParser, PreparedRequest
-from loraplex.platform.pipeline import StageAdditions
 from loraplex.platform.settings import Settings
 from loraplex.platform.structured import ReasoningMessageParser
 
@@ -39,7 +39,7 @@ EFFORTS = ("none", "minimal", "low", "medium", "high")  # none: a budget of 0, t
 
 def resolve_format(name: str, model_type: str | None) -> ReasoningFormat | None:
     """Settings.reasoning_format: "none" (off), "think" (`<think>`...`</think>`), "auto" (by model family),
-    or a family name from grammar.reasoning.REASONING_FORMATS."""
+    or a family name from platform.reasoning_parser.REASONING_FORMATS."""
     key = name.strip().lower()
     if key == "none":
         return None

@@ -14,11 +14,9 @@ from typing import Any
 
 from loraplex.engine.core.client import EngineClient
 from loraplex.grammar.compiler import GrammarCompilerService, GrammarLimits
-from loraplex.grammar.reasoning import ReasoningFormat, ReasoningParser
-from loraplex.grammar.reasoning_gate import ReasoningGatedGrammar
-from loraplex.grammar.schema_walk import SchemaShapeLimits
+from loraplex.grammar.runtime.reasoning_gate import ReasoningGatedGrammar
+from loraplex.grammar.schema.walk import SchemaShapeLimits
 from loraplex.grammar.spec import GrammarSpec
-from loraplex.grammar.tool_parser import ToolCallStreamParser
 from loraplex.grammar.tools import (
     content_format_for,
     messages_with_tools,
@@ -29,7 +27,9 @@ from loraplex.grammar.validation import ToolRequest, parse_tools, response_forma
 from loraplex.platform.api.compile_slots import TenantCompileSlots
 from loraplex.platform.extensions import Extensions, MessageDelta, MessageParser, PreparedRequest
 from loraplex.platform.pipeline import StageAdditions
+from loraplex.platform.reasoning_parser import ReasoningFormat, ReasoningParser
 from loraplex.platform.settings import Settings
+from loraplex.platform.tool_call_parser import ToolCallStreamParser
 
 # A non-strict schema that no backend enforces whole is served with what was relaxed named here.
 GRAMMAR_RELAXED_HEADER = "x-loraplex-grammar-relaxed"

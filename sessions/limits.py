@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from loraplex.engine.errors import InvalidRequestError
-from loraplex.grammar.schema_walk import SchemaShapeLimits
+from loraplex.grammar.schema.walk import SchemaShapeLimits
 from loraplex.grammar.validation import parse_tools, response_format_spec
 
 

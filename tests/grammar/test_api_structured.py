@@ -9,7 +9,7 @@ import re
 import jsonschema
 import openai
 import pytest
-from loraplex.grammar.closing import plan_completion
+from loraplex.grammar.runtime.closing import plan_completion
 from loraplex.grammar.spec import GrammarKind, GrammarSpec
 from schema_suite import CASES
 

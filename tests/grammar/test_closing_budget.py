@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 from grammar_helpers import feed
-from loraplex.grammar.closing import plan_completion
+from loraplex.grammar.runtime.closing import plan_completion
 from loraplex.grammar.spec import GrammarKind, GrammarSpec
 from loraplex.grammar.tools import tool_call_spec
 from loraplex.grammar.validation import parse_tools

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from grammar_helpers import SMOLLM2_VOCAB
+from loraplex.grammar.backends.disk_cache import GrammarDiskCache
 from loraplex.grammar.compiler import GrammarCompilerService, GrammarLimits
-from loraplex.grammar.disk_cache import GrammarDiskCache
 from loraplex.grammar.spec import GrammarKind, GrammarSpec
 from loraplex.platform.grammar_wire import SpecGrammarCodec
 from loraplex.platform.structured import GRAMMAR_RELAXED_HEADER, relaxation_headers

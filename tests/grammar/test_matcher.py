@@ -97,7 +97,7 @@ def test_json_object_accepts_any_object(compiler, tokenizer):
 
 def test_the_closing_plan_ends_a_date_time_inside_its_fraction_of_a_second(compiler, tokenizer):
     """The fraction of a second admits digits forever: the plan must still reach the time zone and close."""
-    from loraplex.grammar.closing import plan_completion
+    from loraplex.grammar.runtime.closing import plan_completion
 
     schema = {"type": "object", "properties": {"timestamp": {"type": "string", "format": "date-time"}},
               "required": ["timestamp"], "additionalProperties": False}
@@ -114,7 +114,7 @@ def test_the_closing_plan_ends_a_date_time_inside_its_fraction_of_a_second(compi
 def test_the_closing_plan_ends_an_email_cut_before_its_at_sign(compiler, tokenizer):
     """An email's local part admits letters, digits and brackets forever: the plan must reach `@` and close."""
     import jsonschema
-    from loraplex.grammar.closing import plan_completion
+    from loraplex.grammar.runtime.closing import plan_completion
 
     schema = {"type": "object", "properties": {"name": {"type": "string"}, "email": {"type": "string", "format": "email"}},
               "required": ["name", "email"], "additionalProperties": False}

@@ -8,7 +8,7 @@ import json
 import jsonschema
 import pytest
 from grammar_helpers import feed
-from loraplex.grammar.object_lark import small_object_lark
+from loraplex.grammar.backends.object_lark import small_object_lark
 from loraplex.grammar.spec import GrammarKind, GrammarSpec
 
 SCHEMAS = [

@@ -5,9 +5,9 @@ import json
 import torch
 from grammar_helpers import SMOLLM2_VOCAB
 from loraplex.engine.protocol import ReasoningMarkers
-from loraplex.grammar.reasoning import ReasoningFormat, reasoning_markers
-from loraplex.grammar.reasoning_gate import ReasoningGatedGrammar
+from loraplex.grammar.runtime.reasoning_gate import ReasoningGatedGrammar
 from loraplex.grammar.spec import GrammarKind, GrammarSpec
+from loraplex.platform.reasoning_parser import ReasoningFormat, reasoning_markers
 
 WORDS = (SMOLLM2_VOCAB + 31) // 32
 SCHEMA = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}

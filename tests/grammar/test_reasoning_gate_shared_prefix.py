@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import json
 
-from loraplex.grammar.reasoning import ReasoningFormat, reasoning_markers
-from loraplex.grammar.reasoning_gate import ReasoningGatedGrammar
+from loraplex.grammar.runtime.reasoning_gate import ReasoningGatedGrammar
 from loraplex.grammar.spec import GrammarKind, GrammarSpec
+from loraplex.platform.reasoning_parser import ReasoningFormat, reasoning_markers
 from test_reasoning_gate import allowed, ids
 
 

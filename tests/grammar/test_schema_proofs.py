@@ -10,11 +10,12 @@ import json
 import jsonschema
 import pytest
 from grammar_helpers import feed
-from loraplex.grammar.schema_disjoint import Disjointness
-from loraplex.grammar.schema_exact import exact_rewrite
-from loraplex.grammar.schema_rewrite import with_disjoint_one_of_as_any_of
-from loraplex.grammar.schema_subset import subset
-from loraplex.grammar.schema_walk import subschemas, with_reachable_ref_targets
+from loraplex.grammar.schema.disjoint import Disjointness
+from loraplex.grammar.schema.one_of_disjoint import with_disjoint_one_of_as_any_of
+from loraplex.grammar.schema.passes import prepare_schema
+from loraplex.grammar.schema.refs import with_reachable_ref_targets
+from loraplex.grammar.schema.subset import subset
+from loraplex.grammar.schema.walk import subschemas
 from loraplex.grammar.spec import GrammarKind, GrammarSpec
 
 JINJA = {"type": "string", "pattern": "\\{\\{.*\\}\\}"}
@@ -83,7 +84,7 @@ SOUNDS = {"type": "array", "if": {"items": {"type": "string"}}, "then": {"items"
 
 
 def test_if_that_implies_then_is_rewritten_without_a_complement(compiler, tokenizer):
-    rewritten = exact_rewrite(SOUNDS)
+    rewritten = prepare_schema(SOUNDS).schema
     assert '"if"' not in json.dumps(rewritten)
     values = [[], ["a", "b"], ["a", {"name": "x"}], [{"name": 3}], ["a", {"volume": 2}], [{"volume": 0.5}, 7], "a"]
     assert any(valid(SOUNDS, v) for v in values) and any(not valid(SOUNDS, v) for v in values)
@@ -124,7 +125,7 @@ def test_ref_targets_outside_the_walked_tree_are_brought_into_view(compiler, tok
 
 
 def test_items_beside_a_small_max_items_are_negated_position_by_position(compiler, tokenizer):
-    from loraplex.grammar.schema_negate import negate
+    from loraplex.grammar.schema.negate import negate
 
     float3 = {"type": "array", "items": {"type": "number"}, "minItems": 3, "maxItems": 3, "additionalItems": False}
     negated = negate(float3, float3)

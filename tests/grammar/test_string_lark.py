@@ -9,9 +9,9 @@ import jsonschema
 import llguidance
 import pytest
 from grammar_helpers import feed
-from loraplex.grammar.llguidance_backend import _limits
+from loraplex.grammar.backends.llguidance_backend import _limits
+from loraplex.grammar.backends.string_lark import string_schema_lark
 from loraplex.grammar.spec import GrammarKind, GrammarSpec
-from loraplex.grammar.string_lark import string_schema_lark
 
 SCHEMAS = [
     {"type": "string", "allOf": [{"pattern": "a"}, {"not": {"pattern": "b"}}], "maxLength": 6},

@@ -12,7 +12,7 @@ import pytest
 import torch
 from grammar_helpers import SMOLLM2_VOCAB
 from loraplex.engine.errors import InvalidRequestError
-from loraplex.grammar.schema_unique import without_checked_unique_items
+from loraplex.grammar.schema.unique_items import without_checked_unique_items
 from loraplex.grammar.spec import GrammarKind, GrammarSpec
 
 TAGS = {"type": "array", "items": {"type": "string"}, "uniqueItems": True}

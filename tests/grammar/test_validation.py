@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 from loraplex.engine.errors import InvalidRequestError
-from loraplex.grammar.schema_walk import SchemaShapeLimits
+from loraplex.grammar.schema.walk import SchemaShapeLimits
 from loraplex.grammar.spec import GrammarKind
 from loraplex.grammar.validation import parse_tools, response_format_spec
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 from loraplex.engine.protocol import SamplingParams
-from loraplex.grammar.reasoning_gate import ReasoningGatedGrammar
+from loraplex.grammar.runtime.reasoning_gate import ReasoningGatedGrammar
 from loraplex.platform.api.schemas import ChatCompletionRequest
 from loraplex.platform.extensions import PreparedRequest, ServedModel
 from loraplex.platform.pipeline import STAGE_ORDER, RequestPipeline, StageAdditions

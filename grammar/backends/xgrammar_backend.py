@@ -18,9 +18,14 @@ from typing import Any
 
 import torch
 import xgrammar as xgr
-from loraplex.grammar.backend import TokenizerContext, Unsupported, UnsupportedSchemaError, register_backend
-from loraplex.grammar.compile_pool import ProcessCompilePool
-from loraplex.grammar.schema_walk import first_keyword_outside, without_annotation_formats
+from loraplex.grammar.backends.compile_pool import ProcessCompilePool
+from loraplex.grammar.backends.protocol import (
+    TokenizerContext,
+    TokenVocabulary,
+    Unsupported,
+    UnsupportedSchemaError,
+)
+from loraplex.grammar.schema.walk import first_keyword_outside
 from loraplex.grammar.spec import GrammarKind, choice_ebnf
 
 # Keywords xgrammar enforces exactly (the JSON Schema instance test measures this).
@@ -93,13 +98,20 @@ class XGrammarBackend:
             stop_bits[token_id // 32] |= _bit_as_int32(token_id % 32)
         self._not_stop_bits = ~stop_bits
 
-    def unsupported(self, schema: Any) -> Unsupported | None:
+    @classmethod
+    def unsupported(cls, schema: Any) -> Unsupported | None:
         found = first_keyword_outside(schema, XGRAMMAR_EXACT_KEYWORDS, XGRAMMAR_EXACT_FORMATS)
-        return None if found is None else Unsupported(found[0], found[1], self.name)
+        return None if found is None else Unsupported(found[0], found[1], cls.name)
+
+    def vocabulary(self) -> TokenVocabulary:
+        info = self.tokenizer_info
+        token_bytes = [bytes(b) for b in info.decoded_vocab]
+        token_bytes += [b""] * (self.context.vocab_size - len(token_bytes))
+        stop = list(info.stop_token_ids)
+        special = set(getattr(self.context.tokenizer, "all_special_ids", [])) | set(info.special_token_ids) | set(stop)
+        return TokenVocabulary(token_bytes, stop, special)
 
     def compile(self, kind: str, payload: Any, timeout_s: float, *, exact: bool = True) -> XGrammarGrammar:
-        if kind == GrammarKind.JSON_SCHEMA:
-            payload = without_annotation_formats(payload)
         if kind == GrammarKind.JSON_SCHEMA and exact:
             problem = self.unsupported(payload)
             if problem is not None:
@@ -190,8 +202,3 @@ class XGrammarBackendMatcher:
 def _bit_as_int32(bit: int) -> int:
     value = 1 << bit
     return value - (1 << 32) if value >= 1 << 31 else value
-
-
-@register_backend("xgrammar")
-def _make_xgrammar(context: TokenizerContext) -> XGrammarBackend:
-    return XGrammarBackend(context)

@@ -24,9 +24,9 @@ from itertools import product
 from typing import Any
 
 import llguidance
-from loraplex.grammar.schema_negate import negate
-from loraplex.grammar.schema_walk import VALIDATION_KEYWORDS, resolve_ref
-from loraplex.grammar.string_lark import StringTerms, Untranslatable
+from loraplex.grammar.backends.string_lark import StringTerms, Untranslatable
+from loraplex.grammar.schema.negate import negate
+from loraplex.grammar.schema.walk import VALIDATION_KEYWORDS, resolve_ref
 
 _MAX_CLAUSES = 32
 _MAX_CONDITIONS = 5   # regions: 2 ** conditions per member

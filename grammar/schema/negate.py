@@ -20,7 +20,7 @@ import re
 from itertools import pairwise
 from typing import Any
 
-from loraplex.grammar.schema_walk import ASSERTED_FORMATS, VALIDATION_KEYWORDS, json_type, resolve_ref
+from loraplex.grammar.schema.walk import DEFINED_FORMATS, VALIDATION_KEYWORDS, json_type, resolve_ref
 
 try:
     from re import _constants as sre_constants  # type: ignore[attr-defined]
@@ -68,7 +68,8 @@ def negate(schema: Any, root: Any, depth: int = 0) -> Any | None:
         return _union([negate(target, root, depth + 1), negate(rest, root, depth + 1) if rest else False])
     parts: list[Any] = []
     for key, value in schema.items():
-        if key not in VALIDATION_KEYWORDS or (key == "format" and value not in ASSERTED_FORMATS):
+        annotation = key == "format" and not (isinstance(value, str) and value in DEFINED_FORMATS)
+        if key not in VALIDATION_KEYWORDS or annotation:
             continue  # an annotation or a vendor extension: no instance fails it
         if key in ("exclusiveMinimum", "exclusiveMaximum") and isinstance(value, bool):
             return None  # draft 4's boolean form modifies minimum/maximum: not handled here

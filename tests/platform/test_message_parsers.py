@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import json
 
-from loraplex.grammar.reasoning import ReasoningFormat
 from loraplex.grammar.tools import format_call
 from loraplex.platform.extensions import PlainTextParser
+from loraplex.platform.reasoning_parser import ReasoningFormat
 from loraplex.platform.structured import ReasoningMessageParser, ToolCallMessageParser
 
 CALL = format_call("add", '{"a": 1, "b": 2}')

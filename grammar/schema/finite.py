@@ -18,7 +18,7 @@ from typing import Any
 
 import jsonschema
 import referencing
-from loraplex.grammar.schema_walk import VALIDATION_KEYWORDS, resolve_ref
+from loraplex.grammar.schema.walk import VALIDATION_KEYWORDS, resolve_ref
 
 _MAX_VALUES = 512
 _MAX_DEPTH = 8

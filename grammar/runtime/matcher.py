@@ -17,8 +17,8 @@ token could follow: the sampler never spends a step on the EOS token.
 from __future__ import annotations
 
 import torch
-from loraplex.grammar.backend import BackendGrammar, BackendMatcher
-from loraplex.grammar.closing import ClosingTokens, continuation_cost, plan_completion
+from loraplex.grammar.backends.protocol import BackendGrammar, BackendMatcher
+from loraplex.grammar.runtime.closing import ClosingTokens, continuation_cost, plan_completion
 from loraplex.grammar.spec import GrammarSpec
 
 _CLOSING_MARGIN = 2      # tokens of slack: one calm token may add a token or two to the close

@@ -24,7 +24,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from loraplex.grammar.schema_walk import VALIDATION_KEYWORDS, resolve_ref
+from loraplex.grammar.schema.walk import VALIDATION_KEYWORDS, resolve_ref
 
 try:
     from re import _constants as sre_constants  # type: ignore[attr-defined]

@@ -1,4 +1,4 @@
-"""`uniqueItems` over arrays of strings, enforced exactly by the matcher instead of the grammar.
+"""`uniqueItems` over arrays of strings: which the matchers can check exactly, and the plan of where they apply.
 
 No backend grammar can say "no two items equal" (it is not context-free), so a
 schema whose `uniqueItems: true` arrays all qualify is compiled without those
@@ -25,14 +25,12 @@ refuses it (never a looser grammar).
 from __future__ import annotations
 
 import copy
-import json
 import re
 import sre_constants
-from dataclasses import dataclass
 from typing import Any
 
-from loraplex.grammar.schema_walk import (
-    ASSERTED_FORMATS,
+from loraplex.grammar.schema.walk import (
+    DEFINED_FORMATS,
     VALIDATION_KEYWORDS,
     json_type,
     resolve_ref,
@@ -184,7 +182,7 @@ def _unique_string_items(node: dict, root: Any) -> bool:
     checked = set(items) & VALIDATION_KEYWORDS
     if not checked <= {"type", "minLength", "pattern", "format"}:
         return False
-    if "format" in items and items["format"] in ASSERTED_FORMATS:
+    if "format" in items and isinstance(items["format"], str) and items["format"] in DEFINED_FORMATS:
         return False
     pattern = items.get("pattern")
     return pattern is None or (isinstance(pattern, str) and pattern.isascii() and _extensible_pattern(pattern))
@@ -304,201 +302,3 @@ class UniqueItemsPlan:
             except re.error:
                 self._patterns[pattern] = None
         return self._patterns[pattern]
-
-
-# ---- the JSON text scanner ---------------------------------------------------------------------------------
-@dataclass(frozen=True, slots=True)
-class _Frame:
-    is_object: bool
-    path: tuple
-    unique: bool = False
-    seen: frozenset = frozenset()
-    key: str | None = None       # objects: the last key read
-    index: int = 0               # arrays: the item being read
-
-
-@dataclass(frozen=True, slots=True)
-class _State:
-    stack: tuple = ()
-    in_string: bool = False
-    escape: bool = False
-    raw: bytes = b""             # the string being read (keys, and items of unique arrays)
-    role: str = ""               # "key", "item" (of a unique array) or "" (other strings)
-    expect_key: bool = False
-
-
-_QUOTE, _BACKSLASH = ord('"'), ord("\\")
-
-
-def _decode(raw: bytes) -> str | None:
-    try:
-        return raw.decode("utf-8") if _BACKSLASH not in raw else json.loads(b'"' + raw + b'"')
-    except (UnicodeDecodeError, ValueError):
-        return raw.decode("utf-8", errors="replace")
-
-
-def scan(state: _State, data: bytes, plan: UniqueItemsPlan) -> _State | None:
-    """The state after `data`; None when `data` closes a string item equal to an earlier one of its array."""
-    stack, in_string, escape, raw, role, expect_key = (state.stack, state.in_string, state.escape, state.raw,
-                                                       state.role, state.expect_key)
-    i, n = 0, len(data)
-    while i < n:
-        if in_string:
-            if escape:
-                escape = False
-                if role:
-                    raw += data[i:i + 1]
-                i += 1
-                continue
-            # copy a run of plain bytes at once
-            j = i
-            while j < n and data[j] != _QUOTE and data[j] != _BACKSLASH:
-                j += 1
-            if role:
-                raw += data[i:j]
-            i = j
-            if i >= n:
-                break
-            if data[i] == _BACKSLASH:
-                escape = True
-                if role:
-                    raw += b"\\"
-                i += 1
-                continue
-            # closing quote
-            in_string = False
-            i += 1
-            if role == "key" and stack:
-                top = stack[-1]
-                stack = (*stack[:-1], _Frame(True, top.path, key=_decode(raw)))
-            elif role == "item" and stack:
-                top = stack[-1]
-                value = _decode(raw)
-                if value in top.seen:
-                    return None
-                stack = (*stack[:-1], _Frame(False, top.path, True, top.seen | {value}, index=top.index))
-            raw, role = b"", ""
-            continue
-        byte = data[i]
-        i += 1
-        if byte == _QUOTE:
-            in_string, escape, raw = True, False, b""
-            top = stack[-1] if stack else None
-            if top is not None and top.is_object and expect_key:
-                role = "key"
-            elif top is not None and not top.is_object and top.unique:
-                role = "item"
-            else:
-                role = ""
-        elif byte == 0x7B or byte == 0x5B:  # { [
-            top = stack[-1] if stack else None
-            path = () if top is None else (*top.path, top.key if top.is_object else top.index)
-            if byte == 0x7B:
-                stack = (*stack, _Frame(True, path))
-                expect_key = True
-            else:
-                stack = (*stack, _Frame(False, path, plan.unique_at(path)))
-                expect_key = False
-        elif byte == 0x7D or byte == 0x5D:  # } ]
-            stack = stack[:-1]
-            expect_key = False
-        elif byte == 0x3A:  # :
-            expect_key = False
-        elif byte == 0x2C and stack:  # ,
-            top = stack[-1]
-            if top.is_object:
-                expect_key = True
-            else:
-                stack = (*stack[:-1], _Frame(False, top.path, top.unique, top.seen, index=top.index + 1))
-    return _State(stack, in_string, escape, raw, role, expect_key)
-
-
-def may_close_duplicate(state: _State) -> bool:
-    """Whether a token could close a duplicate item from here (inside a string item of a non-empty unique set)."""
-    return state.in_string and state.role == "item" and bool(state.stack[-1].seen)
-
-
-# ---- the backend wrappers ------------------------------------------------------------------------------------
-class UniqueItemsGrammar:
-    """A backend grammar compiled without the checked `uniqueItems`, and the plan that checks them."""
-
-    __slots__ = ("_inner", "_plan", "_tokens", "backend", "memory_size_bytes")
-
-    def __init__(self, inner: Any, plan: UniqueItemsPlan, tokens: TokenBytes) -> None:
-        self._inner = inner
-        self._plan = plan
-        self._tokens = tokens
-        self.backend = inner.backend
-        self.memory_size_bytes = inner.memory_size_bytes
-
-    def new_matcher(self) -> UniqueItemsMatcher:
-        return UniqueItemsMatcher(self._inner.new_matcher(), self._plan, self._tokens)
-
-
-class TokenBytes:
-    """The bytes of every token, and the tokens that hold a quote (the only ones that can close a string)."""
-
-    def __init__(self, token_bytes: list[bytes]) -> None:
-        import torch
-
-        self.data = token_bytes
-        self.quoted = torch.tensor([i for i, b in enumerate(token_bytes) if b'"' in b], dtype=torch.int64)
-
-
-class UniqueItemsMatcher:
-    __slots__ = ("_history", "_inner", "_plan", "_tokens")
-
-    def __init__(self, inner: Any, plan: UniqueItemsPlan, tokens: TokenBytes) -> None:
-        self._inner = inner
-        self._plan = plan
-        self._tokens = tokens
-        self._history: list[_State] = [_State()]
-
-    def _next(self, token_id: int) -> _State | None:
-        data = self._tokens.data[token_id] if 0 <= token_id < len(self._tokens.data) else b""
-        return scan(self._history[-1], data, self._plan)
-
-    def accept_token(self, token_id: int) -> bool:
-        state = self._next(token_id)
-        if state is None or not self._inner.accept_token(token_id):
-            return False
-        self._history.append(state)
-        return True
-
-    def rollback(self, num_tokens: int) -> None:
-        if num_tokens:
-            self._inner.rollback(num_tokens)
-            del self._history[-num_tokens:]
-
-    def fill_bitmask(self, bitmask: Any, row: int) -> None:
-        import torch
-
-        self._inner.fill_bitmask(bitmask, row)
-        state = self._history[-1]
-        if not may_close_duplicate(state):
-            return
-        quoted = self._tokens.quoted
-        words = bitmask[row]
-        in_range = quoted[quoted < words.shape[0] * 32]
-        allowed = (((words[in_range // 32].to(torch.int64) & 0xFFFFFFFF) >> (in_range % 32)) & 1).nonzero().flatten()
-        for token_id in in_range[allowed].tolist():
-            if scan(state, self._tokens.data[token_id], self._plan) is None:
-                word, bit = divmod(token_id, 32)
-                value = (int(words[word]) & 0xFFFFFFFF) & ~(1 << bit)
-                words[word] = value - (1 << 32) if value >= 1 << 31 else value
-
-    def is_completed(self) -> bool:
-        return self._inner.is_completed()
-
-    def is_terminated(self) -> bool:
-        return self._inner.is_terminated()
-
-    def forced_token_ids(self) -> list[int]:
-        forced = self._inner.forced_token_ids()
-        state = self._history[-1]
-        for i, token_id in enumerate(forced):
-            data = self._tokens.data[token_id] if 0 <= token_id < len(self._tokens.data) else b""
-            state = scan(state, data, self._plan)
-            if state is None:
-                return forced[:i]
-        return forced

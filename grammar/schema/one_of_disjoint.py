@@ -15,8 +15,8 @@ import copy
 from itertools import combinations
 from typing import Any
 
-from loraplex.grammar.schema_disjoint import Disjointness
-from loraplex.grammar.schema_walk import subschemas
+from loraplex.grammar.schema.disjoint import Disjointness
+from loraplex.grammar.schema.walk import subschemas
 
 _MAX_BRANCHES = 64
 

@@ -17,11 +17,16 @@ import llguidance
 import llguidance.hf
 import llguidance.torch
 import torch
-from loraplex.grammar.backend import TokenizerContext, Unsupported, UnsupportedSchemaError, register_backend
-from loraplex.grammar.object_lark import small_object_lark
-from loraplex.grammar.schema_walk import keyword_path, subschemas, without_annotation_formats
+from loraplex.grammar.backends.object_lark import small_object_lark
+from loraplex.grammar.backends.protocol import (
+    TokenizerContext,
+    TokenVocabulary,
+    Unsupported,
+    UnsupportedSchemaError,
+)
+from loraplex.grammar.backends.string_lark import string_schema_lark
+from loraplex.grammar.schema.walk import keyword_path, subschemas
 from loraplex.grammar.spec import GrammarKind
-from loraplex.grammar.string_lark import string_schema_lark
 
 # Same output shape as the xgrammar backend: `{"a": 1, "b": 2}`, no other whitespace.
 _JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
@@ -78,13 +83,21 @@ class LLGuidanceBackend:
             stop_bits[word] = value - (1 << 32) if value >= 1 << 31 else value
         self.not_stop_bits = ~stop_bits
 
-    def unsupported(self, schema: Any) -> Unsupported | None:
+    @classmethod
+    def unsupported(cls, schema: Any) -> Unsupported | None:
         return None  # llguidance refuses what it cannot enforce when it compiles
+
+    def vocabulary(self) -> TokenVocabulary:
+        size = self.tokenizer.vocab_size
+        token_bytes = [self.tokenizer.decode_bytes([i]) for i in range(size)]
+        token_bytes += [b""] * (self.context.vocab_size - size)
+        stop = list(self.tokenizer.eos_tokens)
+        special = {i for i in range(size) if self.tokenizer.is_special_token(i)} | set(stop)
+        return TokenVocabulary(token_bytes, stop, special)
 
     def compile(self, kind: str, payload: Any, timeout_s: float, *, exact: bool = True) -> LLGuidanceGrammar:
         if kind != GrammarKind.JSON_SCHEMA:
             raise ValueError(f"llguidance does not compile {kind}")
-        payload = without_annotation_formats(payload)
         grammar = llguidance.LLMatcher.grammar_from_json_schema(payload, defaults=_JSON_OPTIONS)
         matcher = llguidance.LLMatcher(self.tokenizer, grammar, log_level=0, limits=_limits())
         if matcher.is_error():
@@ -179,8 +192,3 @@ class LLGuidanceMatcher:
 
     def forced_token_ids(self) -> list[int]:
         return list(self._matcher.compute_ff_tokens())
-
-
-@register_backend("llguidance")
-def _make_llguidance(context: TokenizerContext) -> LLGuidanceBackend:
-    return LLGuidanceBackend(context)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from loraplex.grammar.compile_pool import read_message, write_message
+from loraplex.grammar.backends.compile_pool import read_message, write_message
 
 
 def main() -> None:

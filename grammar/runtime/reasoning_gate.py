@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 import torch
 from loraplex.engine.protocol import ReasoningMarkers
-from loraplex.grammar.matcher import StructuredGrammar, StructuredMatcher
+from loraplex.grammar.runtime.matcher import StructuredGrammar, StructuredMatcher
 
 
 class ReasoningGatedGrammar:

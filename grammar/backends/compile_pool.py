@@ -2,7 +2,7 @@
 
 A thread cannot be stopped in Python, and a native compiler may run for
 minutes on a hostile schema. Each worker is a child interpreter
-(`python -P -m loraplex.grammar.compile_worker`, so it never imports the
+(`python -P -m loraplex.grammar.backends.compile_worker`, so it never imports the
 parent's main module nor the repository's folders) that builds its compiler
 once from `setup(*setup_args)` and then answers jobs over its stdin/stdout.
 A job that runs past its time kills its worker; the next job starts a fresh
@@ -47,7 +47,7 @@ def read_message(stream: IO[bytes]) -> Any:
 class _Worker:
     def __init__(self, setup: Callable[..., Any], setup_args: tuple, startup_timeout_s: float) -> None:
         self.process = subprocess.Popen(
-            [sys.executable, "-P", "-m", "loraplex.grammar.compile_worker"],
+            [sys.executable, "-P", "-m", "loraplex.grammar.backends.compile_worker"],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd=os.path.dirname(sys.executable) or "/",
         )
         write_message(self.process.stdin, (setup, setup_args))

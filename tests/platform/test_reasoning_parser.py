@@ -1,14 +1,24 @@
+"""The reasoning/content split at a model family's think markers."""
+
 from __future__ import annotations
 
 import pytest
-from loraplex.grammar.reasoning import (
+from loraplex.platform.reasoning_parser import (
     ReasoningFormat,
     ReasoningParser,
     reasoning_format_for,
     reasoning_markers,
 )
+from transformers import AutoTokenizer
 
 THINK = ReasoningFormat()
+
+
+@pytest.fixture(scope="module")
+def tokenizer(smollm_path):
+    return AutoTokenizer.from_pretrained(smollm_path)
+
+
 TEXT = "<think>\nThe user wants 2+2. That is 4.\n</think>\n\nThe answer is 4."
 
 

@@ -1,21 +1,21 @@
-"""The grammar backend plug-in: a Protocol each constraint library implements, and the registry of them.
+"""The grammar backend plug-in: the Protocol each constraint library implements, and what it is given.
 
 A backend compiles a `GrammarSpec` for one tokenizer into a grammar whose
 matchers accept tokens, roll back, fill a token bitmask, say when the text is
 complete, and name the tokens the grammar forces next (jump-forward).
-Before compiling a JSON schema the selector asks the backend which keyword,
-if any, it would not enforce exactly: only a backend that enforces the whole
-schema may serve a strict request.
+A backend that cannot enforce a JSON schema exactly refuses it
+(`UnsupportedSchemaError`, naming the keyword and where it is): only a backend
+that enforces the whole schema may serve a strict request. Backends are
+reached through `registry`, never directly.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 import torch
-from loraplex.grammar.disk_cache import GrammarDiskCache
+from loraplex.grammar.backends.disk_cache import GrammarDiskCache
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,12 +67,26 @@ class BackendGrammar(Protocol):
     def new_matcher(self) -> BackendMatcher: ...
 
 
-class GrammarBackend(Protocol):
-    name: str
-    kinds: frozenset[str]  # the GrammarKinds it compiles
+@dataclass(frozen=True, slots=True)
+class TokenVocabulary:
+    """The tokenizer as a backend reads it: what the matchers around any backend grammar need."""
 
-    def unsupported(self, schema: Any) -> Unsupported | None:
-        """The first JSON-schema feature this backend would not enforce exactly; None if it enforces all."""
+    token_bytes: list[bytes]     # the bytes each token id spells (b"" for ids past the tokenizer's vocabulary)
+    stop_token_ids: list[int]    # ids that end the text
+    special_token_ids: set[int]  # ids that spell no text (stop ids among them)
+
+
+class GrammarBackend(Protocol):
+    name: ClassVar[str]
+    kinds: ClassVar[frozenset[str]]  # the GrammarKinds it compiles
+
+    @classmethod
+    def unsupported(cls, schema: Any) -> Unsupported | None:
+        """The first JSON-schema feature this backend would not enforce exactly; None if it enforces all
+        (or it says so only when compiling)."""
+
+    def vocabulary(self) -> TokenVocabulary:
+        """The served tokenizer, read as this backend reads it."""
 
     def compile(self, kind: str, payload: Any, timeout_s: float, *, exact: bool = True) -> BackendGrammar:
         """Compile; ValueError (bad input), UnsupportedSchemaError, or TimeoutError (stopped after `timeout_s`).
@@ -92,14 +106,12 @@ class TokenizerContext:
     disk_cache: GrammarDiskCache | None = None  # compiled grammars shared with the host's other processes
 
 
-BackendFactory = Callable[[TokenizerContext], GrammarBackend]
+class BackendType(Protocol):
+    """What the registry holds: a backend class, built once per tokenizer."""
 
-GRAMMAR_BACKENDS: dict[str, BackendFactory] = {}
+    name: ClassVar[str]
+    kinds: ClassVar[frozenset[str]]
 
+    def __call__(self, context: TokenizerContext) -> GrammarBackend: ...
 
-def register_backend(name: str) -> Callable[[BackendFactory], BackendFactory]:
-    def register(factory: BackendFactory) -> BackendFactory:
-        GRAMMAR_BACKENDS[name] = factory
-        return factory
-
-    return register
+    def unsupported(self, schema: Any) -> Unsupported | None: ...

@@ -2,21 +2,21 @@
 
 Every check that looks inside a schema (its depth and size, the first keyword
 a backend cannot enforce, where a keyword sits) goes through `subschemas`,
-an explicit stack of (JSON-pointer path, subschema, depth).
+an explicit stack of (JSON-pointer path, subschema, depth). The vocabulary of
+JSON Schema that the passes and backends share is declared here too: the
+keywords that hold subschemas, those that validate, and the defined formats.
 """
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-import jsonschema
-
-_SUBSCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
-_SUBSCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
-_SUBSCHEMA_VALUES = (
+# The keywords whose values hold subschemas: by name, in a list, or one subschema (a list in draft 4's `items`).
+MAP_KEYS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+LIST_KEYS = ("anyOf", "oneOf", "allOf", "prefixItems")
+VALUE_KEYS = (
     "items", "additionalItems", "additionalProperties", "not", "if", "then", "else", "contains",
     "propertyNames", "unevaluatedProperties", "unevaluatedItems",
 )
@@ -33,23 +33,13 @@ VALIDATION_KEYWORDS = frozenset({
 })
 
 
-# The formats a validator checks (jsonschema's FormatChecker, as installed) and those the backends
-# enforce anyway; any other format is an annotation that never makes an instance invalid.
-ASSERTED_FORMATS = frozenset(jsonschema.FormatChecker().checkers) | frozenset({
-    "date-time", "time", "date", "duration", "email", "hostname", "ipv4", "ipv6", "uuid", "uri",
+# The format vocabulary of drafts 4 to 2020-12 (draft 3's own: `schema.formats`). A format outside it is an
+# annotation: validators ignore unknown formats.
+DEFINED_FORMATS = frozenset({
+    "date-time", "date", "time", "duration", "email", "idn-email", "hostname", "idn-hostname", "ipv4", "ipv6",
+    "uri", "uri-reference", "iri", "iri-reference", "uuid", "uri-template", "json-pointer",
+    "relative-json-pointer", "regex",
 })
-
-
-def without_annotation_formats(schema: Any) -> Any:
-    """`schema` without the `format`s no validator asserts (a copy; the input is left alone)."""
-    if not any(isinstance(node, dict) and isinstance(node.get("format"), str) and node["format"] not in ASSERTED_FORMATS
-               for _, node, _ in subschemas(schema)):
-        return schema
-    schema = copy.deepcopy(schema)
-    for _, node, _ in subschemas(schema):
-        if isinstance(node, dict) and isinstance(node.get("format"), str) and node["format"] not in ASSERTED_FORMATS:
-            del node["format"]
-    return schema
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,7 +57,7 @@ def subschemas(schema: Any) -> Iterator[tuple[str, Any, int]]:
         if not isinstance(node, dict):
             continue
         children: list[tuple[str, Any, int]] = []
-        for key in _SUBSCHEMA_MAPS:
+        for key in MAP_KEYS:
             value = node.get(key)
             if isinstance(value, dict):
                 children += [(f"{path}/{key}/{name}", sub, depth + 1) for name, sub in value.items()]
@@ -75,11 +65,11 @@ def subschemas(schema: Any) -> Iterator[tuple[str, Any, int]]:
         if isinstance(dependencies, dict):
             children += [(f"{path}/dependencies/{name}", sub, depth + 1)
                          for name, sub in dependencies.items() if isinstance(sub, dict | bool)]
-        for key in _SUBSCHEMA_LISTS:
+        for key in LIST_KEYS:
             value = node.get(key)
             if isinstance(value, list):
                 children += [(f"{path}/{key}/{i}", sub, depth + 1) for i, sub in enumerate(value)]
-        for key in _SUBSCHEMA_VALUES:
+        for key in VALUE_KEYS:
             if key not in node:
                 continue
             value = node[key]
@@ -109,7 +99,7 @@ def keyword_path(schema: Any, keyword: str) -> str | None:
 
 
 def first_keyword_outside(schema: Any, allowed: frozenset[str], formats: frozenset[str]) -> tuple[str, str] | None:
-    """(keyword, path) of the first validation keyword not in `allowed` (or a format not in `formats`)."""
+    """(keyword, path) of the first validation keyword not in `allowed` (or a defined format not in `formats`)."""
     for path, node, _ in subschemas(schema):
         if not isinstance(node, dict):
             continue
@@ -117,7 +107,7 @@ def first_keyword_outside(schema: Any, allowed: frozenset[str], formats: frozens
             if key in VALIDATION_KEYWORDS and key not in allowed:
                 return key, path
         fmt = node.get("format")
-        if fmt is not None and fmt not in formats and fmt in ASSERTED_FORMATS:
+        if isinstance(fmt, str) and fmt in DEFINED_FORMATS and fmt not in formats:
             return f"format: {fmt}", path
     return None
 
@@ -153,54 +143,6 @@ def json_type(value: Any) -> str:
     if isinstance(value, int | float):
         return "number"
     return {str: "string", list: "array", dict: "object"}[type(value)]
-
-
-_HOISTED = "$defs"
-_MAX_HOISTED = 256
-
-
-def with_reachable_ref_targets(schema: Any) -> Any:
-    """`schema` with every local `$ref` target that `subschemas` does not walk copied under `$defs` (a copy).
-
-    A `$ref` may point anywhere by JSON pointer, also inside a key no keyword defines
-    (`{"definitions": {"a": {"full": {...}}}, "$ref": "#/definitions/a/full"}`); the passes that
-    rewrite subschemas only see what `subschemas` walks, so such a target is copied to a `$defs` entry
-    and its references repointed there: the same schema, every part of it now in view.
-    """
-    if not isinstance(schema, dict) or not isinstance(schema.get(_HOISTED, {}), dict):
-        return schema
-    existing = schema.get(_HOISTED, {})
-    moved: dict[str, str] = {}
-    hoisted: dict[str, Any] = {}
-    while True:
-        combined = {**schema, _HOISTED: {**existing, **hoisted}}
-        walked = {id(schema)} | {id(node) for _, node, _ in subschemas(combined)}
-        missing = []
-        for _, node, _ in subschemas(combined):
-            ref = node.get("$ref") if isinstance(node, dict) else None
-            if isinstance(ref, str) and ref.startswith("#/") and ref not in moved:
-                target = resolve_ref(ref, schema)
-                if isinstance(target, dict | bool) and id(target) not in walked:
-                    missing.append((ref, target))
-        if not missing:
-            break
-        for ref, target in missing:
-            if ref not in moved:
-                if len(moved) >= _MAX_HOISTED:
-                    return schema
-                number = len(moved)
-                while f"ref{number}" in existing or f"ref{number}" in hoisted:
-                    number += 1
-                name = f"ref{number}"
-                moved[ref] = f"#/{_HOISTED}/{name}"
-                hoisted[name] = target
-    if not moved:
-        return schema
-    out = copy.deepcopy(combined)
-    for _, node, _ in subschemas(out):
-        if isinstance(node, dict) and node.get("$ref") in moved:
-            node["$ref"] = moved[node["$ref"]]
-    return out
 
 
 MAX_CONJUNCTS = 32  # a schema whose allOf/$ref closure is larger is not taken apart

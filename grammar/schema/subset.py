@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from loraplex.grammar.schema_walk import VALIDATION_KEYWORDS, conjuncts, resolve_ref
+from loraplex.grammar.schema.walk import VALIDATION_KEYWORDS, conjuncts, resolve_ref
 
 _MAX_DEPTH = 8
 _CONDITIONAL = ("if", "then", "else")

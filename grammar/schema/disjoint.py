@@ -24,8 +24,8 @@ import json
 import re
 from typing import Any
 
-from loraplex.grammar.schema_finite import JUDGING_ERRORS, offline_validators
-from loraplex.grammar.schema_walk import VALIDATION_KEYWORDS, conjuncts
+from loraplex.grammar.schema.finite import JUDGING_ERRORS, offline_validators
+from loraplex.grammar.schema.walk import VALIDATION_KEYWORDS, conjuncts
 
 try:
     from re import _constants as sre_constants  # type: ignore[attr-defined]

@@ -1,0 +1,1 @@
+"""Grammar backends (llguidance, xgrammar) behind one Protocol, reached only through `registry`."""

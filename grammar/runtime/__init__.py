@@ -1,0 +1,2 @@
+"""What runs per token: matchers over a backend grammar, the close near the budget, checked uniqueness, the
+reasoning gate."""
