@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any
 
 import httpx
+from waiting import wait_until
 
 PEFT_FILES = ("adapter_config.json", "adapter_model.safetensors")
 
@@ -19,10 +19,11 @@ def upload_adapter(server: Any, name: str, folder: Path, *, key_label: str = "al
                          timeout=120)
     assert created.status_code == 202, created.text
     adapter_id = created.json()["id"]
-    deadline = time.monotonic() + timeout_s
-    while (body := httpx.get(f"{server.base_url}/v1/adapters/{adapter_id}", headers=headers,
-                             timeout=30).json())["status"] == "validating":
-        assert time.monotonic() < deadline, f"adapter {name} still validating after {timeout_s:g}s"
-        time.sleep(0.2)
+
+    def validated() -> dict[str, Any] | None:
+        body = httpx.get(f"{server.base_url}/v1/adapters/{adapter_id}", headers=headers, timeout=30).json()
+        return None if body["status"] == "validating" else body
+
+    body = wait_until(validated, timeout_s=timeout_s, interval_s=0.2, what=f"adapter {name} to finish validating")
     assert body["status"] == "ready", body
     return adapter_id

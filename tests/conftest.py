@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 import torch
-from heap import release_freed_memory
+from heap import HeapKeeper
 from local_serving import free_port, serve_in_thread
 from rss_report import register as register_rss_report
 
@@ -46,12 +46,14 @@ def pytest_configure(config: pytest.Config) -> None:
     register_rss_report(config)
 
 
+HEAP = HeapKeeper()
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
-    """After the last test of a module its module-scoped fixtures are gone: give their memory back."""
+    """Give freed memory back: after a module (its fixtures are gone), or a test that left much behind."""
     yield
-    if nextitem is None or nextitem.path != item.path:
-        release_freed_memory()
+    HEAP.after_test(last_of_module=nextitem is None or nextitem.path != item.path)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import socket
 import threading
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
+
+from waiting import wait_until
 
 
 def free_port() -> int:
@@ -29,11 +30,13 @@ def serve_in_thread(app: Any, port: int) -> Iterator[str]:
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on"))
     thread = threading.Thread(target=server.run, name=f"uvicorn-{port}", daemon=True)
     thread.start()
-    deadline = time.monotonic() + 120
-    while not server.started:
-        if not thread.is_alive() or time.monotonic() > deadline:
-            raise RuntimeError(f"uvicorn on port {port} did not start")
-        time.sleep(0.02)
+
+    def started() -> bool:
+        if not thread.is_alive():
+            raise RuntimeError(f"uvicorn on port {port} stopped before it started")
+        return server.started
+
+    wait_until(started, timeout_s=120, what=f"uvicorn on port {port} to start")
     try:
         yield f"http://127.0.0.1:{port}"
     finally:

@@ -15,11 +15,11 @@ import os
 import re
 import signal
 import subprocess
-import time
 from pathlib import Path
 
 import httpx
 from local_serving import free_port
+from waiting import wait_until
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CONVERTED_MODEL = REPO_ROOT / "data" / "models" / "SmolLM2-135M-Instruct"
@@ -81,19 +81,21 @@ class MakeServe:
             # a session of its own, so stopping it reaches make's children (the server) too
             self.process = subprocess.Popen(self.command, cwd=self.workdir, env=newcomer_env(), stdout=log,
                                             stderr=subprocess.STDOUT, start_new_session=True)
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
+
+        def healthy() -> bool:
             if self.process.poll() is not None:
                 raise RuntimeError(f"make serve exited with {self.process.returncode}:\n{self.log()[-6000:]}")
             try:
-                if httpx.get(self.url + "/healthz", timeout=1).status_code == 200:
-                    break
+                return httpx.get(self.url + "/healthz", timeout=1).status_code == 200
             except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
-        else:
+                return False
+
+        try:
+            wait_until(healthy, timeout_s=timeout_s, interval_s=0.2,
+                       what=lambda: f"make serve to answer on {self.url}:\n{self.log()[-6000:]}")
+        except TimeoutError:
             self.stop()
-            raise RuntimeError(f"make serve did not answer on {self.url} in {timeout_s:g} s:\n{self.log()[-6000:]}")
+            raise
         found = DEMO_KEY.search(self.log())
         if found is None:
             self.stop()

@@ -14,11 +14,11 @@ import os
 import shutil
 import subprocess
 import tempfile
-import time
 from pathlib import Path
 
 import psycopg
 from local_serving import free_port
+from waiting import wait_until
 
 PG_BIN = Path(os.environ.get("LORAPLEX_TEST_PG_BIN", "/usr/local/bin"))
 PG_OS_USER = "postgres"
@@ -82,15 +82,14 @@ class PrivatePostgres:
         return done.returncode == 0
 
     def wait_accepting(self, timeout_s: float = 30) -> None:
-        deadline = time.monotonic() + timeout_s
-        while True:
+        def accepting() -> bool:
             try:
                 psycopg.connect(self.dsn).close()
-                return
             except psycopg.OperationalError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.1)
+                return False
+            return True
+
+        wait_until(accepting, timeout_s=timeout_s, interval_s=0.1, what=f"PostgreSQL at {self.dsn} to accept")
 
     def close(self) -> None:
         try:

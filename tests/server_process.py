@@ -18,7 +18,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -26,6 +25,7 @@ from typing import Any
 import httpx
 from local_serving import free_port
 from loraplex.platform.engine_process import die_with_parent
+from waiting import wait_until
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SERVE_COMMAND = [sys.executable, "-m", "loraplex.platform.cli.main", "serve"]
@@ -106,18 +106,17 @@ class ServerProcess:
         return self
 
     def wait_healthy(self, timeout_s: float = 180) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
+        def healthy() -> bool:
             if self.process is None or self.process.poll() is not None:
                 code = None if self.process is None else self.process.returncode
                 raise RuntimeError(f"{self.name} exited with {code} before it was healthy:\n{self.log_tail()}")
             try:
-                if httpx.get(self.url + "/healthz", timeout=1).status_code == 200:
-                    return
+                return httpx.get(self.url + "/healthz", timeout=1).status_code == 200
             except httpx.HTTPError:
-                pass
-            time.sleep(0.1)
-        raise RuntimeError(f"{self.name} at {self.url} did not become healthy in {timeout_s} s:\n{self.log_tail()}")
+                return False
+
+        wait_until(healthy, timeout_s=timeout_s, interval_s=0.1,
+                   what=lambda: f"{self.name} at {self.url} to become healthy:\n{self.log_tail()}")
 
     def health(self) -> dict[str, Any]:
         return httpx.get(self.url + "/healthz", timeout=5).json()

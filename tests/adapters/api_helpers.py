@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import httpx
+from waiting import wait_until
 
 
 def upload(server, files: list[tuple[str, bytes]], name: str, key: str = "adapters") -> httpx.Response:  # type: ignore[no-untyped-def]
@@ -19,10 +19,11 @@ def folder_files(folder: Path) -> list[tuple[str, bytes]]:
 
 
 def wait_status(server, adapter_id: str, key: str = "adapters", timeout_s: float = 180) -> dict:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout_s
-    while True:
+    """The adapter's record once validation has ended (ready or failed)."""
+
+    def validated() -> dict | None:
         body = httpx.get(f"{server.base_url}/v1/adapters/{adapter_id}",
                          headers={"Authorization": f"Bearer {server.keys[key]}"}, timeout=30).json()
-        if body["status"] != "validating" or time.monotonic() > deadline:
-            return body
-        time.sleep(0.2)
+        return None if body["status"] == "validating" else body
+
+    return wait_until(validated, timeout_s=timeout_s, interval_s=0.2, what=f"adapter {adapter_id} to be validated")

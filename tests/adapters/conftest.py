@@ -5,6 +5,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from loraplex.adapters.base_model import BaseModelSpec
@@ -20,10 +21,14 @@ def spec() -> BaseModelSpec:
 
 
 @pytest.fixture(scope="session")
-def smollm_dir() -> Path:
-    from loraplex.engine.model.default_model import ensure_default_model
+def smollm_dir(smollm_path: Path) -> Path:
+    return smollm_path
 
-    return ensure_default_model(Path(__file__).resolve().parents[2] / "data" / "models")
+
+@pytest.fixture(scope="session")
+def ours(smollm_weights: Any) -> tuple[Any, Any]:
+    """(model, ModelConfig): the run's one copy of SmolLM2 (tests/conftest.py); LoRA never changes the model."""
+    return smollm_weights.model, smollm_weights.config
 
 
 @pytest.fixture(scope="session")

@@ -11,15 +11,15 @@ import torch
 from engine_helpers import GatedSource, drain, greedy, make_engine
 from loraplex.adapters.source import FolderAdapterSource
 from loraplex.engine.async_engine import AsyncEngine
-from loraplex.engine.config import ModelConfig
 from loraplex.engine.interfaces import AdapterWeights
-from loraplex.engine.model.loader import load_model
 from loraplex.engine.protocol import EngineRequest, FinishReason
 from random_adapters import write_random_adapter
 from train_adapters import chat_prompt_ids
 from transformers import AutoTokenizer
+from waiting import async_wait_until
 
 pytestmark = pytest.mark.timeout(300)
+IDLE_STEPS = 50
 
 
 class BrokenSource:
@@ -37,11 +37,6 @@ class BrokenSource:
 @pytest.fixture(scope="module")
 def tokenizer(smollm_dir):  # type: ignore[no-untyped-def]
     return AutoTokenizer.from_pretrained(smollm_dir)
-
-
-@pytest.fixture(scope="module")
-def ours(smollm_dir):  # type: ignore[no-untyped-def]
-    return load_model(smollm_dir, 512, torch.float32, "cpu"), ModelConfig.from_pretrained(smollm_dir)
 
 
 @pytest.fixture(scope="module")
@@ -96,14 +91,17 @@ def test_engine_loop_sleeps_while_only_adapter_loads_wait(ours, tokenizer, folde
             return [o async for o in engine.generate(EngineRequest("slow", prompt, greedy(4), adapter_id="good"))]
 
         task = asyncio.create_task(collect())
-        deadline = time.monotonic() + 10
-        while not manager.host.is_loading("good"):  # the request is queued and its load started
-            assert time.monotonic() < deadline
-            await asyncio.sleep(0.01)
-        await asyncio.sleep(0.1)
+        await async_wait_until(lambda: manager.host.is_loading("good"), timeout_s=10,
+                               what="the request to queue and its adapter load to start")
+        # The window is a number of engine steps, each with nothing to run: only the gated load is pending.
+        first_step = llm.scheduler.num_steps
         cpu_before, wall_before = time.process_time(), time.monotonic()
-        await asyncio.sleep(1.0)  # only the gated adapter load is pending
-        cpu = (time.process_time() - cpu_before) / (time.monotonic() - wall_before)
+        await async_wait_until(lambda: llm.scheduler.num_steps >= first_step + IDLE_STEPS, timeout_s=60,
+                               what=f"{IDLE_STEPS} idle engine steps")
+        wall = time.monotonic() - wall_before
+        cpu = (time.process_time() - cpu_before) / wall
+        # a loop that spins runs an idle step in microseconds; one that waits for news takes milliseconds
+        assert wall / IDLE_STEPS > 0.001, f"{IDLE_STEPS} idle steps in {wall:.4f} s: the engine loop spins"
         assert not task.done()
         source.gate.set()
         started = time.monotonic()

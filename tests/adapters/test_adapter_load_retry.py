@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import shutil
 import time
-from collections.abc import Callable
 
 import pytest
 import torch
@@ -24,6 +23,7 @@ from loraplex.engine.lora.manager import LoRAManager
 from loraplex.engine.model.loader import random_model
 from loraplex.engine.protocol import EngineRequest
 from random_adapters import TINY_HF_CONFIG, write_random_adapter
+from waiting import wait_until
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -44,13 +44,6 @@ def tiny_model():  # type: ignore[no-untyped-def]
     return random_model(TINY_CONFIG, 128, 0, torch.float32, "cpu")
 
 
-def wait_for(condition: Callable[[], object], timeout_s: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.005)
-
-
 def failure_of(manager: LoRAManager, adapter_id: str) -> LoadFailure:
     failure = manager.host.failure(adapter_id)
     assert failure is not None
@@ -60,7 +53,8 @@ def failure_of(manager: LoRAManager, adapter_id: str) -> LoadFailure:
 def settle(manager: LoRAManager, adapter_id: str) -> bool:
     """Ask for the adapter until it is resident (True) or its load has failed (False)."""
     outcome: list[bool] = []
-    wait_for(lambda: outcome.append(manager.adapter_ready(adapter_id)) or outcome[-1] or manager.load_error(adapter_id))
+    wait_until(lambda: outcome.append(manager.adapter_ready(adapter_id)) or outcome[-1] or manager.load_error(adapter_id),
+               interval_s=0.005, what=f"adapter {adapter_id} to load or fail")
     return outcome[-1]
 
 
@@ -98,8 +92,9 @@ def test_vanished_folder_fails_requests_then_serves_after_the_backoff(tiny_model
         assert engine.block_manager.num_free_blocks == engine.num_blocks
 
         away.rename(folder)  # the storage is back
-        time.sleep(max(0.0, failure.retry_at - time.monotonic()))
-        assert manager.load_error("flaky") is None  # expired: a new request must wait for the load, not fail
+        # once the backoff expires a new request must wait for the load, not fail
+        wait_until(lambda: manager.load_error("flaky") is None, timeout_s=10, what="the backoff to expire")
+        assert time.monotonic() >= failure.retry_at
         engine.add_request(EngineRequest("after", PROMPT, greedy(8), adapter_id="flaky"))
         recovered = drain(engine, timeout_s=60)["after"]
         assert recovered.error is None
@@ -136,8 +131,7 @@ def test_misfit_adapter_is_read_once_until_it_is_reuploaded(tiny_model, tmp_path
         assert error is not None and expected in error
         assert failure_of(manager, "misfit").is_permanent
 
-        deadline = time.monotonic() + 0.3  # many times the transient backoff
-        while time.monotonic() < deadline:
+        for _ in range(30):  # watched over many times the transient backoff: never retried
             assert manager.adapter_ready("misfit") is False
             assert manager.load_error("misfit") == error
             time.sleep(0.01)
@@ -170,7 +164,7 @@ def test_backoff_doubles_between_consecutive_transient_failures(tiny_model, tmp_
             assert time.monotonic() < failure.retry_at
             assert manager.adapter_ready("late") is False  # asking again inside the window reads nothing
             assert manager.host.num_load_attempts["late"] == attempt - 1
-            wait_for(lambda: manager.load_error("late") is None, timeout_s=5)  # the backoff ran out
+            wait_until(lambda: manager.load_error("late") is None, timeout_s=5, what="the backoff to run out")
             assert settle(manager, "late") is False
             assert manager.host.num_load_attempts["late"] == attempt
         failures.append(failure_of(manager, "late"))
@@ -180,7 +174,7 @@ def test_backoff_doubles_between_consecutive_transient_failures(tiny_model, tmp_
             assert later - earlier >= failure.backoff_s  # no read before the window ended
 
         write_random_adapter(folder, spec, r=4, targets=("v_proj",))
-        wait_for(lambda: manager.load_error("late") is None, timeout_s=5)
+        wait_until(lambda: manager.load_error("late") is None, timeout_s=5, what="the backoff to run out")
         assert settle(manager, "late") is True
         assert manager.host.failure("late") is None  # a successful load resets the backoff
         assert manager.host.num_load_attempts["late"] == 6

@@ -12,6 +12,7 @@ import httpx
 import pytest
 from api_helpers import folder_files, upload, wait_status
 from loraplex.adapters.tasks import ThreadValidationDispatcher
+from waiting import wait_until
 
 
 @pytest.fixture(scope="module")
@@ -98,12 +99,12 @@ def test_delete_refused_while_a_request_streams(server, trained_adapters):  # ty
     refused = httpx.delete(f"{server.base_url}/v1/adapters/{created['id']}", headers=headers)
     assert refused.status_code == 409 and "serving requests" in refused.json()["error"]["message"]
     stream.close()
-    deadline = time.monotonic() + 60
-    while True:
+
+    def deleted() -> httpx.Response | None:  # 409 until the closed stream's request has ended in the engine
         response = httpx.delete(f"{server.base_url}/v1/adapters/{created['id']}", headers=headers)
-        if response.status_code != 409 or time.monotonic() > deadline:
-            break
-        time.sleep(0.2)
+        return None if response.status_code == 409 else response
+
+    response = wait_until(deleted, timeout_s=60, interval_s=0.2, what="the adapter to stop serving the closed stream")
     assert response.status_code == 200
     manager = server.services.extensions.domain_state["adapters"].manager
     assert created["id"] not in manager.host  # the host copy goes at once

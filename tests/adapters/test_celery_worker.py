@@ -10,13 +10,13 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import redis
 from api_helpers import folder_files, upload, wait_status
 from loraplex.adapters.tasks import CeleryValidationDispatcher
+from waiting import wait_until
 
 REDIS_FOR_CELERY = "redis://127.0.0.1:6379/14"
 
@@ -34,12 +34,17 @@ def celery_worker(tmp_path_factory):  # type: ignore[no-untyped-def]
              "--concurrency=1", "--without-mingle", "--without-gossip", "--loglevel=INFO"],
             cwd=log_path.parent, env=env, stdout=log, stderr=subprocess.STDOUT,
         )
-    deadline = time.monotonic() + 120
-    while b"ready." not in log_path.read_bytes():
-        if worker.poll() is not None or time.monotonic() > deadline:
-            worker.kill()
-            pytest.fail(f"celery worker did not start:\n{log_path.read_text()}")
-        time.sleep(0.2)
+
+    def ready() -> bool:
+        if worker.poll() is not None:
+            raise RuntimeError(f"the celery worker exited with {worker.returncode}:\n{log_path.read_text()}")
+        return b"ready." in log_path.read_bytes()
+
+    try:
+        wait_until(ready, timeout_s=120, interval_s=0.2, what=lambda: f"the celery worker:\n{log_path.read_text()}")
+    except BaseException:
+        worker.kill()
+        raise
     yield log_path
     worker.send_signal(signal.SIGTERM)
     try:

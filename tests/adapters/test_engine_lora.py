@@ -28,7 +28,7 @@ def tokenizer(smollm_dir):  # type: ignore[no-untyped-def]
     return AutoTokenizer.from_pretrained(smollm_dir)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture  # one test's oracle: ~1 GB, not kept for the rest of the module
 def peft_model(smollm_dir, trained_adapters):  # type: ignore[no-untyped-def]
     base = AutoModelForCausalLM.from_pretrained(smollm_dir, dtype=torch.float32)
     model = PeftModel.from_pretrained(base, trained_adapters["pirate"], adapter_name="pirate")

@@ -12,6 +12,7 @@ from loraplex.engine.lora.slot_pool import AdapterShapeError, LoRASlotPool
 from loraplex.engine.lora.step import GroupedCpuLoRABatch
 from loraplex.engine.model.loader import random_model
 from random_adapters import TINY_HF_CONFIG, write_random_adapter
+from waiting import wait_until
 
 
 @pytest.fixture(scope="module")
@@ -82,8 +83,6 @@ def test_kernel_batch_on_gpu_matches_reference(tmp_path, spec, dtype):  # type: 
 
 
 def test_manager_loads_in_background_and_reports_unservable_adapters(tiny_model, tmp_path, spec):  # type: ignore[no-untyped-def]
-    import time
-
     from loraplex.adapters.source import FolderAdapterSource
     from loraplex.engine.lora.manager import LoRAManager
 
@@ -96,20 +95,21 @@ def test_manager_loads_in_background_and_reports_unservable_adapters(tiny_model,
                           max_cpu_loras=2, max_lora_rank=16, dtype=torch.float32, device="cpu",
                           running_adapters=lambda: held)
     results: dict[str, bool] = {}
-    deadline = time.monotonic() + 30
-    while len(results) < 2 and time.monotonic() < deadline:
+
+    def settled() -> bool:
         for name in folders:
             if name not in results and (manager.adapter_ready(name) or manager.load_error(name)):
                 results[name] = manager.adapter_ready(name)
-        time.sleep(0.01)
+        return len(results) == len(folders)
+
+    wait_until(settled, what=lambda: f"both adapters to load or fail: {results}")
     assert results == {"ok": True, "too-big": False}
     assert "rank 32 > max_lora_rank 16" in manager.load_error("too-big")
     assert manager.resident_adapter_ids == ["ok"]
     held.append("ok")  # a running request holds the only slot: another adapter must wait
     manager.host.source.folders["next"] = write_random_adapter(tmp_path / "next", spec, r=4, targets=("v_proj",))
-    while "next" not in manager.host and time.monotonic() < deadline + 30:
-        manager.adapter_ready("next")
-        time.sleep(0.01)
+    wait_until(lambda: manager.adapter_ready("next") is False and "next" in manager.host,
+               what="the adapter to wait in host memory for a slot")
     assert manager.adapter_ready("next") is False
     held.clear()
     assert manager.adapter_ready("next") is True and manager.resident_adapter_ids == ["next"]

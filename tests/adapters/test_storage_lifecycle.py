@@ -18,6 +18,7 @@ from loraplex.adapters.store import LocalBlobStore
 from loraplex.adapters.sweep import StorageSweeper, sweep_storage
 from loraplex.adapters.tasks import ThreadValidationDispatcher, ValidationContext
 from random_adapters import write_random_adapter
+from waiting import wait_until
 
 
 @pytest.fixture
@@ -91,8 +92,5 @@ def test_sweeper_thread_runs_periodically_and_stops(service, tmp_path):
     orphan = service.store.put_file(source)
     sweeper = StorageSweeper(service.registry, service.store, service.staging_root, interval_s=0.05, min_age_s=0)
     sweeper.start()
-    deadline = time.monotonic() + 10
-    while service.store.exists(orphan) and time.monotonic() < deadline:
-        time.sleep(0.02)
+    wait_until(lambda: not service.store.exists(orphan), timeout_s=10, what="the sweeper to delete the orphan")
     sweeper.stop()
-    assert not service.store.exists(orphan)

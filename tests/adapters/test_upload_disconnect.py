@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import logging
 import socket
-import time
 from urllib.parse import urlsplit
 
 import pytest
 from api_helpers import folder_files
 from log_capture import captured_logs
 from random_adapters import write_random_adapter
+from waiting import wait_until
 
 BOUNDARY = "lpxdisconnectboundary"
 
@@ -62,22 +62,17 @@ def test_disconnect_mid_upload_is_a_quiet_abort(server, records, tmp_path, smoll
         f"Content-Type: multipart/form-data; boundary={BOUNDARY}\r\nContent-Length: {total}\r\n\r\n"
     ).encode() + head + weights[: len(weights) // 2])
     service = server.services.extensions.domain_state["adapters"].service
-    deadline = time.monotonic() + 20
-    while not _leftovers(server)[2]:  # the server is streaming our half-sent body into a staging folder
-        assert time.monotonic() < deadline, "the upload never reached the staging folder"
-        time.sleep(0.02)
+    # the server is streaming our half-sent body into a staging folder
+    wait_until(lambda: _leftovers(server)[2], timeout_s=20, what="the upload to reach the staging folder")
     staged_file = next(service.staging_root.iterdir()) / "adapter_model.safetensors"
-    while not staged_file.exists():
-        assert time.monotonic() < deadline
-        time.sleep(0.02)
+    wait_until(staged_file.exists, timeout_s=20, what=f"{staged_file} to be written")
     sock.close()  # gone mid-body
 
-    while not any("client disconnected" in r.getMessage() for r in records.records):
-        assert time.monotonic() < deadline, [r.getMessage() for r in records.records]
-        time.sleep(0.05)
-    while _leftovers(server)[2]:  # the staging folder goes right after the abort
-        assert time.monotonic() < deadline, _leftovers(server)
-        time.sleep(0.05)
+    wait_until(lambda: any("client disconnected" in r.getMessage() for r in records.records), timeout_s=20,
+               what=lambda: f"the disconnect to be logged: {[r.getMessage() for r in records.records]}")
+    # the staging folder goes right after the abort
+    wait_until(lambda: not _leftovers(server)[2], timeout_s=20,
+               what=lambda: f"the staging folder to go: {_leftovers(server)}")
     assert _leftovers(server) == before  # no blob, no row, no staging file
     errors = [r for r in records.records if r.levelno >= logging.ERROR or r.exc_info]
     assert errors == [], [(r.name, r.getMessage()) for r in errors]
