@@ -3,7 +3,8 @@
 `wait_until(condition)` calls `condition()` until it returns something truthy and returns that value, so a
 test can wait for a result and use it: `row = wait_until(lambda: fetch_row(id), what="the usage row")`.
 At the deadline it raises `TimeoutError` naming what it waited for (`what` may be a callable, called
-then, to show the state that never came right). `async_wait_until` is the same on an event loop.
+then, to show the state that never came right). `ignoring`: exception types that mean "not yet" (a server
+still starting refuses connections). `async_wait_until` is the same on an event loop.
 """
 
 from __future__ import annotations
@@ -23,10 +24,13 @@ def _timeout(what: Description, timeout_s: float) -> TimeoutError:
 
 
 def wait_until(condition: Callable[[], T], *, timeout_s: float = 30.0, interval_s: float = 0.02,
-               what: Description = "the condition") -> T:
+               what: Description = "the condition", ignoring: tuple[type[Exception], ...] = ()) -> T:
     deadline = time.monotonic() + timeout_s
     while True:
-        result = condition()
+        try:
+            result = condition()
+        except ignoring:
+            result = None  # type: ignore[assignment]
         if result:
             return result
         if time.monotonic() > deadline:
@@ -35,13 +39,17 @@ def wait_until(condition: Callable[[], T], *, timeout_s: float = 30.0, interval_
 
 
 async def async_wait_until(condition: Callable[[], T | Awaitable[T]], *, timeout_s: float = 30.0,
-                           interval_s: float = 0.02, what: Description = "the condition") -> T:
+                           interval_s: float = 0.02, what: Description = "the condition",
+                           ignoring: tuple[type[Exception], ...] = ()) -> T:
     """`condition` may be a plain function or a coroutine function."""
     deadline = time.monotonic() + timeout_s
     while True:
-        result = condition()
-        if asyncio.iscoroutine(result):
-            result = await result
+        try:
+            result = condition()
+            if asyncio.iscoroutine(result):
+                result = await result
+        except ignoring:
+            result = None
         if result:
             return result  # type: ignore[return-value]
         if time.monotonic() > deadline:

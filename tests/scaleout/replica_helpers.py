@@ -3,34 +3,21 @@ and the ZeroMQ subscriber standing in for llm-d's endpoint picker."""
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
+from functools import partial
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import httpx
 import msgspec
+import waiting
 import zmq
 from local_serving import free_port
 
-T = TypeVar("T")
 MODEL = "SmolLM2-135M-Instruct"
 
 
-def wait_until(condition: Callable[[], T], *, timeout_s: float = 60.0, what: str | Callable[[], object] = "it",
-               interval_s: float = 0.05) -> T:
-    """`condition()` until it is truthy (returned); TimeoutError naming `what` at the deadline."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            result = condition()
-        except httpx.HTTPError:
-            result = None  # type: ignore[assignment]
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"still waiting after {timeout_s:g} s for {what() if callable(what) else what}")
-        time.sleep(interval_s)
+# tests/waiting.py's wait_until with these tests' defaults: a minute, and an HTTP error means "not yet"
+wait_until = partial(waiting.wait_until, timeout_s=60.0, interval_s=0.05, what="it", ignoring=(httpx.HTTPError,))
 
 
 def create_tenant(database_url: str, name: str, *, scopes: tuple[str, ...] = ("inference", "adapters", "usage"),
