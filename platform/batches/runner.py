@@ -185,9 +185,9 @@ class BatchRun:
                     if self.ending:
                         break
                     await slots.acquire()
-                    task = asyncio.create_task(self._line(row, raw, writer))
+                    task = asyncio.create_task(self._line(row, raw, writer, slots))
                     self._tasks.add(task)
-                    task.add_done_callback(lambda t: (slots.release(), self._tasks.discard(t)))
+                    task.add_done_callback(self._tasks.discard)
                 if self.ending:
                     break
             if self._tasks:
@@ -206,18 +206,16 @@ class BatchRun:
             after = rows[-1].line_index
             yield await asyncio.to_thread(_read_lines, path, rows)
 
-    async def _line(self, row: BatchLineRow, raw: bytes, writer: ResultWriter) -> None:
-        wait_s = 1.0
-        while True:
-            if self.budget_spent is not None or self.cancelled or self.expired:
-                return  # left pending: failed with the reason when the batch ends
-            try:
-                outcome = await execute_line(self.services, self.batch, row, raw)
-                break
-            except RetryLater as exc:
-                log.info("batch %s line %d: %s; again in %.0f s", self.batch.id, row.line_index, exc, wait_s)
-                await asyncio.sleep(wait_s)
-                wait_s = min(wait_s * 2, MAX_RETRY_WAIT_S)
+    async def _line(self, row: BatchLineRow, raw: bytes, writer: ResultWriter,
+                    slots: asyncio.Semaphore | None = None) -> None:
+        """Run the line (its slot is given back once the engine is done with it), then store and meter it."""
+        try:
+            outcome = await self._execute(row, raw)
+        finally:
+            if slots is not None:
+                slots.release()
+        if outcome is None:
+            return  # left pending: failed with the reason when the batch ends
         try:
             stored = await writer.store(outcome.result)
         except BaseException:
@@ -230,6 +228,19 @@ class BatchRun:
         writer.metered(row.line_index)
         if outcome.budget_spent and self.budget_spent is None:
             self.budget_spent = outcome
+
+    async def _execute(self, row: BatchLineRow, raw: bytes) -> LineOutcome | None:
+        """The line's outcome, run again after passing refusals; None when the batch ends first."""
+        wait_s = 1.0
+        while True:
+            if self.budget_spent is not None or self.cancelled or self.expired:
+                return None
+            try:
+                return await execute_line(self.services, self.batch, row, raw)
+            except RetryLater as exc:
+                log.info("batch %s line %d: %s; again in %.0f s", self.batch.id, row.line_index, exc, wait_s)
+                await asyncio.sleep(wait_s)
+                wait_s = min(wait_s * 2, MAX_RETRY_WAIT_S)
 
     async def _meter_unmetered(self) -> None:
         """Lines stored by a worker that died before the meter had their usage: recorded now (the ledger
