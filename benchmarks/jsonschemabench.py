@@ -347,6 +347,8 @@ def summarize(name: str, records: list[dict[str, Any]]) -> tuple[dict[str, float
     metrics = _metrics(name, records)
     for part in PARTS:
         chosen = [r for r in records if r["part"] == part]
+        if not chosen:
+            continue
         metrics.update({f"{key}_{part}": value for key, value in _metrics(name, chosen).items()
                         if not key.startswith(("compile_ms", "mask_us", "compile_s"))})
     groups: dict[str, list[dict[str, Any]]] = defaultdict(list)
@@ -410,10 +412,13 @@ def main() -> None:
                         help="list each uncovered tuning schema (its index) and why; held-out ones are never listed")
     parser.add_argument("--per-group", type=int, help="only the first N schemas of each group; writes no results")
     parser.add_argument("--whole-group", action="append", default=[], help="with --per-group: keep this group whole")
+    parser.add_argument("--part", choices=PARTS, help="only this part of the split; writes no results")
     parser.add_argument("--cases-json", type=Path, help="write each schema's outcome here (auto only)")
     args = parser.parse_args()
     tokenizer = AutoTokenizer.from_pretrained(ensure_default_model(ROOT / "data" / "models"))
     cases = load_cases(args.quick, args.per_group, tuple(args.whole_group))
+    if args.part:
+        cases = [c for c in cases if c["part"] == args.part]
     for case in cases:
         case["instances"] = checked_instances(case)
     metrics: dict[str, Any] = {}
@@ -441,7 +446,7 @@ def main() -> None:
             args.cases_json.write_text(json.dumps([{k: v for k, v in r.items() if k != "mask_us"}
                                                    for r in records]))
     print(json.dumps({"metrics": metrics}, indent=1))
-    if args.quick or args.per_group is not None:
+    if args.quick or args.per_group is not None or args.part:
         return
     result = {
         "benchmark": "jsonschemabench",

@@ -25,6 +25,8 @@ class _Frame:
     seen: frozenset = frozenset()
     key: str | None = None       # objects: the last key read
     index: int = 0               # arrays: the item being read
+    members: frozenset | None = None  # unique arrays of a finite string set: the values (as UTF-8) items may take
+    awaiting: bool = False       # arrays: a comma was read, an item must follow
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,7 +88,8 @@ def scan(state: _State, data: bytes, plan: UniqueItemsPlan) -> _State | None:
                 value = _decode(raw)
                 if value in top.seen:
                     return None
-                stack = (*stack[:-1], _Frame(False, top.path, True, top.seen | {value}, index=top.index))
+                stack = (*stack[:-1], _Frame(False, top.path, True, top.seen | {value}, index=top.index,
+                                             members=top.members))
             raw, role = b"", ""
             continue
         byte = data[i]
@@ -98,6 +101,9 @@ def scan(state: _State, data: bytes, plan: UniqueItemsPlan) -> _State | None:
                 role = "key"
             elif top is not None and not top.is_object and top.unique:
                 role = "item"
+                if top.awaiting:
+                    stack = (*stack[:-1], _Frame(False, top.path, True, top.seen, index=top.index,
+                                                 members=top.members))
             else:
                 role = ""
         elif byte == 0x7B or byte == 0x5B:  # { [
@@ -107,7 +113,7 @@ def scan(state: _State, data: bytes, plan: UniqueItemsPlan) -> _State | None:
                 stack = (*stack, _Frame(True, path))
                 expect_key = True
             else:
-                stack = (*stack, _Frame(False, path, plan.unique_at(path)))
+                stack = (*stack, _Frame(False, path, plan.unique_at(path), members=plan.members_at(path)))
                 expect_key = False
         elif byte == 0x7D or byte == 0x5D:  # } ]
             stack = stack[:-1]
@@ -119,13 +125,34 @@ def scan(state: _State, data: bytes, plan: UniqueItemsPlan) -> _State | None:
             if top.is_object:
                 expect_key = True
             else:
-                stack = (*stack[:-1], _Frame(False, top.path, top.unique, top.seen, index=top.index + 1))
+                stack = (*stack[:-1], _Frame(False, top.path, top.unique, top.seen, index=top.index + 1,
+                                             members=top.members, awaiting=True))
     return _State(stack, in_string, escape, raw, role, expect_key)
 
 
 def may_close_duplicate(state: _State) -> bool:
     """Whether a token could close a duplicate item from here (inside a string item of a non-empty unique set)."""
     return state.in_string and state.role == "item" and bool(state.stack[-1].seen)
+
+
+def can_finish(state: _State) -> bool:
+    """In a unique array over a finite set of strings, some value is still unused for the item being read (the
+    text so far begins it) or the one a comma asked for; elsewhere always. Masking what fails this is what keeps
+    the duplicate check from leaving generation without a way on."""
+    top = state.stack[-1] if state.stack else None
+    if top is None or top.is_object or top.members is None or not top.seen:
+        return True
+    if state.in_string and state.role == "item":
+        return any(text.startswith(state.raw) and value not in top.seen for text, value in top.members)
+    if not state.in_string and top.awaiting:
+        return any(value not in top.seen for _, value in top.members)
+    return True
+
+
+def next_state(state: _State, data: bytes, plan: UniqueItemsPlan) -> _State | None:
+    """The state after `data`, or None when `data` closes a duplicate or leaves no unused value to write."""
+    after = scan(state, data, plan)
+    return after if after is not None and can_finish(after) else None
 
 
 # ---- the backend wrappers ------------------------------------------------------------------------------------
@@ -164,7 +191,7 @@ class UniqueItemsMatcher:
 
     def _next(self, token_id: int) -> _State | None:
         data = self._tokens.data[token_id] if 0 <= token_id < len(self._tokens.data) else b""
-        return scan(self._history[-1], data, self._plan)
+        return next_state(self._history[-1], data, self._plan)
 
     def accept_token(self, token_id: int) -> bool:
         state = self._next(token_id)
@@ -181,14 +208,20 @@ class UniqueItemsMatcher:
     def fill_bitmask(self, bitmask: Any, row: int) -> None:
         self._inner.fill_bitmask(bitmask, row)
         state = self._history[-1]
-        if not may_close_duplicate(state):
+        top = state.stack[-1] if state.stack else None
+        if top is not None and not top.is_object and top.members is not None and top.seen:
+            candidates = _allowed(bitmask[row], len(self._tokens.data))  # finite values: any token may matter
+        elif may_close_duplicate(state):
+            quoted = self._tokens.quoted
+            candidates = quoted[quoted < bitmask.shape[1] * 32]
+            words = bitmask[row]
+            allowed = (((words[candidates // 32].to(torch.int64) & 0xFFFFFFFF) >> (candidates % 32)) & 1)
+            candidates = candidates[allowed.nonzero().flatten()]
+        else:
             return
-        quoted = self._tokens.quoted
         words = bitmask[row]
-        in_range = quoted[quoted < words.shape[0] * 32]
-        allowed = (((words[in_range // 32].to(torch.int64) & 0xFFFFFFFF) >> (in_range % 32)) & 1).nonzero().flatten()
-        for token_id in in_range[allowed].tolist():
-            if scan(state, self._tokens.data[token_id], self._plan) is None:
+        for token_id in candidates.tolist():
+            if next_state(state, self._tokens.data[token_id], self._plan) is None:
                 word, bit = divmod(token_id, 32)
                 value = (int(words[word]) & 0xFFFFFFFF) & ~(1 << bit)
                 words[word] = value - (1 << 32) if value >= 1 << 31 else value
@@ -204,7 +237,17 @@ class UniqueItemsMatcher:
         state = self._history[-1]
         for i, token_id in enumerate(forced):
             data = self._tokens.data[token_id] if 0 <= token_id < len(self._tokens.data) else b""
-            state = scan(state, data, self._plan)
+            state = next_state(state, data, self._plan)
             if state is None:
                 return forced[:i]
         return forced
+
+
+_BIT_POSITIONS = torch.arange(32, dtype=torch.int64)
+
+
+def _allowed(words: torch.Tensor, num_tokens: int) -> torch.Tensor:
+    """The token ids whose bit is set in one bitmask row (ids past the tokenizer's vocabulary left out)."""
+    bits = ((words.to(torch.int64).unsqueeze(1) & 0xFFFFFFFF) >> _BIT_POSITIONS) & 1
+    ids = bits.flatten().nonzero().flatten()
+    return ids[ids < num_tokens]

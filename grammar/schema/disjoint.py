@@ -15,7 +15,9 @@ instance of it matches all of):
   character outside that alphabet in every match.
 Branches that constrain objects only all accept every other value: with two
 of them or more, a `oneOf` over them holds only for objects, so disjoint among
-objects is enough there (and the rewrite adds `type: object`).
+objects is enough there (and the rewrite adds `type: object`). A `oneOf`
+only decides among instances that also match the keywords beside it, so those
+join both sides of the proof (`context`).
 """
 
 from __future__ import annotations
@@ -54,13 +56,15 @@ class Disjointness:
         self.root = root
         self._validators: list[Any] | None = None
 
-    def disjoint(self, a: Any, b: Any, depth: int = 0, *, among_objects: bool = False) -> bool:
-        """No instance matches both (`among_objects`: no object does)."""
+    def disjoint(self, a: Any, b: Any, depth: int = 0, *, among_objects: bool = False, context: Any = True) -> bool:
+        """No instance matches both (`among_objects`: no object does; `context`: no instance of it does)."""
         if depth > _MAX_DEPTH:
             return False
-        parts_a, parts_b = self._conjuncts(a), self._conjuncts(b)
+        parts_a, parts_b, shared = self._conjuncts(a), self._conjuncts(b), self._conjuncts(context)
         if parts_a is None or parts_b is None:
             return False
+        if shared:  # what every instance in question also matches narrows both sides
+            parts_a, parts_b = [*parts_a, *shared], [*parts_b, *shared]
         types_a, types_b = _allowed_types(parts_a), _allowed_types(parts_b)
         if among_objects:
             types_a = {"object"} if types_a is None else types_a & {"object"}

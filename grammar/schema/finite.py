@@ -8,12 +8,17 @@ is the same language, for any keyword the validator knows (`not`, `if`,
 
 The finite set comes from an `enum`/`const` of the subschema itself, of one of
 its `allOf` members, or of every branch of its `anyOf`/`oneOf` (local `$ref`s
-followed). A schema that names no draft is checked against both draft 7 and
+followed); an array of bounded length (`maxItems`, or `uniqueItems`) whose
+items come from such a set is one too: every sequence of them, so
+`uniqueItems` or `contains` over a few enum values becomes the `enum` of the
+arrays they allow. A schema that names no draft is checked against both draft 7 and
 2020-12 (a value kept is valid whichever the author meant).
 """
 
 from __future__ import annotations
 
+from itertools import permutations, product
+from math import perm
 from typing import Any
 
 import jsonschema
@@ -24,6 +29,7 @@ _MAX_VALUES = 512
 _MAX_DEPTH = 8
 _TRIVIAL = frozenset({"enum", "const", "type", "$ref"})  # a subschema of only these has nothing to filter
 _MAX_CHECKS = 2048  # values validated per schema, in all: the compile-time budget of this rewrite
+_MAX_ARRAYS = 128  # arrays of a finite item set enumerated for one subschema
 
 
 class FiniteValues:
@@ -86,7 +92,35 @@ class FiniteValues:
                     union += found
                 else:
                     return union if len(union) <= _MAX_VALUES else None
-        return None
+        return self._arrays(node, depth)
+
+    def _arrays(self, node: dict, depth: int) -> list[Any] | None:
+        """An array-only subschema whose items come from a finite set and whose length is bounded (`maxItems`,
+        or `uniqueItems`: no more items than values) has finitely many instances: every such sequence."""
+        if node.get("type") not in ("array", ["array"]) or "prefixItems" in node or isinstance(node.get("items"), list):
+            return None
+        items = self._candidates(node.get("items"), depth + 1) if isinstance(node.get("items"), dict) else None
+        if items is None:
+            return None
+        distinct: list[Any] = []
+        for value in items:
+            if not _contains(distinct, value):
+                distinct.append(value)
+        unique = node.get("uniqueItems") is True
+        low, high = node.get("minItems", 0), node.get("maxItems", len(distinct) if unique else None)
+        if not _count(low) or not _count(high):
+            return None
+        high = min(high, len(distinct)) if unique else high
+        sizes = range(low, high + 1)
+        total = sum(perm(len(distinct), k) if unique else len(distinct) ** k for k in sizes)
+        if total > _MAX_ARRAYS:
+            return None
+        make = permutations if unique else (lambda values, k: product(values, repeat=k))
+        return [list(sequence) for k in sizes for sequence in make(distinct, k)]
+
+
+def _count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def _contains(values: list[Any], value: Any) -> bool:

@@ -164,6 +164,7 @@ def _points_into_rewrites(ref: Any) -> bool:
 
 def _rewritable(node: dict) -> bool:
     return (bool(_MOVED & node.keys()) or (("enum" in node or "const" in node) and len(node) > 1)
+            or node.get("uniqueItems") is True or "contains" in node
             or node.get("minProperties") == 1 or "propertyNames" in node or requires_forbidden_key(node)
             or (("minProperties" in node or "maxProperties" in node)
                 and (node.get("additionalProperties") is False or isinstance(node.get("properties"), dict))))

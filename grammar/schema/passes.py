@@ -15,6 +15,7 @@ from typing import Any
 from loraplex.grammar.schema.formats import with_formats_enforced
 from loraplex.grammar.schema.identities import with_exact_identities
 from loraplex.grammar.schema.one_of_disjoint import with_disjoint_one_of_as_any_of
+from loraplex.grammar.schema.patterns import with_unmatchable_patterns_as_no_string
 from loraplex.grammar.schema.refs import (
     with_boolean_refs_inlined,
     with_reachable_ref_targets,
@@ -52,6 +53,8 @@ SCHEMA_PASSES: tuple[SchemaPass, ...] = (
     _on_schema(without_ignored_ref_siblings),
     # annotation formats dropped, the ones with an exact pattern written as it
     _on_schema(with_formats_enforced),
+    # a pattern no string matches (anchors inside it) admits no string
+    _on_schema(with_unmatchable_patterns_as_no_string),
     # oneOf over provably disjoint branches is anyOf
     _on_schema(with_disjoint_one_of_as_any_of),
     # not, if/then/else, dependencies, property counts and names, overlapping oneOf; finite sets as enums

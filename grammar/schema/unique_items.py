@@ -11,6 +11,10 @@ would close a string item equal to an earlier item of the same array is refused
   matches another character can always follow (no `maxLength`, `enum`,
   `const` or asserted `format`), so refusing the closing quote of a duplicate
   never leaves generation without a way on (the string grows instead);
+- or they come from a finite set of strings (`enum`/`const`, no escapes in
+  them, `minItems` no more than there are): then the matcher also masks what
+  could only spell a value already used, and a comma once every value is
+  used, so again generation always has a way on;
 - every way from the root to the `uniqueItems` node is one that must hold for
   an array there: `properties`, `patternProperties`, `additionalProperties`,
   `items`, `prefixItems`, `allOf` and `$ref`, or an `anyOf` branch whose
@@ -29,6 +33,7 @@ import re
 import sre_constants
 from typing import Any
 
+from loraplex.grammar.schema.finite import JUDGING_ERRORS, offline_validators
 from loraplex.grammar.schema.walk import (
     DEFINED_FORMATS,
     VALIDATION_KEYWORDS,
@@ -43,6 +48,8 @@ except ImportError:  # pragma: no cover
     import sre_parse  # type: ignore[no-redef]
 
 _ARRAY, _OBJECT = "array", "object"
+_MAX_MEMBERS = 1024
+_NEEDS_ESCAPE = re.compile(r'["\\\x00-\x1f]')
 _MAX_NODES = 20000
 _MAX_PATH_CACHE = 4096
 
@@ -169,14 +176,38 @@ def _has_end_anchor(pattern: str, skip_last: bool = False) -> bool:
     return bool(re.search(r"(?<!\\)(?:\\\\)*(?:\$|\\Z)", text))
 
 
-def _unique_string_items(node: dict, root: Any) -> bool:
-    """Whether `node`'s `uniqueItems` can be checked by the matcher exactly (see the module docstring)."""
-    if {"prefixItems", "contains", "minContains", "maxContains", "unevaluatedItems", "additionalItems"} & node.keys():
-        return False
+def _items_of(node: dict, root: Any) -> Any:
     items = node.get("items")
     for _ in range(16):
         if isinstance(items, dict) and set(items) & VALIDATION_KEYWORDS == {"$ref"}:
             items = resolve_ref(items["$ref"], root)
+    return items
+
+
+def finite_strings(items: Any) -> list[str] | None:
+    """The values of an items schema that is only a set of strings (`enum`/`const`, `type: string`), each spelled
+    in JSON without escapes; None for any other schema."""
+    if not isinstance(items, dict) or not set(items) & VALIDATION_KEYWORDS <= {"type", "enum", "const"}:
+        return None
+    if items.get("type", "string") != "string":
+        return None
+    values = [items["const"]] if "const" in items else items.get("enum")
+    if not isinstance(values, list) or not values or len(values) > _MAX_MEMBERS:
+        return None
+    if not all(isinstance(v, str) and not _NEEDS_ESCAPE.search(v) for v in values):
+        return None
+    return list(dict.fromkeys(values))
+
+
+def _unique_string_items(node: dict, root: Any) -> bool:
+    """Whether `node`'s `uniqueItems` can be checked by the matcher exactly (see the module docstring)."""
+    if {"prefixItems", "contains", "minContains", "maxContains", "unevaluatedItems", "additionalItems"} & node.keys():
+        return False
+    items = _items_of(node, root)
+    members = finite_strings(items)
+    if members is not None:
+        low = node.get("minItems", 0)
+        return isinstance(low, int) and low <= len(members)  # more would leave no value to write
     if not isinstance(items, dict) or items.get("type") != "string":
         return False
     checked = set(items) & VALIDATION_KEYWORDS
@@ -225,7 +256,49 @@ class UniqueItemsPlan:
     def __init__(self, schema: dict) -> None:
         self.root = schema
         self._cache: dict[tuple, bool] = {}
+        self._members: dict[tuple, frozenset | None] = {}
+        self._validators: list[Any] | None = None
         self._patterns: dict[str, re.Pattern | None] = {}
+
+    def members_at(self, path: tuple) -> frozenset | None:
+        """For a unique array over a finite set of strings: (UTF-8 text, value) of each value its items may take
+        (the values every items schema at the path accepts); None for other arrays."""
+        if path in self._members:
+            return self._members[path]
+        found = None
+        nodes = self._nodes_at(path)
+        for node in nodes:
+            if isinstance(node, dict) and node.get("uniqueItems") is True:
+                values = finite_strings(_items_of(node, self.root))
+                if values is not None:
+                    found = self._accepted_by_all(values, nodes)
+                    break
+        if len(self._members) < _MAX_PATH_CACHE:
+            self._members[path] = found
+        return found
+
+    def _accepted_by_all(self, values: list[str], nodes: list[dict]) -> frozenset:
+        item_schemas = [self._resolved(n["items"]) for n in nodes if isinstance(n, dict) and "items" in n]
+        if self._validators is None:
+            self._validators = offline_validators(self.root)
+        validators = self._validators
+        kept = []
+        for value in values:
+            try:
+                if all(v.evolve(schema=sub).is_valid(value) for sub in item_schemas for v in validators):
+                    kept.append((value.encode("utf-8"), value))
+            except JUDGING_ERRORS:
+                kept.append((value.encode("utf-8"), value))  # cannot judge: the grammar still decides
+        return frozenset(kept)
+
+    def _resolved(self, sub: Any) -> Any:
+        for _ in range(16):
+            if isinstance(sub, dict) and set(sub) & VALIDATION_KEYWORDS == {"$ref"}:
+                target = resolve_ref(sub["$ref"], self.root)
+                if target is None:
+                    break
+                sub = target
+        return sub
 
     def unique_at(self, path: tuple) -> bool:
         found = self._cache.get(path)

@@ -21,6 +21,7 @@ from loraplex.grammar.schema.object_keys import (
 )
 from loraplex.grammar.schema.one_of_disjoint import with_disjoint_one_of_as_any_of
 from loraplex.grammar.schema.passes import SCHEMA_PASSES, prepare_schema
+from loraplex.grammar.schema.patterns import never_matches, with_unmatchable_patterns_as_no_string
 from loraplex.grammar.schema.refs import (
     with_boolean_refs_inlined,
     with_reachable_ref_targets,
@@ -39,7 +40,7 @@ def same_language(a, b, draft=jsonschema.Draft7Validator) -> bool:
 def test_the_passes_run_in_one_declared_order():
     assert [p.__name__ for p in SCHEMA_PASSES] == [
         "with_reachable_ref_targets", "without_ignored_ref_siblings", "with_formats_enforced",
-        "with_disjoint_one_of_as_any_of", "with_exact_identities", "with_boolean_refs_inlined",
+        "with_unmatchable_patterns_as_no_string", "with_disjoint_one_of_as_any_of", "with_exact_identities", "with_boolean_refs_inlined",
         "_unique_items_to_matchers",
     ]
 
@@ -81,11 +82,30 @@ def test_formats():
     assert out == {"type": "string", "pattern": FORMAT_PATTERNS["uri-template"]}
 
 
+def test_unmatchable_patterns():
+    assert never_matches("/^[0-9]{4}$/") and never_matches("a$b") and never_matches("x^|y^")
+    assert not never_matches("^a$") and not never_matches("(^a|b)") and not never_matches("$\n")
+    schema = {"type": "object", "properties": {"d": {"type": "string", "pattern": "/^[0-9]{4}$/"},
+                                               "e": {"pattern": "a^"}, "ok": {"type": "string", "pattern": "^a"}}}
+    out = with_unmatchable_patterns_as_no_string(schema)
+    assert out["properties"]["d"] is False and out["properties"]["ok"] == schema["properties"]["ok"]
+    assert same_language(schema, out)
+
+
 def test_disjoint_one_of():
     disjoint = {"oneOf": [{"type": "string"}, {"type": "integer"}]}
     assert with_disjoint_one_of_as_any_of(disjoint) == {"anyOf": [{"type": "string"}, {"type": "integer"}]}
     overlapping = {"oneOf": [{"type": "number"}, {"type": "integer"}]}
     assert with_disjoint_one_of_as_any_of(overlapping) == overlapping
+
+
+def test_disjoint_one_of_counts_the_keywords_beside_it():
+    """Branches that overlap only outside what the node's other keywords allow are disjoint where it matters."""
+    branches = [{"properties": {"kind": {"const": "a"}}}, {"properties": {"kind": {"const": "b"}}}]
+    assert "oneOf" in with_disjoint_one_of_as_any_of({"oneOf": branches})  # {} matches both
+    schema = {"type": "object", "required": ["kind"], "oneOf": branches}
+    out = with_disjoint_one_of_as_any_of(schema)
+    assert "oneOf" not in out and same_language(schema, out)
 
 
 def test_exact_identities():

@@ -137,3 +137,48 @@ def test_what_the_matcher_cannot_check_exactly_stays_refused(compiler, schema):
     assert without_checked_unique_items(schema)[1] is None
     with pytest.raises(InvalidRequestError, match=r"uniqueItems|not supported|cannot be enforced"):
         compiler.compile_blocking(GrammarSpec(GrammarKind.JSON_SCHEMA, schema, param="s", strict=True))
+
+
+FEATURES = ["sign-extension", "simd", "threads", "tail-call", "bulk", "bulk-memory", "s", "mutable-globals"]
+ENUM_SET = {"type": "object", "properties": {"f": {"type": "array", "items": {"type": "string", "enum": FEATURES},
+                                                   "uniqueItems": True}}, "required": ["f"], "additionalProperties": False}
+
+
+def test_a_set_of_enum_values_is_checked_exactly(compiler, tokenizer):
+    grammar = compiler.compile_blocking(GrammarSpec(GrammarKind.JSON_SCHEMA, ENUM_SET, strict=True))
+    for text in ('{"f": []}', '{"f": ["simd", "s"]}', '{"f": ["simd", "simd"]}', '{"f": ["bulk", "bulk-memory"]}',
+                 '{"f": ["bulk-memory", "bulk", "bulk"]}', '{"f": ["x"]}'):
+        assert accepted(grammar, tokenizer, text) == jsonschema.Draft202012Validator(ENUM_SET).is_valid(
+            json.loads(text)), text
+
+
+def test_a_set_of_enum_values_never_dead_ends_when_every_value_is_used(compiler, tokenizer):
+    """The walk avoids closing the array, so it uses up every value: then only the close is left to it."""
+    grammar = compiler.compile_blocking(GrammarSpec(GrammarKind.JSON_SCHEMA, ENUM_SET, strict=True))
+    rng = random.Random(3)
+    token_bytes = grammar.closing_tokens.token_bytes
+    for _ in range(3):
+        matcher, tokens = grammar.new_matcher(), []
+        while not matcher.is_terminated() and len(tokens) < 200:
+            mask = torch.zeros((1, (SMOLLM2_VOCAB + 31) // 32), dtype=torch.int32)
+            matcher.fill_bitmask(mask, 0)
+            choices = [i for i in range(len(token_bytes)) if (int(mask[0, i // 32]) >> (i % 32)) & 1
+                       and i not in grammar.stop_token_ids]
+            assert choices, tokenizer.decode(tokens)  # never a dead end
+            going_on = [i for i in choices if b"]" not in token_bytes[i]]
+            token = rng.choice(going_on or choices)
+            assert matcher.accept_token(token)
+            tokens.append(token)
+        assert sorted(json.loads(tokenizer.decode(tokens))["f"]) == sorted(FEATURES)
+
+
+def test_a_few_enum_values_become_the_enum_of_their_arrays(compiler, tokenizer):
+    from loraplex.grammar.schema.passes import prepare_schema
+
+    schema = {"type": "array", "items": {"enum": ["esm", "raw"]}, "uniqueItems": True}
+    assert prepare_schema(schema).schema == {"enum": [[], ["esm"], ["raw"], ["esm", "raw"], ["raw", "esm"]]}
+    contains = {"type": "array", "items": {"enum": [1, 2, 3]}, "contains": {"const": 2}, "maxItems": 2}
+    grammar = compiler.compile_blocking(GrammarSpec(GrammarKind.JSON_SCHEMA, contains, strict=True))
+    for value in ([2], [1, 2], [1, 3], [], [2, 2], [1, 2, 2], [4, 2]):
+        assert accepted(grammar, tokenizer, json.dumps(value)) == jsonschema.Draft202012Validator(
+            contains).is_valid(value), value
