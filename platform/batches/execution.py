@@ -49,6 +49,8 @@ from pydantic import ValidationError
 
 log = logging.getLogger(__name__)
 UNLIMITED = Limits(rpm=0, tpm=0)
+# Refusals that pass by themselves (a grammar compile slot, a limit per minute): the line waits and runs again.
+_PASSING_429_CODES = frozenset({"tenant_compile_limit", "rate_limit_exceeded", "tokens_rate_limit_exceeded"})
 _KINDS = {"/v1/chat/completions": "chat", "/v1/completions": "completion", "/v1/responses": "response"}
 
 
@@ -193,7 +195,7 @@ async def _failed(services: Services, request_id: str, line: BatchLineRow, exc: 
         log.exception("batch line %s failed", request_id, exc_info=exc)
         status, body = 500, error_body(500, "internal server error", code="internal_error")
     budget_spent = isinstance(exc, QuotaExceededError)
-    if status == 503 or (status == 429 and not budget_spent):
+    if status == 503 or (status == 429 and body["error"]["code"] in _PASSING_429_CODES):
         if gen is not None:
             await gen.drop()
         raise RetryLater(exc)
