@@ -314,3 +314,30 @@ def test_portal_lists_batches_with_progress_and_downloads(server: BatchServer, t
         finally:
             browser.close()
     assert problems == []
+
+
+def test_a_resumed_batch_bills_and_writes_nothing_twice(server: BatchServer) -> None:
+    """A worker that died after storing lines but before its meter had them (and before the batch ended):
+    the next worker records their usage again (the ledger keeps one event per line) and ends the batch
+    with the same files."""
+    from loraplex.platform.batches.models import BatchLineRow, BatchRow
+    from loraplex.platform.db.session import make_db_engine, make_session_factory
+    from sqlalchemy import select, update
+
+    client = server.client("acme")
+    batch = client.batches.create(input_file_id=upload(client, [chat_line("m1", "Hi."), chat_line("m2", "Yo.")]).id,
+                                  endpoint="/v1/chat/completions", completion_window="24h")
+    first = wait_batch(client, batch.id)
+    rows = wait_until(lambda: len(r := ledger_rows(server, "acme", batch.id)) == 2 and r, what="two ledger rows")
+    engine = make_db_engine(server.database_url)
+    with make_session_factory(engine)() as db, db.begin():
+        db.execute(update(BatchLineRow).where(BatchLineRow.batch_id == batch.id).values(metered=False))
+        db.execute(update(BatchRow).where(BatchRow.id == batch.id).values(status="in_progress", completed_at=None))
+    again = wait_batch(client, batch.id)
+    with make_session_factory(engine)() as db:
+        assert all(db.scalars(select(BatchLineRow.metered).where(BatchLineRow.batch_id == batch.id)))
+    engine.dispose()
+    assert (again.status, again.output_file_id, again.request_counts) == ("completed", first.output_file_id,
+                                                                            first.request_counts)
+    assert result_lines(client, again.output_file_id) == result_lines(client, first.output_file_id)
+    assert ledger_rows(server, "acme", batch.id) == rows
