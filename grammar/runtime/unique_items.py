@@ -3,13 +3,15 @@
 The schema pass (`schema.unique_items`) compiled the grammar without the
 `uniqueItems` it can check and left a plan of the arrays they apply to. Each
 matcher follows the JSON text it accepts; a token that would close a string
-item equal to an earlier item of the same array is refused (and masked).
+item, or an item object, equal to an earlier item of the same array is refused
+(and masked). Objects are compared as JSON values (keys in any order, 1 and
+1.0 one number).
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -27,6 +29,8 @@ class _Frame:
     index: int = 0               # arrays: the item being read
     members: frozenset | None = None  # unique arrays of a finite string set: the values (as UTF-8) items may take
     awaiting: bool = False       # arrays: a comma was read, an item must follow
+    objects: bool = False        # unique arrays of open objects: each item object is compared whole
+    start: int = -1              # objects that are such an item: where their text starts
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,6 +41,7 @@ class _State:
     raw: bytes = b""             # the string being read (keys, and items of unique arrays)
     role: str = ""               # "key", "item" (of a unique array) or "" (other strings)
     expect_key: bool = False
+    offset: int = 0              # bytes read so far
 
 
 _QUOTE, _BACKSLASH = ord('"'), ord("\\")
@@ -49,8 +54,9 @@ def _decode(raw: bytes) -> str | None:
         return raw.decode("utf-8", errors="replace")
 
 
-def scan(state: _State, data: bytes, plan: UniqueItemsPlan) -> _State | None:
-    """The state after `data`; None when `data` closes a string item equal to an earlier one of its array."""
+def scan(state: _State, data: bytes, plan: UniqueItemsPlan, before: bytes | bytearray = b"") -> _State | None:
+    """The state after `data` (`before`: the text read so far); None when `data` closes an item equal to an
+    earlier one of its array."""
     stack, in_string, escape, raw, role, expect_key = (state.stack, state.in_string, state.escape, state.raw,
                                                        state.role, state.expect_key)
     i, n = 0, len(data)
@@ -82,14 +88,13 @@ def scan(state: _State, data: bytes, plan: UniqueItemsPlan) -> _State | None:
             i += 1
             if role == "key" and stack:
                 top = stack[-1]
-                stack = (*stack[:-1], _Frame(True, top.path, key=_decode(raw)))
+                stack = (*stack[:-1], replace(top, key=_decode(raw)))
             elif role == "item" and stack:
                 top = stack[-1]
                 value = _decode(raw)
                 if value in top.seen:
                     return None
-                stack = (*stack[:-1], _Frame(False, top.path, True, top.seen | {value}, index=top.index,
-                                             members=top.members))
+                stack = (*stack[:-1], replace(top, seen=top.seen | {value}))
             raw, role = b"", ""
             continue
         byte = data[i]
@@ -102,22 +107,32 @@ def scan(state: _State, data: bytes, plan: UniqueItemsPlan) -> _State | None:
             elif top is not None and not top.is_object and top.unique:
                 role = "item"
                 if top.awaiting:
-                    stack = (*stack[:-1], _Frame(False, top.path, True, top.seen, index=top.index,
-                                                 members=top.members))
+                    stack = (*stack[:-1], replace(top, awaiting=False))
             else:
                 role = ""
         elif byte == 0x7B or byte == 0x5B:  # { [
             top = stack[-1] if stack else None
             path = () if top is None else (*top.path, top.key if top.is_object else top.index)
             if byte == 0x7B:
-                stack = (*stack, _Frame(True, path))
+                item = top is not None and not top.is_object and top.objects
+                stack = (*stack, _Frame(True, path, start=state.offset + i - 1 if item else -1))
                 expect_key = True
             else:
-                stack = (*stack, _Frame(False, path, plan.unique_at(path), members=plan.members_at(path)))
+                unique = plan.unique_at(path)
+                stack = (*stack, _Frame(False, path, unique, members=plan.members_at(path),
+                                        objects=unique and plan.objects_at(path)))
                 expect_key = False
         elif byte == 0x7D or byte == 0x5D:  # } ]
-            stack = stack[:-1]
+            closed, stack = stack[-1] if stack else None, stack[:-1]
             expect_key = False
+            if closed is not None and closed.start >= 0 and stack:
+                text = before[closed.start:] + data[:i] if closed.start < state.offset else \
+                    data[closed.start - state.offset:i]
+                value = _canonical_text(text)
+                array = stack[-1]
+                if value in array.seen:
+                    return None
+                stack = (*stack[:-1], replace(array, seen=array.seen | {value}))
         elif byte == 0x3A:  # :
             expect_key = False
         elif byte == 0x2C and stack:  # ,
@@ -125,9 +140,29 @@ def scan(state: _State, data: bytes, plan: UniqueItemsPlan) -> _State | None:
             if top.is_object:
                 expect_key = True
             else:
-                stack = (*stack[:-1], _Frame(False, top.path, top.unique, top.seen, index=top.index + 1,
-                                             members=top.members, awaiting=True))
-    return _State(stack, in_string, escape, raw, role, expect_key)
+                stack = (*stack[:-1], replace(top, index=top.index + 1, awaiting=True))
+    return _State(stack, in_string, escape, raw, role, expect_key, state.offset + n)
+
+
+def _canonical_text(text: bytes) -> Any:
+    try:
+        return _canonical(json.loads(text))
+    except (ValueError, RecursionError):
+        return ("unread", bytes(text))
+
+
+def _canonical(value: Any) -> Any:
+    """A hashable form in which two JSON values are equal exactly when JSON Schema calls them equal (keys in any
+    order, 1 and 1.0 one number, true never 1)."""
+    if isinstance(value, dict):
+        return ("object", tuple(sorted((k, _canonical(v)) for k, v in value.items())))
+    if isinstance(value, list):
+        return ("array", tuple(_canonical(v) for v in value))
+    if isinstance(value, bool) or value is None or isinstance(value, str):
+        return (type(value).__name__, value)
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    return ("number", value)
 
 
 def may_close_duplicate(state: _State) -> bool:
@@ -149,9 +184,15 @@ def can_finish(state: _State) -> bool:
     return True
 
 
-def next_state(state: _State, data: bytes, plan: UniqueItemsPlan) -> _State | None:
+def closes_item_object(state: _State) -> bool:
+    """Whether a `}` could close an item object of a unique array that already holds one (the whole item is
+    compared then)."""
+    return any(frame.start >= 0 and i > 0 and state.stack[i - 1].seen for i, frame in enumerate(state.stack))
+
+
+def next_state(state: _State, data: bytes, plan: UniqueItemsPlan, before: bytes | bytearray = b"") -> _State | None:
     """The state after `data`, or None when `data` closes a duplicate or leaves no unused value to write."""
-    after = scan(state, data, plan)
+    after = scan(state, data, plan, before)
     return after if after is not None and can_finish(after) else None
 
 
@@ -173,37 +214,44 @@ class UniqueItemsGrammar:
 
 
 class TokenBytes:
-    """The bytes of every token, and the tokens that hold a quote (the only ones that can close a string)."""
+    """The bytes of every token, and the tokens that hold a quote or a `}` (the only ones that can close a string
+    or an object)."""
 
     def __init__(self, token_bytes: list[bytes]) -> None:
         self.data = token_bytes
         self.quoted = torch.tensor([i for i, b in enumerate(token_bytes) if b'"' in b], dtype=torch.int64)
+        self.braced = torch.tensor([i for i, b in enumerate(token_bytes) if b"}" in b], dtype=torch.int64)
 
 
 class UniqueItemsMatcher:
-    __slots__ = ("_history", "_inner", "_plan", "_tokens")
+    __slots__ = ("_history", "_inner", "_plan", "_text", "_tokens")
 
     def __init__(self, inner: Any, plan: UniqueItemsPlan, tokens: TokenBytes) -> None:
         self._inner = inner
         self._plan = plan
         self._tokens = tokens
         self._history: list[_State] = [_State()]
+        self._text = bytearray()  # what was accepted: an item object is compared whole once closed
 
     def _next(self, token_id: int) -> _State | None:
-        data = self._tokens.data[token_id] if 0 <= token_id < len(self._tokens.data) else b""
-        return next_state(self._history[-1], data, self._plan)
+        return next_state(self._history[-1], self._bytes(token_id), self._plan, self._text)
+
+    def _bytes(self, token_id: int) -> bytes:
+        return self._tokens.data[token_id] if 0 <= token_id < len(self._tokens.data) else b""
 
     def accept_token(self, token_id: int) -> bool:
         state = self._next(token_id)
         if state is None or not self._inner.accept_token(token_id):
             return False
         self._history.append(state)
+        self._text += self._bytes(token_id)
         return True
 
     def rollback(self, num_tokens: int) -> None:
         if num_tokens:
             self._inner.rollback(num_tokens)
             del self._history[-num_tokens:]
+            del self._text[self._history[-1].offset:]
 
     def fill_bitmask(self, bitmask: Any, row: int) -> None:
         self._inner.fill_bitmask(bitmask, row)
@@ -211,17 +259,18 @@ class UniqueItemsMatcher:
         top = state.stack[-1] if state.stack else None
         if top is not None and not top.is_object and top.members is not None and top.seen:
             candidates = _allowed(bitmask[row], len(self._tokens.data))  # finite values: any token may matter
-        elif may_close_duplicate(state):
-            quoted = self._tokens.quoted
-            candidates = quoted[quoted < bitmask.shape[1] * 32]
+        elif may_close_duplicate(state) or closes_item_object(state):
+            closers = self._tokens.quoted if may_close_duplicate(state) else self._tokens.braced
+            candidates = closers[closers < bitmask.shape[1] * 32]
             words = bitmask[row]
             allowed = (((words[candidates // 32].to(torch.int64) & 0xFFFFFFFF) >> (candidates % 32)) & 1)
             candidates = candidates[allowed.nonzero().flatten()]
         else:
             return
         words = bitmask[row]
+        before = self._text
         for token_id in candidates.tolist():
-            if next_state(state, self._tokens.data[token_id], self._plan) is None:
+            if next_state(state, self._tokens.data[token_id], self._plan, before) is None:
                 word, bit = divmod(token_id, 32)
                 value = (int(words[word]) & 0xFFFFFFFF) & ~(1 << bit)
                 words[word] = value - (1 << 32) if value >= 1 << 31 else value
@@ -235,11 +284,15 @@ class UniqueItemsMatcher:
     def forced_token_ids(self) -> list[int]:
         forced = self._inner.forced_token_ids()
         state = self._history[-1]
+        before = bytearray(self._text) if self._plan.objects_anywhere else bytearray()
         for i, token_id in enumerate(forced):
-            data = self._tokens.data[token_id] if 0 <= token_id < len(self._tokens.data) else b""
-            state = next_state(state, data, self._plan)
-            if state is None:
+            data = self._bytes(token_id)
+            after = next_state(state, data, self._plan, before)
+            if after is None:
                 return forced[:i]
+            state = after
+            if self._plan.objects_anywhere:
+                before += data
         return forced
 
 

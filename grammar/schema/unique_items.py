@@ -1,4 +1,4 @@
-"""`uniqueItems` over arrays of strings: which the matchers can check exactly, and the plan of where they apply.
+"""`uniqueItems` the matchers can check exactly (strings, enum sets, open objects), and the plan of where it applies.
 
 No backend grammar can say "no two items equal" (it is not context-free), so a
 schema whose `uniqueItems: true` arrays all qualify is compiled without those
@@ -15,6 +15,9 @@ would close a string item equal to an earlier item of the same array is refused
   them, `minItems` no more than there are): then the matcher also masks what
   could only spell a value already used, and a comma once every value is
   used, so again generation always has a way on;
+- or they are open objects (`type: object`, any further key allowed, no
+  `maxProperties`): a duplicate is refused at its closing `}` (compared as a
+  JSON value), and the model can always add a key instead;
 - every way from the root to the `uniqueItems` node is one that must hold for
   an array there: `properties`, `patternProperties`, `additionalProperties`,
   `items`, `prefixItems`, `allOf` and `$ref`, or an `anyOf` branch whose
@@ -199,11 +202,28 @@ def finite_strings(items: Any) -> list[str] | None:
     return list(dict.fromkeys(values))
 
 
+_CLOSING_OBJECT_KEYWORDS = frozenset({
+    "maxProperties", "propertyNames", "patternProperties", "unevaluatedProperties", "dependencies",
+    "dependentSchemas", "dependentRequired", "if", "then", "else", "not", "allOf", "anyOf", "oneOf", "$ref", "enum",
+    "const"})
+
+
+def open_object(items: Any) -> bool:
+    """An object schema that takes one more key of any name and value wherever it could end: refusing the `}`
+    of a duplicate item leaves the model that way on."""
+    if not isinstance(items, dict) or items.get("type") != "object" or _CLOSING_OBJECT_KEYWORDS & items.keys():
+        return False
+    extra = items.get("additionalProperties", True)
+    return extra is True or extra == {}
+
+
 def _unique_string_items(node: dict, root: Any) -> bool:
     """Whether `node`'s `uniqueItems` can be checked by the matcher exactly (see the module docstring)."""
     if {"prefixItems", "contains", "minContains", "maxContains", "unevaluatedItems", "additionalItems"} & node.keys():
         return False
     items = _items_of(node, root)
+    if open_object(items):
+        return True
     members = finite_strings(items)
     if members is not None:
         low = node.get("minItems", 0)
@@ -255,10 +275,17 @@ class UniqueItemsPlan:
 
     def __init__(self, schema: dict) -> None:
         self.root = schema
+        self.objects_anywhere = any(isinstance(n, dict) and n.get("uniqueItems") is True
+                                    and open_object(_items_of(n, schema)) for _, n, _ in subschemas(schema))
         self._cache: dict[tuple, bool] = {}
         self._members: dict[tuple, frozenset | None] = {}
         self._validators: list[Any] | None = None
         self._patterns: dict[str, re.Pattern | None] = {}
+
+    def objects_at(self, path: tuple) -> bool:
+        """Whether the unique array at `path` holds open objects (each compared whole once closed)."""
+        return any(isinstance(n, dict) and n.get("uniqueItems") is True and open_object(_items_of(n, self.root))
+                   for n in self._nodes_at(path))
 
     def members_at(self, path: tuple) -> frozenset | None:
         """For a unique array over a finite set of strings: (UTF-8 text, value) of each value its items may take

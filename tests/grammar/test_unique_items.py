@@ -130,7 +130,7 @@ def test_rollback_restores_what_was_seen(compiler, tokenizer):
     {"anyOf": [{"type": "array"}, TAGS]},                                      # a sibling admits duplicates
     {"type": "array", "items": {"type": "string", "maxLength": 1}, "uniqueItems": True},  # could run out
     {"type": "array", "items": {"type": "string", "pattern": "^a$"}, "uniqueItems": True},
-    {"type": "array", "items": {"type": "object"}, "uniqueItems": True},
+    {"type": "array", "items": {"type": "object", "additionalProperties": False}, "uniqueItems": True},
     {"type": "object", "if": {"required": ["a"]}, "then": {"properties": {"b": TAGS}}},
 ])
 def test_what_the_matcher_cannot_check_exactly_stays_refused(compiler, schema):
@@ -182,3 +182,30 @@ def test_a_few_enum_values_become_the_enum_of_their_arrays(compiler, tokenizer):
     for value in ([2], [1, 2], [1, 3], [], [2, 2], [1, 2, 2], [4, 2]):
         assert accepted(grammar, tokenizer, json.dumps(value)) == jsonschema.Draft202012Validator(
             contains).is_valid(value), value
+
+
+OBJECTS = {"type": "array", "items": {"type": "object"}, "uniqueItems": True}
+
+
+@pytest.mark.parametrize(("text", "valid"), [
+    ('[{"a": 1}, {"a": 2}]', True), ('[{"a": 1}, {"a": 1}]', False), ('[{"a": 1}, {"a": 1.0}]', False),
+    ('[{"a": 1, "b": 2}, {"b": 2, "a": 1}]', False), ('[{}, {}]', False), ('[{"a": true}, {"a": 1}]', True),
+    ('[{"a": {"x": [1]}}, {"a": {"x": [1]}}]', False), ('[{"a": {"x": [1]}}, {"a": {"x": [1, 1]}}]', True),
+    ('[{"a": "\\u0041"}, {"a": "A"}]', False), ('[{"a": 1}, {"b": 1}, {"a": 1}]', False),
+])
+def test_open_objects_are_compared_whole(compiler, tokenizer, text, valid):
+    grammar = compiler.compile_blocking(GrammarSpec(GrammarKind.JSON_SCHEMA, OBJECTS, strict=True))
+    assert jsonschema.Draft202012Validator(OBJECTS).is_valid(json.loads(text)) == valid
+    assert accepted(grammar, tokenizer, text) == valid
+
+
+def test_a_duplicate_object_cannot_close_but_can_go_on(compiler, tokenizer):
+    grammar = compiler.compile_blocking(GrammarSpec(GrammarKind.JSON_SCHEMA, OBJECTS, strict=True))
+    matcher = grammar.new_matcher()
+    assert all(matcher.accept_token(t) for t in tokenizer.encode('[{"a": 1}, {"a": 1', add_special_tokens=False))
+    mask = torch.zeros((1, (SMOLLM2_VOCAB + 31) // 32), dtype=torch.int32)
+    matcher.fill_bitmask(mask, 0)
+    allowed = [i for i in range(len(grammar.closing_tokens.token_bytes)) if (int(mask[0, i // 32]) >> (i % 32)) & 1]
+    texts = {grammar.closing_tokens.token_bytes[i] for i in allowed}
+    assert not any(t.startswith(b"}") for t in texts)  # the duplicate's close is masked
+    assert any(t.startswith(b",") for t in texts)  # another key is not
