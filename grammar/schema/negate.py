@@ -6,18 +6,20 @@ only: `minimum` fails exactly for numbers below it, so its complement is
 `{"type": "number", "exclusiveMaximum": m}`, and so on for lengths, counts,
 `required`, `properties`, `patternProperties` whose patterns match a finite
 set of keys, `items` beside a small `maxItems` (position by position, with
-`prefixItems`), `type`, finite `enum`/`const` sets (strings by a
-regex of every string outside the set, numbers by open intervals) and the
-combinators (De Morgan; `oneOf` fails when no branch or two branches match). A keyword whose complement no backend can
-express (`pattern`, `multipleOf`, `items`, `additionalProperties`, ...) makes
-`negate` return None: the caller keeps the schema as it is, and the backend
-refuses the `not` (never a looser grammar).
+`prefixItems`), `additionalProperties: false` beside a few declared keys
+(for each set of them present, more keys than that), `type`, finite
+`enum`/`const` sets (strings by a regex of every string outside the set,
+numbers by open intervals) and the combinators (De Morgan; `oneOf` fails when
+no branch or two branches match). A keyword whose complement no backend can
+express (`pattern`, `multipleOf`, `items`, any other `additionalProperties`,
+...) makes `negate` return None: the caller keeps the schema as it is, and the
+backend refuses the `not` (never a looser grammar).
 """
 
 from __future__ import annotations
 
 import re
-from itertools import pairwise
+from itertools import combinations, pairwise
 from typing import Any
 
 from loraplex.grammar.schema.walk import DEFINED_FORMATS, VALIDATION_KEYWORDS, json_type, resolve_ref
@@ -37,6 +39,7 @@ _MAX_ONE_OF = 6
 _MAX_FINITE = 64   # keys of a pattern enumerated for a patternProperties complement
 _MAX_REPEAT = 4
 _MAX_POSITIONS = 8  # items negated position by position (under maxItems)
+_MAX_DECLARED = 4   # declared keys of a closed object whose complement is written (2**4 branches)
 
 # keyword -> (the type it constrains, the keyword that is its complement within that type, value map)
 _FLIPPED_BOUNDS = {
@@ -104,6 +107,8 @@ def _negate_keyword(key: str, value: Any, schema: dict, root: Any, depth: int) -
         return _union(branches)
     if key in ("additionalProperties", "items", "additionalItems", "propertyNames") and (value is True or value == {}):
         return False  # a free subschema: no value fails it
+    if key == "additionalProperties" and value is False and not schema.get("patternProperties"):
+        return _some_undeclared_key(schema.get("properties", {}))
     if key == "additionalItems" and not isinstance(schema.get("items"), list):
         return False  # it applies after a tuple `items` only: here no value fails it
     if key == "items" and isinstance(value, dict | bool) and "prefixItems" not in schema:
@@ -166,6 +171,25 @@ def _negate_keyword(key: str, value: Any, schema: dict, root: Any, depth: int) -
         pairs = [{"allOf": [a, b]} for i, a in enumerate(value) for b in value[i + 1:]]
         return _union([none, *pairs])
     return None
+
+
+def _some_undeclared_key(properties: Any) -> Any | None:
+    """Objects with a key `properties` does not declare: for each set of the declared keys present (the others
+    absent), more keys than that set."""
+    if not isinstance(properties, dict) or len(properties) > _MAX_DECLARED:
+        return None
+    declared = sorted(properties)
+    branches: list[Any] = []
+    for size in range(len(declared) + 1):
+        for present in combinations(declared, size):
+            absent = {k: False for k in declared if k not in present}
+            branch: dict[str, Any] = {"type": "object", "minProperties": size + 1}
+            if present:
+                branch["required"] = list(present)
+            if absent:
+                branch["properties"] = absent
+            branches.append(branch)
+    return _union(branches)
 
 
 def _union(branches: list[Any | None]) -> Any | None:

@@ -29,6 +29,9 @@ NEGATABLE = [
     {"additionalProperties": True, "items": {}, "patternProperties": {"^a": True}},
     # patterns matching a finite set of keys: one of those keys holds a value the subschema rejects
     {"patternProperties": {"^(a|b)$": {"type": "number"}, "^c$": True, "^[xy]z?$": False}},
+    # a closed object: some key it does not declare is present
+    {"properties": {"a": {"type": "number"}, "b": {}}, "additionalProperties": False},
+    {"type": "object", "additionalProperties": False},
 ]
 
 
@@ -45,6 +48,7 @@ def test_negation_accepts_exactly_what_the_schema_rejects(schema):
 
 
 @pytest.mark.parametrize("schema", [{"pattern": "^a"}, {"multipleOf": 3}, {"items": {"type": "string"}},
+                                    {"additionalProperties": {"type": "integer"}},
                                     {"patternProperties": {"^a": {"type": "integer"}}},
                                     {"type": "integer"}, {"enum": [[1]]}, {"uniqueItems": True}])
 def test_what_cannot_be_negated_exactly_is_not_negated(schema):
@@ -99,6 +103,8 @@ REWRITTEN = [
     {"oneOf": [{"allOf": [{"$ref": "#/$defs/base"}, {"properties": {"b": {"const": 2}}}]},
                {"allOf": [{"$ref": "#/$defs/base"}, {"properties": {"b": {"const": 3}}}]}],
      "$defs": {"base": {"type": "object", "properties": {"a": {"type": "string", "pattern": "^[a-z]+$"}}}}},
+    # not a closed object: a key it does not declare
+    {"type": "object", "not": {"properties": {"a": {}, "b": {}}, "additionalProperties": False}},
     # an object requiring a key it forbids accepts nothing
     {"anyOf": [{"type": "object", "properties": {"a": {}}, "required": ["b"], "additionalProperties": False},
                {"type": "string"}]},
