@@ -3,6 +3,7 @@ and the ZeroMQ subscriber standing in for llm-d's endpoint picker."""
 
 from __future__ import annotations
 
+import threading
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -62,7 +63,9 @@ def upload_adapter(base_url: str, key: str, name: str, files: list[tuple[str, by
 
 
 class EventSubscriber:
-    """A ZeroMQ SUB socket bound where servers send KV-cache events (as llm-d's picker binds tcp://*:5557)."""
+    """A ZeroMQ SUB socket bound where servers send KV-cache events (as llm-d's picker binds tcp://*:5557), read
+    all the time by a thread of its own, as a real subscriber does: a SUB socket sends its subscription to a
+    publisher that connects only while it is being read, and the publisher drops what it sends before that."""
 
     def __init__(self) -> None:
         self.port = free_port()
@@ -71,17 +74,30 @@ class EventSubscriber:
         self._socket = self._context.socket(zmq.SUB)
         self._socket.setsockopt(zmq.SUBSCRIBE, b"kv@")
         self._socket.bind(self.endpoint)
-        self.batches: list[tuple[str, int, list]] = []  # (topic, sequence number, [ts, events, rank])
+        self._batches: list[tuple[str, int, list]] = []  # (topic, sequence number, [ts, events, rank])
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._receive, name="kv-event-subscriber", daemon=True)
+        self._thread.start()
+
+    def _receive(self) -> None:
+        while not self._stop.is_set():
+            if self._socket.poll(50):
+                topic, seq, payload = self._socket.recv_multipart()
+                batch = (topic.decode(), int.from_bytes(seq, "big"), msgspec.msgpack.decode(payload))
+                with self._lock:
+                    self._batches.append(batch)
 
     def drain(self) -> list[tuple[str, int, list]]:
-        while self._socket.poll(0):
-            topic, seq, payload = self._socket.recv_multipart()
-            self.batches.append((topic.decode(), int.from_bytes(seq, "big"), msgspec.msgpack.decode(payload)))
-        return self.batches
+        """Every batch received so far."""
+        with self._lock:
+            return list(self._batches)
 
     def events(self, topic: str | None = None) -> list[list]:
         return [e for t, _, batch in self.drain() if topic is None or t == topic for e in batch[1]]
 
     def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
         self._socket.close(linger=0)
         self._context.term()

@@ -21,6 +21,7 @@ from loraplex.engine.kv.events import ZmqKVEventPublisher, external_hash, lora_i
 from loraplex.engine.protocol import SamplingParams
 from loraplex.engine.sequence import Sequence
 from loraplex.platform.metrics_vllm import AdapterNames
+from waiting import wait_until
 
 BS = 4
 TOPIC = topic_for("10.0.0.7", "SmolLM2-135M-Instruct")
@@ -68,10 +69,12 @@ def subscribed() -> Iterator[tuple[Subscriber, ZmqKVEventPublisher]]:
     names = AdapterNames(lambda adapter_id: SimpleNamespace(name="pirate") if adapter_id == "adp_1" else None)
     publisher = ZmqKVEventPublisher(f"tcp://127.0.0.1:{subscriber.port}", TOPIC, block_size=BS, lora_name=names)
     # A connecting PUB drops what it sends before the connection is up: clear until one batch arrives.
-    deadline = time.monotonic() + 10
-    while not subscriber.socket.poll(50):
-        assert time.monotonic() < deadline, "the publisher never reached the subscriber"
+
+    def reached() -> bool:
         publisher.all_blocks_cleared()
+        return bool(subscriber.socket.poll(50))
+
+    wait_until(reached, timeout_s=10, interval_s=0, what="the publisher to reach the subscriber")
     while subscriber.socket.poll(200):
         subscriber.socket.recv_multipart()
     yield subscriber, publisher

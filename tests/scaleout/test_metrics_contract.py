@@ -50,8 +50,8 @@ def server(smollm_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Itera
     subscriber = EventSubscriber()
     # One sequence at a time: a second adapter request waits while the first runs.
     env = server_env(database_url=database_url, data_dir=data_dir, model_path=smollm_path, max_num_seqs=1,
-                     max_loras=2, metrics_bearer_token=TOKEN, kv_events_endpoint=subscriber.endpoint,
-                     kv_events_pod=POD, api_servers=2)
+                     kv_cache_memory_mb=96, max_loras=2, metrics_bearer_token=TOKEN,
+                     kv_events_endpoint=subscriber.endpoint, kv_events_pod=POD, api_servers=2)
     process = ServerProcess(env, data_dir, name="metrics-server")
     try:
         with process:
@@ -106,25 +106,41 @@ def test_every_name_and_label_is_there_after_requests_with_and_without_adapters(
 
 
 def test_a_running_adapter_and_a_queued_one_are_named(server: dict[str, Any]) -> None:
-    results: dict[str, httpx.Response] = {}
+    stop_reading = threading.Event()
+    results: dict[str, Any] = {}
 
-    def send(model: str, max_tokens: int) -> None:
-        results[model] = chat(server, model, max_tokens=max_tokens, ignore_eos=True)
+    def stream_long() -> None:  # runs until the test has seen what it needs, then hangs up (the engine aborts it)
+        body = {"model": "pirate", "messages": [{"role": "user", "content": "Tell me a story."}], "max_tokens": 1000,
+                "ignore_eos": True, "stream": True}
+        with httpx.stream("POST", server["url"] + "/v1/chat/completions", json=body, headers=bearer(server["key"]),
+                          timeout=600) as response:
+            results["pirate"] = response.status_code
+            for _ in response.iter_lines():
+                if stop_reading.is_set():
+                    return
 
-    long_one = threading.Thread(target=send, args=("pirate", 400))
+    def send_short() -> None:
+        results["parrot"] = chat(server, "parrot", max_tokens=2).status_code
+
+    long_one = threading.Thread(target=stream_long)
+    queued = threading.Thread(target=send_short)
     long_one.start()
-    wait_until(lambda: lora_info(scrape(server["url"]))["running_lora_adapters"] == "pirate",
-               what="pirate running", timeout_s=120)
-    queued = threading.Thread(target=send, args=("parrot", 2))
-    queued.start()
-    families = wait_until(lambda: (f := scrape(server["url"])) and lora_info(f)["waiting_lora_adapters"] == "parrot"
-                          and f, what="parrot waiting behind pirate", timeout_s=60)
-    assert lora_info(families)["running_lora_adapters"] == "pirate"
-    assert families["vllm:num_requests_running"].samples[0].value == 1
-    assert families["vllm:num_requests_waiting"].samples[0].value >= 1
-    long_one.join(300)
-    queued.join(300)
-    assert results["pirate"].status_code == 200 and results["parrot"].status_code == 200
+    try:
+        wait_until(lambda: results.get("pirate", 200) != 200
+                   or lora_info(scrape(server["url"]))["running_lora_adapters"] == "pirate",
+                   what="pirate running", timeout_s=300)
+        assert results.get("pirate", 200) == 200, results
+        queued.start()
+        families = wait_until(lambda: (f := scrape(server["url"])) and lora_info(f)["waiting_lora_adapters"]
+                              == "parrot" and f, what="parrot waiting behind pirate", timeout_s=120)
+        assert lora_info(families)["running_lora_adapters"] == "pirate"
+        assert families["vllm:num_requests_running"].samples[0].value == 1
+        assert families["vllm:num_requests_waiting"].samples[0].value >= 1
+    finally:
+        stop_reading.set()  # pirate's client hangs up: the engine aborts it and parrot runs
+        long_one.join(600)
+    queued.join(600)
+    assert results == {"pirate": 200, "parrot": 200}
     after = wait_until(lambda: (f := scrape(server["url"])) and lora_info(f)["running_lora_adapters"] == "" and f,
                        what="nothing running")
     assert lora_info(after)["waiting_lora_adapters"] == ""
@@ -142,9 +158,10 @@ def test_metrics_need_the_token_when_one_is_set(server: dict[str, Any]) -> None:
 def test_the_engine_core_publishes_kv_events_with_the_adapters_name(server: dict[str, Any]) -> None:
     subscriber: EventSubscriber = server["subscriber"]
     topic = f"kv@{POD}@{MODEL}"
+    wait_until(lambda: any(t == topic for t, _, _ in subscriber.drain()), what="the engine core's first batch")
     assert chat(server, "pirate", max_tokens=4).status_code == 200
     stored = wait_until(lambda: [e for e in subscriber.events(topic) if e[0] == "BlockStored" and e[7] == "pirate"],
-                        what="a BlockStored of pirate")
+                        what=lambda: f"a BlockStored of pirate; received: {subscriber.drain()[-6:]}")
     _, hashes, _, token_ids, block_size, lora_id, medium, _ = stored[-1]
     assert block_size == 16 and len(token_ids) == 16 * len(hashes) and medium == "GPU" and lora_id > 0
     assert all(isinstance(h, int) for h in hashes)
