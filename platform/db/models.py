@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 
 from loraplex.platform.db.base import PlatformBase, utcnow
-from sqlalchemy import ForeignKey, Index, String
+from sqlalchemy import Float, ForeignKey, Index, String
 from sqlalchemy.orm import Mapped, mapped_column, relationship
 
 
@@ -16,7 +16,7 @@ class Tenant(PlatformBase):
     name: Mapped[str] = mapped_column(String(200), unique=True)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     # Its weight in the engine's fair sharing of slots, KV blocks and step tokens (2.0: twice an ordinary share)
-    weight: Mapped[float] = mapped_column(default=1.0, server_default="1")
+    weight: Mapped[float] = mapped_column(Float(), default=1.0, server_default="1")
 
     api_keys: Mapped[list[ApiKey]] = relationship(back_populates="tenant")
 
