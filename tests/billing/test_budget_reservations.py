@@ -23,6 +23,7 @@ from loraplex.billing.quotas import (
 from loraplex.billing.spend_counters import SqlSpendCounter
 from sqlalchemy import Engine, create_engine, delete
 from sqlalchemy.orm import sessionmaker
+from waiting import wait_until
 
 
 def make_engine(url: str) -> Engine:
@@ -87,8 +88,15 @@ def test_unsettled_reservations_hold_the_budget_until_they_lapse(session_factory
     with pytest.raises(QuotaExceededError, match="API key key_a1"):
         guard.reserve(request_id="r3", tenant_id="ten_a", api_key_id="key_a1", amount=RESERVATION, floor=FLOOR)
     assert guard.spend(tenant_id="ten_a", api_key_id="key_a1") == Spend()  # held, not spent
-    time.sleep(0.6)  # the requests "crashed": nothing settles them
-    assert guard.reserve(request_id="r4", tenant_id="ten_a", api_key_id="key_a1", amount=RESERVATION, floor=FLOOR)
+
+    def admitted() -> bool:  # the requests "crashed": nothing settles them, their holds lapse after 0.5 s
+        try:
+            return guard.reserve(request_id="r4", tenant_id="ten_a", api_key_id="key_a1", amount=RESERVATION,
+                                 floor=FLOOR)
+        except QuotaExceededError:
+            return False
+
+    assert wait_until(admitted, timeout_s=10, what="the unsettled reservations to lapse")
 
 
 def test_a_prompt_that_cannot_fit_is_refused_before_the_budget_is_used_up(guard):

@@ -47,6 +47,7 @@ from private_postgres import PrivatePostgres
 from server_process import ServerProcess, server_env
 from sqlalchemy import create_engine, exc, select
 from sqlalchemy.orm import Session
+from waiting import wait_until
 
 MODEL = "SmolLM2-135M-Instruct"
 TOPICS = ["cats", "rain", "the moon", "bread", "rivers", "music", "snow", "trains", "apples", "clocks"]
@@ -167,13 +168,6 @@ class Load:
         with self._lock:
             return len(self.results)
 
-    def wait_until(self, condition: Callable[[], bool], what: str, timeout_s: float = 120) -> None:
-        deadline = time.monotonic() + timeout_s
-        while not condition():
-            if time.monotonic() > deadline:
-                raise AssertionError(f"timed out waiting for {what}")
-            time.sleep(0.02)
-
     def halt(self) -> None:
         """Send nothing more; requests already sent run to their end."""
         self._halted.set()
@@ -197,7 +191,7 @@ def start_admitted(server: ServerProcess, client: openai.OpenAI, specs: list[Spe
     def all_admitted() -> bool:
         return server.health()["inflight"] + load.num_done >= len(specs)
 
-    load.wait_until(all_admitted, "the batch to be admitted")
+    wait_until(all_admitted, timeout_s=120, what="the batch to be admitted")
     assert load.num_done == 0, "the batch finished before the outage could start: give it more tokens"
     return load
 
@@ -235,17 +229,18 @@ def ledger_reader(database_url: str) -> Iterator[Callable[[], dict[str, UsageEve
 
 def wait_for_ledger(read: Callable[[], dict[str, UsageEventRow]], request_ids: set[str]) -> None:
     """Poll until every id is in the ledger (the writers drain journals in the background)."""
-    deadline = time.monotonic() + LEDGER_DEADLINE_S
     missing = set(request_ids)
-    while time.monotonic() < deadline:
+
+    def all_written() -> bool:
+        nonlocal missing
         try:
             missing = request_ids - set(read())
         except exc.OperationalError:
             missing = set(request_ids)
-        if not missing:
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"{len(missing)} answered requests never reached the ledger: {sorted(missing)[:10]}")
+        return not missing
+
+    wait_until(all_written, timeout_s=LEDGER_DEADLINE_S, interval_s=0.2,
+               what=lambda: f"{len(missing)} answered requests to reach the ledger: {sorted(missing)[:10]}")
 
 
 class Clock:
@@ -395,9 +390,9 @@ def test_sigkill_under_load_then_restart(journal: str, private_postgres: Private
         server.start()  # A
         clock.lap("start A")
         load = Load(client_for(server, tenant), make_specs(0, 60, seed=4), num_threads=6)
-        load.wait_until(lambda: load.num_completed >= 8, "8 answers")
+        wait_until(lambda: load.num_completed >= 8, timeout_s=120, what="8 answers")
         with ledger_locked(private_postgres.dsn):
-            load.wait_until(lambda: load.num_completed >= 16, "8 answers while the ledger hangs", timeout_s=60)
+            wait_until(lambda: load.num_completed >= 16, timeout_s=60, what="8 answers while the ledger hangs")
             load.halt()
             in_ledger_at_kill = set(read())
             answered_at_kill = {s.request_id for s in load.results if s.completed}

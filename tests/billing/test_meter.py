@@ -16,6 +16,7 @@ from loraplex.billing.quotas import MemorySpendCounter, QuotaGuard
 from loraplex.billing.spool import FileSpool, RedisStreamSpool
 from sqlalchemy import func, select
 from sqlalchemy.orm import sessionmaker
+from waiting import wait_until
 
 
 def _ledger_totals(session_factory) -> tuple[int, int, int]:
@@ -25,14 +26,6 @@ def _ledger_totals(session_factory) -> tuple[int, int, int]:
             select(func.count(), func.sum(e.input_tokens + e.output_tokens), func.count(e.request_id.distinct()))
         ).one()
     return count, int(tokens or 0), distinct
-
-
-def _wait(predicate, timeout_s: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached in time")
-        time.sleep(0.02)
 
 
 def test_meter_writes_every_event_once(session_factory, make_event, tmp_path):
@@ -65,14 +58,15 @@ def test_events_spooled_while_database_refuses_are_drained_when_it_returns(
     durable = [meter.record(event) for event in during_outage]
     assert meter.flush()
     assert all(future.done() for future in durable)
-    _wait(lambda: not meter.db_available)
+    wait_until(lambda: not meter.db_available, what="the meter to notice the database is down")
     assert spool.num_pending() == 120
     assert meter.stats.num_written == 0
     # ... then the database comes back (the URL is fixed): the spool drains into it, nothing twice.
     factory.configure(bind=pg_session_factory.kw["bind"])
     for event in [*during_outage[:10], make_event("after")]:  # replays of spooled events and a new one
         meter.record(event)
-    _wait(lambda: meter.db_available and meter.num_pending_spooled() == 0)
+    wait_until(lambda: meter.db_available and meter.num_pending_spooled() == 0,
+               what="the meter to write its spool to the database")
     assert meter.flush()
     meter.close()
     count, tokens, distinct = _ledger_totals(pg_session_factory)
@@ -89,7 +83,7 @@ def test_unwritten_spool_left_by_a_dead_process_is_drained_on_start(session_fact
     dead.close()
     meter = Meter(Ledger(session_factory), spools=[FileSpool(tmp_path)])
     meter.start()
-    _wait(lambda: _ledger_totals(session_factory)[0] == 30)
+    wait_until(lambda: _ledger_totals(session_factory)[0] == 30, what=lambda: _ledger_totals(session_factory))
     meter.close()
     assert meter.num_pending_spooled() == 0
 
@@ -127,7 +121,7 @@ def test_events_durable_in_a_sigkilled_process_reach_the_ledger_once(
         spool = FileSpool(tmp_path) if spool_kind == "file" else RedisStreamSpool(redis_client, key_prefix, lease_s=0.5)
         meter = Meter(Ledger(pg_session_factory), spools=[spool], keep_alive_interval_s=0.1)
         meter.start()
-        _wait(lambda: _ledger_totals(pg_session_factory)[0] == 40 and meter.num_pending_spooled() == 0)
+        wait_until(lambda: _ledger_totals(pg_session_factory)[0] == 40 and meter.num_pending_spooled() == 0)
         meter.close()
     finally:
         child.kill()
@@ -144,15 +138,15 @@ def test_redis_journal_of_a_live_process_is_left_alone(redis_client, key_prefix,
         alive.keep_alive()
         assert other.peek(10) is None
         time.sleep(0.15)
-    time.sleep(0.6)  # the owner stops renewing (it died): the other process takes over
-    batch = other.peek(10)
+    # the owner stops renewing (it died): once its lease runs out the other process takes over
+    batch = wait_until(lambda: other.peek(10), timeout_s=10, what="the other process to adopt the journal")
     assert [e.request_id for e in batch.events] == ["a0", "a1", "a2"]
     other.ack(batch)
     assert other.peek(10) is None
     # The stalled owner comes back and appends again: its stream is registered anew, never orphaned.
     alive.append([make_event("late")])
-    time.sleep(0.6)
-    assert [e.request_id for e in other.peek(10).events] == ["late"]
+    batch = wait_until(lambda: other.peek(10), timeout_s=10, what="the other process to adopt the late journal")
+    assert [e.request_id for e in batch.events] == ["late"]
 
 
 def test_close_releases_an_unwritten_journal_at_once(redis_client, key_prefix, make_event):

@@ -27,6 +27,7 @@ from log_capture import captured_logs
 from loraplex.billing.models import UsageEventRow
 from metering_load_traffic import MIX, MODEL, Sent, send, shuffled_kinds
 from sqlalchemy import select
+from waiting import wait_until
 
 NUM_REQUESTS = 500
 NUM_DROPPED = 50
@@ -150,11 +151,10 @@ def _check_dropped(s: Sent, row: UsageEventRow) -> None:
 
 def _settle(engine, meter, num_requests: int) -> None:
     """Aborted streams finish on the server after the client has left: wait for the engine to idle."""
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
+
+    def settled() -> bool:
         stats = engine.stats()
-        if stats["num_running"] == 0 and stats["num_waiting"] == 0 and meter.flush(5) and \
-                meter.stats.num_written >= num_requests:
-            return
-        time.sleep(0.2)
-    raise AssertionError("server did not settle")
+        return (stats["num_running"] == 0 and stats["num_waiting"] == 0 and meter.flush(5)
+                and meter.stats.num_written >= num_requests)
+
+    wait_until(settled, timeout_s=60, interval_s=0.2, what=lambda: f"the server to settle: {engine.stats()}")

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import json
-import time
 
 import httpx
 import jsonschema
 import openai
 import pytest
+from waiting import wait_until
 
 MODEL = "SmolLM2-135M-Instruct"
 BLOCK_SIZE = 16  # the engine's KV block: pinned KV covers whole blocks only
@@ -28,15 +28,6 @@ WEATHER_TOOL = {
 
 def _pins(server) -> dict:
     return server.services.engine.engine.block_manager.pins
-
-
-def _eventually(check, timeout_s: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while not check():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.02)
-    return True
 
 
 def _engine_counters(server) -> tuple[int, int]:
@@ -69,7 +60,8 @@ def test_single_response_is_stored_retrievable_and_deletable(server):
     assert deleted.status_code == 200 and deleted.json()["deleted"] is True
     with pytest.raises(openai.NotFoundError):
         client.responses.retrieve(response.id)
-    assert _eventually(lambda: response.id not in _pins(server))  # its KV was let go (the engine loop's next step)
+    # its KV is let go on the engine loop's next step
+    wait_until(lambda: response.id not in _pins(server), timeout_s=5, what="the response's pinned KV to be released")
 
 
 def test_stream_events_in_order_and_text_equal_to_whole_response(server):
@@ -252,14 +244,12 @@ def test_each_response_is_one_usage_event(server):
                                      max_output_tokens=8, temperature=0)
     headers = {"Authorization": f"Bearer {server.keys['all']}"}
     request_id = "req_" + second.id.removeprefix("resp_")
-    deadline = time.monotonic() + 15
-    while True:
+
+    def usage_row() -> dict | None:
         row = httpx.get(f"{server.base_url}/v1/usage/requests/{request_id}", headers=headers, timeout=30)
-        if row.status_code == 200 or time.monotonic() > deadline:
-            break
-        time.sleep(0.2)
-    assert row.status_code == 200, row.text
-    event = row.json()
+        return row.json() if row.status_code == 200 else None
+
+    event = wait_until(usage_row, timeout_s=15, interval_s=0.2, what=f"the usage row of {request_id}")
     assert event["session_id"] == second.id
     assert event["input_tokens"] == second.usage.input_tokens
     assert event["cached_input_tokens"] == second.usage.input_tokens_details.cached_tokens > 0

@@ -7,6 +7,7 @@ import time
 import httpx
 import openai
 import pytest
+from waiting import wait_until
 
 MODEL = "SmolLM2-135M-Instruct"
 BLOCK_SIZE = 16  # the engine's KV block: pinned KV covers whole blocks only
@@ -161,9 +162,13 @@ def test_delete_and_ttl_expiry_release_pinned_blocks(server):
     pinned_before = engine.stats()["num_blocks_pinned"]
     response = httpx.delete(f"{server.base_url}/v1/sessions/{deleted['id']}", headers=_auth(server), timeout=30)
     assert response.json() == {"id": deleted["id"], "object": "session.deleted", "deleted": True}
-    _wait(lambda: deleted["id"] not in _engine_pins(server))
-    _wait(lambda: expiring["id"] not in _engine_pins(server), timeout_s=15)  # TTL 2 s, swept every 0.2 s
-    _wait(lambda: engine.stats()["num_blocks_pinned"] < pinned_before)
+    wait_until(lambda: deleted["id"] not in _engine_pins(server), timeout_s=5, interval_s=0.05,
+               what="the deleted session's pin to go")
+    # TTL 2 s, swept every 0.2 s
+    wait_until(lambda: expiring["id"] not in _engine_pins(server), timeout_s=15, interval_s=0.05,
+               what="the expired session's pin to go")
+    wait_until(lambda: engine.stats()["num_blocks_pinned"] < pinned_before, timeout_s=5, interval_s=0.05,
+               what=lambda: f"fewer pinned blocks than {pinned_before}: {engine.stats()}")
     for session in (deleted, expiring):
         with pytest.raises(openai.NotFoundError) as raised:
             client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}],
@@ -190,20 +195,12 @@ def test_bad_session_requests_are_typed_errors(server):
 def _session_at_version(server, session_id: str, version: int) -> dict:
     """A streamed turn is recorded just after its last chunk: poll briefly for it."""
     url = f"{server.base_url}/v1/sessions/{session_id}"
-    got: dict = {}
-    _wait(lambda: got.update(httpx.get(url, headers=_auth(server), timeout=30).json()) or got["version"] >= version,
-          timeout_s=20)
-    return got
 
+    def recorded() -> dict | None:
+        got = httpx.get(url, headers=_auth(server), timeout=30).json()
+        return got if got["version"] >= version else None
 
-def _wait(predicate, timeout_s: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached in time")
-        time.sleep(0.05)
-
-
+    return wait_until(recorded, timeout_s=20, interval_s=0.05, what=f"session {session_id} at version {version}")
 
 
 def test_session_lost_by_the_store_is_a_clear_404_and_metrics_are_exported(server):
@@ -235,7 +232,7 @@ def test_a_stopped_server_leaves_no_pins_in_an_engine_that_outlives_it(start_ser
             extra_body={"session_id": session["id"]})
         pins = short_lived.services.engine.engine.block_manager.pins
         assert session["id"] in pins
-    _wait(lambda: session["id"] not in pins)
+    wait_until(lambda: session["id"] not in pins, timeout_s=5, interval_s=0.05, what="the session's pin to go")
 
 
 def test_session_limits_are_4xx_naming_the_field(start_server):
