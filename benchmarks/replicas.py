@@ -11,8 +11,10 @@ shipped deploy/haproxy/haproxy.cfg unchanged (header-hash + stick-on-response af
   with its `x-session-id`: `session_turn10_ttft_ratio_2_replicas` is the balancer's p50 time to first
   token of the last turn over one replica's (affinity keeps each session on the replica holding its KV;
   without it every turn would prefill the whole conversation again);
-- a kill: clients keep sending through the balancer while one replica is SIGKILLed; a request that fails
-  is lost (`lost_requests_on_replica_kill`; HAProxy retries a request whose replica died before answering).
+- a kill: clients keep sending through the balancer while one replica is SIGKILLed; a request that still
+  fails after the retries the openai SDK makes by default (2, of connection errors and 5xx) is lost
+  (`lost_requests_on_replica_kill`); the failed attempts that were sent again are counted beside it
+  (`retried_attempts_on_replica_kill`: HAProxy 2.6 answers 502 for a request in flight on a replica that dies).
 
 Checked before timing: a greedy answer is the same from either replica and through the balancer, and every
 session's turns after the first are served from its pinned KV (cached tokens cover the previous turn).
@@ -43,6 +45,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 RESULT = ROOT / "benchmarks" / "results" / "replicas.json"
 HAPROXY_CFG = ROOT / "deploy" / "haproxy" / "haproxy.cfg"
+SDK_MAX_RETRIES = 2  # the openai SDK's default max_retries
 PROMPT = "Write a long story about a lighthouse keeper and the sea."
 TURNS = ["Hello, my name is Ada.", "I live in a small town by the sea.", "I keep a lighthouse.",
          "Tell me about ships.", "What about storms?", "And the tides?", "Any advice on lamps?",
@@ -131,15 +134,27 @@ async def _closed_loop(url: str, key: str, model: str, clients: int, max_tokens:
 
     records: list[tuple[float, int, str]] = []
 
+    async def attempt(client: httpx.AsyncClient) -> tuple[int, str]:
+        try:
+            response = await client.post(url + "/v1/chat/completions", json={
+                **chat_body(PROMPT, max_tokens, ignore_eos=True), "model": model})
+        except httpx.HTTPError as exc:
+            return 0, type(exc).__name__
+        if response.status_code != 200:
+            return 0, f"HTTP {response.status_code}"
+        return response.json()["usage"]["completion_tokens"], ""
+
     async def one_client(client: httpx.AsyncClient) -> None:
         while time.time() < until:
-            try:
-                response = await client.post(url + "/v1/chat/completions", json={
-                    **chat_body(PROMPT, max_tokens, ignore_eos=True), "model": model})
-                error = "" if response.status_code == 200 else f"HTTP {response.status_code}"
-                tokens = response.json()["usage"]["completion_tokens"] if not error else 0
-            except httpx.HTTPError as exc:
-                error, tokens = type(exc).__name__, 0
+            # As the openai SDK does by default: up to 2 retries of a connection error, 408, 429 or 5xx. Safe here:
+            # a request whose replica died before it ended was never metered there.
+            for retry in range(SDK_MAX_RETRIES + 1):
+                tokens, error = await attempt(client)
+                retryable = error.startswith(("HTTP 5", "HTTP 408", "HTTP 429")) or (error and "HTTP" not in error)
+                if not retryable or retry == SDK_MAX_RETRIES:
+                    break
+                records.append((time.time(), 0, "retried: " + error))
+                await asyncio.sleep(0.5 * 2**retry)
             records.append((time.time(), tokens, error))
 
     limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
@@ -172,12 +187,15 @@ def closed_loop(url: str, key: str, model: str, clients: int, max_tokens: int, d
             killed_at = time.time()
         records = [record for future in futures for record in future.result()]
     seconds = max(r[0] for r in records) - start if records else duration_s
-    errors = [r[2] for r in records if r[2]]
+    retried = [r[2] for r in records if r[2].startswith("retried: ")]
+    errors = [r[2] for r in records if r[2] and not r[2].startswith("retried: ")]
+    done = [r for r in records if not r[2]]
     return {
-        "requests": len(records) - len(errors), "failed": len(errors), "tokens": sum(r[1] for r in records),
-        "seconds": seconds, "tokens_per_s": sum(r[1] for r in records) / seconds,
-        "after_kill": sum(1 for r in records if killed_at is not None and r[0] > killed_at and not r[2]),
+        "requests": len(done), "failed": len(errors), "retried_attempts": len(retried),
+        "tokens": sum(r[1] for r in done), "seconds": seconds, "tokens_per_s": sum(r[1] for r in done) / seconds,
+        "after_kill": sum(1 for r in done if killed_at is not None and r[0] > killed_at),
         "error_kinds": {kind: errors.count(kind) for kind in sorted(set(errors))},
+        "retried_kinds": {kind: retried.count(kind) for kind in sorted(set(retried))},
     }
 
 
@@ -368,7 +386,7 @@ def run(args: argparse.Namespace, replicas: list[Replica], lb: str, key: str, mo
     if kill["after_kill"] == 0:
         raise SystemExit(f"nothing was served after the kill: {kill}")
     print(f"kill: {kill['requests']} served ({kill['after_kill']} after the kill), {kill['failed']} lost "
-          f"{kill['error_kinds']}")
+          f"{kill['error_kinds']}, {kill['retried_attempts']} attempts retried {kill['retried_kinds']}")
     now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     return {
         "benchmark": "replicas", "date": now,
@@ -390,6 +408,9 @@ def run(args: argparse.Namespace, replicas: list[Replica], lb: str, key: str, mo
             "requests_served_after_kill": kill["after_kill"],
             "errors_1_replica": single["failed"], "errors_2_replicas": double["failed"],
             "lost_request_kinds_on_replica_kill": kill["error_kinds"],
+            # attempts that failed and were sent again (the client retries as the openai SDK does by default)
+            "retried_attempts_on_replica_kill": kill["retried_attempts"],
+            "retried_attempt_kinds_on_replica_kill": kill["retried_kinds"],
         },
         "targets": {"aggregate_throughput_ratio_2_replicas": {"op": ">=", "value": 1.9},
                     f"session_turn{args.turns}_ttft_ratio_2_replicas": {"op": "<=", "value": 1.1},
