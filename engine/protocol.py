@@ -72,13 +72,15 @@ class SamplingParams:
             raise InvalidRequestError("stop strings must be non-empty strings", param="stop")
         token_max = vocab_size - 1 if vocab_size is not None else INT32_MAX
         for i, token in enumerate(self.stop_token_ids):
-            _int_in(f"stop_token_ids[{i}]", token, 0, token_max)
+            if not _is_int(token) or not 0 <= token <= token_max:
+                raise InvalidRequestError(f"stop_token_ids must be token ids in [0, {token_max}]; item {i} is "
+                                          f"{token!r}", param="stop_token_ids")
         _int_in("min_tokens", self.min_tokens, 0, INT32_MAX)
         if self.max_reasoning_tokens is not None:
             _int_in("max_reasoning_tokens", self.max_reasoning_tokens, 0, INT32_MAX)
         for token, bias in (self.logit_bias or {}).items():
             if not _is_int(token) or not 0 <= token <= token_max:
-                raise InvalidRequestError(f"logit_bias keys must be token ids in [0, {token_max}]; got {token!r}",
+                raise InvalidRequestError(f"logit_bias keys must be token ids >= 0 and <= {token_max}; got {token!r}",
                                           param="logit_bias")
             if not _is_number(bias) or not -100.0 <= bias <= 100.0:
                 raise InvalidRequestError(f"logit_bias values must be in [-100, 100]; got {bias} for token {token}",

@@ -199,8 +199,8 @@ class Scheduler:
         """Tenants with interactive work running or ready to run: the ones shares are split among."""
         tenants = {s.tenant_id for s in self.running if not s.background}
         for tenant, queue in self.waiting.items():
-            if tenant not in tenants and any(not s.background and self._is_ready(s) for s in queue):
-                tenants.add(tenant)
+            if tenant not in tenants and any(not s.background for s in queue):
+                tenants.add(tenant)  # readiness is not asked here: asking may start an adapter's load
         return tenants
 
     def _preempt_for_fairness(self, out: SchedulerOutput) -> None:
@@ -241,9 +241,9 @@ class Scheduler:
                 demand[seq.tenant_id] = demand.get(seq.tenant_id, 0) + seq.num_uncomputed_tokens
         if len(self.running) < self.max_num_seqs:
             for tenant, queue in self.waiting.items():
-                ready = next((s for s in queue if not s.background and self._is_ready(s)), None)
-                if ready is not None and tenant not in demand:
-                    demand[tenant] = ready.num_uncomputed_tokens
+                waiting = next((s for s in queue if not s.background), None)
+                if waiting is not None and tenant not in demand:
+                    demand[tenant] = waiting.num_uncomputed_tokens
         if len(demand) < 2:
             return None
         return fair_share.prefill_caps(max(0, budget - decodes), demand, self.fair, self.block_manager.block_size)
@@ -395,10 +395,11 @@ class Scheduler:
         for tenant, queue in self.waiting.items():
             if skip_tenants and tenant in skip_tenants:
                 continue
-            ready = [s for s in queue if self._is_ready(s)]
-            if not ready:
+            # In admission order, stopping at the first ready one: asking readiness may start an adapter's load
+            # (and evict another's slot), so only the one that would be admitted is asked.
+            candidate = next((s for s in sorted(queue, key=admission_key) if self._is_ready(s)), None)
+            if candidate is None:
                 continue
-            candidate = min(ready, key=admission_key)
             weight = self.fair.weight(tenant)
             service = self.tenant_service.get(tenant, 0.0)
             if self.fair_sharing:
