@@ -49,6 +49,14 @@ def pytest_configure(config: pytest.Config) -> None:
 HEAP = HeapKeeper()
 
 
+def pytest_collection_finish(session: pytest.Session) -> None:
+    HEAP.freeze_collected()
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    HEAP.unfreeze()
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
     """Give freed memory back: after a module (its fixtures are gone), or a test that left much behind."""

@@ -1,7 +1,8 @@
 """Opt-in memory report: the pytest process's resident memory after every test, and its peak.
 
-`LORAPLEX_TEST_RSS=path/to/report.tsv pytest ...` writes one line per test (node id, RSS and peak RSS in MiB
-after its teardown, live threads, child processes) and prints the largest steps up and the peak at the end.
+`LORAPLEX_TEST_RSS=path/to/report.tsv pytest ...` appends one line per test (node id, RSS and peak RSS in MiB
+after its teardown, live threads, child processes, seconds in setup + call + teardown) and prints the largest
+steps up and the peak at the end.
 Read from /proc, so Linux only; without the variable nothing is registered.
 """
 
@@ -34,22 +35,28 @@ class RssReport:
         self.path = path
         self.rows: list[tuple[str, float, float]] = []
         self.last_rss = _status_mib("VmRSS")
-        self.file = path.open("w")
-        self.file.write("nodeid\trss_mib\tpeak_mib\tthreads\tchildren\n")
-        self.file.write(f"<start>\t{self.last_rss:.0f}\t{_status_mib('VmHWM'):.0f}\t{threading.active_count()}\t0\n")
+        self.seconds: dict[str, float] = {}
+        self.file = path.open("a")  # several pytest processes (make test's groups) may share one report
+        self.file.write("nodeid\trss_mib\tpeak_mib\tthreads\tchildren\tseconds\n")
+        self.file.write(f"<start pid {os.getpid()}>\t{self.last_rss:.0f}\t{_status_mib('VmHWM'):.0f}"
+                        f"\t{threading.active_count()}\t0\t0\n")
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        self.seconds[report.nodeid] = self.seconds.get(report.nodeid, 0.0) + report.duration
 
     @pytest.hookimpl(trylast=True)
     def pytest_runtest_logfinish(self, nodeid: str) -> None:
         rss, peak = _status_mib("VmRSS"), _status_mib("VmHWM")
         self.rows.append((nodeid, rss - self.last_rss, rss))
         self.last_rss = rss
-        self.file.write(f"{nodeid}\t{rss:.0f}\t{peak:.0f}\t{threading.active_count()}\t{_num_children()}\n")
+        self.file.write(f"{nodeid}\t{rss:.0f}\t{peak:.0f}\t{threading.active_count()}\t{_num_children()}"
+                        f"\t{self.seconds.pop(nodeid, 0.0):.2f}\n")
         self.file.flush()
 
     def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
         # the session's fixtures are torn down by now (sessionfinish ran before the summary)
         rss, peak = _status_mib("VmRSS"), _status_mib("VmHWM")
-        self.file.write(f"<end>\t{rss:.0f}\t{peak:.0f}\t{threading.active_count()}\t{_num_children()}\n")
+        self.file.write(f"<end>\t{rss:.0f}\t{peak:.0f}\t{threading.active_count()}\t{_num_children()}\t0\n")
         self.file.close()
         terminalreporter.section("resident memory of the pytest process")
         for nodeid, step, after in sorted(self.rows, key=lambda row: -row[1])[:NUM_LARGEST]:

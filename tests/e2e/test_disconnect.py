@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import json
 import socket
-import time
 from typing import Any
 
 import httpx
 import pytest
 from e2e_helpers import MODEL, auth
 from loraplex.platform.extensions import RequestRecord, RequestStatus
+from waiting import wait_until
 
 LONG = {"model": MODEL, "prompt": "Write a very long story about a cat.", "max_tokens": 1500, "ignore_eos": True}
 
@@ -35,24 +35,21 @@ def meter(api_server) -> Any:  # type: ignore[no-untyped-def]
 
 
 def wait_idle(engine: Any, timeout_s: float = 30) -> dict:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+    def idle_stats() -> dict | None:
         stats = engine.stats()
-        if stats["num_running"] == 0 and stats["num_waiting"] == 0:
-            return stats
-        time.sleep(0.01)
-    raise AssertionError(f"engine still busy: {engine.stats()}")
+        return stats if stats["num_running"] == 0 and stats["num_waiting"] == 0 else None
+
+    return wait_until(idle_stats, timeout_s=timeout_s, interval_s=0.01, what=lambda: f"an idle engine: {engine.stats()}")
 
 
-def wait_for_release(engine: Any, baseline_used: int, timeout_s: float = 2.0) -> float:
-    """Seconds until the engine is idle with no more blocks in use than before the request."""
-    start = time.monotonic()
-    while time.monotonic() - start < timeout_s:
+def wait_for_release(engine: Any, baseline_used: int, timeout_s: float = 2.0) -> None:
+    """Within `timeout_s` the engine is idle with no more blocks in use than before the request."""
+    def released() -> bool:
         stats = engine.stats()
-        if stats["num_running"] == 0 and stats["num_waiting"] == 0 and stats["num_blocks_used"] <= baseline_used:
-            return time.monotonic() - start
-        time.sleep(0.005)
-    raise AssertionError(f"blocks not released within {timeout_s}s: {engine.stats()}")
+        return stats["num_running"] == 0 and stats["num_waiting"] == 0 and stats["num_blocks_used"] <= baseline_used
+
+    wait_until(released, timeout_s=timeout_s, interval_s=0.005,
+               what=lambda: f"the blocks to be released: {engine.stats()}")
 
 
 def test_stream_disconnect_frees_blocks(api_server, meter) -> None:  # type: ignore[no-untyped-def]
@@ -68,13 +65,10 @@ def test_stream_disconnect_frees_blocks(api_server, meter) -> None:  # type: ign
                 received += 1
         during = engine.stats()
         assert during["num_blocks_used"] > baseline["num_blocks_used"]
-    released_after_s = wait_for_release(engine, baseline["num_blocks_used"])
+    wait_for_release(engine, baseline["num_blocks_used"], timeout_s=2.0)
     generated = engine.stats()["generation_tokens_total"] - baseline["generation_tokens_total"]
     assert generated < 300, "the request kept generating after the client left"
-    assert released_after_s < 2.0
-    deadline = time.monotonic() + 2
-    while not meter.records and time.monotonic() < deadline:
-        time.sleep(0.01)
+    wait_until(lambda: meter.records, timeout_s=2, what="the usage record")
     assert [r.status for r in meter.records] == [RequestStatus.ABORTED]
     assert meter.records[0].num_output_tokens >= 5
 
@@ -90,16 +84,12 @@ def test_non_streaming_disconnect_frees_blocks(api_server, meter) -> None:  # ty
             f"Authorization: Bearer {api_server.keys['inference']}\r\nContent-Length: {len(body)}\r\n\r\n")
     with socket.create_connection((url.host, url.port), timeout=60) as connection:
         connection.sendall(head.encode() + body)
-        deadline = time.monotonic() + 60
-        while engine.stats()["generation_tokens_total"] == baseline["generation_tokens_total"]:
-            assert time.monotonic() < deadline, f"the request never started generating: {engine.stats()}"
-            time.sleep(0.01)
+        wait_until(lambda: engine.stats()["generation_tokens_total"] > baseline["generation_tokens_total"],
+                   timeout_s=60, interval_s=0.01, what=lambda: f"the request to start generating: {engine.stats()}")
     wait_for_release(engine, baseline["num_blocks_used"])
     generated = engine.stats()["generation_tokens_total"] - baseline["generation_tokens_total"]
     assert 0 < generated < 1500, "the request kept generating after the client left"
-    deadline = time.monotonic() + 2
-    while not meter.records and time.monotonic() < deadline:
-        time.sleep(0.01)
+    wait_until(lambda: meter.records, timeout_s=2, what="the usage record")
     assert [r.status for r in meter.records] == [RequestStatus.ABORTED]
 
 
@@ -110,9 +100,7 @@ def test_meter_gets_exactly_one_record_per_request(api_server, meter, openai_cli
     )
     chunks = list(stream)
     assert chunks
-    deadline = time.monotonic() + 2
-    while len(meter.records) < 2 and time.monotonic() < deadline:
-        time.sleep(0.01)
+    wait_until(lambda: len(meter.records) >= 2, timeout_s=2, what=lambda: f"two usage records: {meter.records}")
     assert len(meter.records) == 2
     first, second = meter.records
     assert first.kind == "completion" and first.num_output_tokens == reply.usage.completion_tokens

@@ -9,6 +9,7 @@ from typing import Any
 
 import httpx
 import pytest
+from waiting import wait_until
 
 MODEL = "SmolLM2-135M-Instruct"
 LONG = {"model": MODEL, "prompt": "Count:", "max_tokens": 1500, "ignore_eos": True, "stream": True}
@@ -77,9 +78,8 @@ def test_tenant_inflight_cap_is_429_naming_the_setting_and_spares_other_tenants(
         other = _post(server, "/v1/completions", {"model": MODEL, "prompt": "hi", "max_tokens": 1},
                       server.keys["globex"])
         assert other.status_code == 200
-    deadline = time.monotonic() + 15
-    while server.services.inflight_by_tenant and time.monotonic() < deadline:
-        time.sleep(0.1)
+    wait_until(lambda: not server.services.inflight_by_tenant, timeout_s=15, interval_s=0.1,
+               what=lambda: f"the closed stream's slot to return: {server.services.inflight_by_tenant}")
     assert _post(server, "/v1/completions", {"model": MODEL, "prompt": "hi", "max_tokens": 1}, key).status_code == 200
 
 
@@ -97,14 +97,12 @@ def test_a_stream_nobody_reads_is_ended_and_its_slot_returns(server: Any) -> Non
                      + f"Authorization: Bearer {server.keys['inference']}\r\nContent-Length: {len(body)}\r\n\r\n".encode()
                      + body)
         engine = server.services.engine
-        deadline = time.monotonic() + 10
-        while engine.stats()["num_running"] == 0 and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_until(lambda: engine.stats()["num_running"], timeout_s=10, interval_s=0.05,
+                   what="the request to start running")
         assert engine.stats()["num_running"] == 1
-        deadline = time.monotonic() + 60  # buffers fill, then one second without a read ends the stream
-        while server.services.num_inflight and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert server.services.num_inflight == 0, "the unread stream still holds its slot"
+        # buffers fill, then one second without a read ends the stream
+        wait_until(lambda: not server.services.num_inflight, timeout_s=60, interval_s=0.2,
+                   what="the unread stream to give back its slot")
         assert engine.stats()["num_running"] == 0
     finally:
         sock.close()

@@ -17,6 +17,7 @@ from loraplex.platform.api.sse import EventStreamResponse
 from loraplex.platform.body_limit import BodyLimits
 from loraplex.platform.edge import EdgeMiddleware
 from loraplex.platform.metrics import Metrics
+from waiting import wait_until
 
 LIMIT = 4096
 SEND_TIMEOUT_S = 0.5
@@ -121,9 +122,7 @@ def test_a_stream_nobody_reads_is_cut_and_its_body_closed(edge_server) -> None:
     sock.connect((host, int(port)))
     try:
         sock.sendall(b"GET /stream/unread HTTP/1.1\r\nHost: x\r\n\r\n")
-        deadline = time.monotonic() + 10
-        while "unread" not in streams and time.monotonic() < deadline:
-            time.sleep(0.01)
+        wait_until(lambda: "unread" in streams, timeout_s=10, interval_s=0.01, what="the stream to start")
         assert streams["unread"].closed.wait(10), "the unread stream is still open"
         stalled_at = streams["unread"].num_chunks
         time.sleep(2 * SEND_TIMEOUT_S)

@@ -18,6 +18,7 @@ from loraplex.engine.protocol import EngineRequest, FinishReason, ReasoningMarke
 from loraplex.grammar.compiler import GrammarCompilerService
 from loraplex.grammar.spec import GrammarKind, GrammarSpec
 from loraplex.platform.grammar_wire import SpecGrammarCodec
+from waiting import async_wait_until
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -28,8 +29,10 @@ class GatedCodec(SpecGrammarCodec):
     def __init__(self, compiler: GrammarCompilerService) -> None:
         super().__init__(compiler)
         self.gate = threading.Event()
+        self.num_compiles_started = 0
 
     def decode(self, text: str, reasoning: ReasoningMarkers | None) -> CompiledGrammar:
+        self.num_compiles_started += 1
         self.gate.wait(60)
         return super().decode(text, reasoning)
 
@@ -73,7 +76,8 @@ async def test_a_compiling_grammar_does_not_hold_up_other_requests(smollm_path: 
         pending = [client.generate(EngineRequest("json-2", [4, 5, 6], SamplingParams(max_tokens=30),
                                                  grammar=grammar))]
         first = asyncio.create_task(anext(pending[0]))
-        await asyncio.sleep(0.2)
+        await async_wait_until(lambda: codec.num_compiles_started == 2, timeout_s=30,
+                               what="the second grammar to start compiling in the core")
         client.abort("json-2")
         final = await asyncio.wait_for(first, 10)
         assert final.finished and final.choices == []
@@ -81,7 +85,6 @@ async def test_a_compiling_grammar_does_not_hold_up_other_requests(smollm_path: 
     finally:
         codec.gate.set()
         client.stop_core()
-        await asyncio.sleep(0.1)
-        thread.join(30)
+        await async_wait_until(lambda: not thread.is_alive(), timeout_s=30, what="the engine core to stop")
         client.shutdown()
         compiler.close()

@@ -24,6 +24,7 @@ from loraplex.platform.db import migrate
 from loraplex.platform.db.session import make_db_engine, make_session_factory
 from server_process import ServerProcess, server_env
 from sqlalchemy import select
+from waiting import wait_until
 
 MODEL = "SmolLM2-135M-Instruct"
 LONG = {"model": MODEL, "messages": [{"role": "user", "content": "Tell me a very long story."}],
@@ -126,12 +127,15 @@ def test_abort_through_either_server_frees_kv_blocks(server: ServerProcess, api_
     streams = [client.chat.completions.create(**LONG) for client in clients]
     for stream in streams:
         next(iter(stream))
-    assert _wait(lambda: _engine_gauge(server, "loraplex_engine_running_requests") == 6, 30)
+    wait_until(lambda: _engine_gauge(server, "loraplex_engine_running_requests") == 6, timeout_s=30, interval_s=0.1,
+               what="six running requests")
     for stream, client in zip(streams, clients, strict=True):
         stream.close()
         client.close()
-    assert _wait(lambda: _engine_gauge(server, "loraplex_engine_running_requests") == 0, 15), "aborts not applied"
-    assert _wait(lambda: _engine_gauge(server, "loraplex_kv_blocks_free") == total, 5)
+    wait_until(lambda: _engine_gauge(server, "loraplex_engine_running_requests") == 0, timeout_s=15, interval_s=0.1,
+               what="the aborts to be applied")
+    wait_until(lambda: _engine_gauge(server, "loraplex_kv_blocks_free") == total, timeout_s=5, interval_s=0.1,
+               what="every KV block to be free")
 
 
 def test_sigkill_of_the_engine_core_fails_open_requests_and_the_server_exits(
@@ -192,7 +196,8 @@ def test_sigkill_of_the_engine_core_fails_open_requests_and_the_server_exits(
     answer = _client(server, api_key).chat.completions.create(
         model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=4)
     assert answer.choices[0].message.content
-    assert _wait(lambda: len(_ledger(database_url)) == len(rows) + 1, 30)
+    wait_until(lambda: len(_ledger(database_url)) == len(rows) + 1, timeout_s=30, interval_s=0.1,
+               what="one more ledger row")
     again = _ledger(database_url)
     assert {r: again[r].status for r in completed} == {r: rows[r].status for r in completed}  # still once each
 
@@ -204,15 +209,6 @@ def _ledger(database_url: str) -> dict[str, UsageEventRow]:
             return {row.request_id: row for row in db.scalars(select(UsageEventRow))}
     finally:
         engine.dispose()
-
-
-def _wait(condition: Any, timeout_s: float) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.1)
-    return condition()
 
 
 def test_sigterm_drains_in_flight_streams_then_exits_cleanly(server: ServerProcess, api_key: str) -> None:
@@ -228,7 +224,7 @@ def test_sigterm_drains_in_flight_streams_then_exits_cleanly(server: ServerProce
 
     thread = threading.Thread(target=stream)
     thread.start()
-    assert _wait(lambda: len(received["text"]) >= 2, 60)
+    wait_until(lambda: len(received["text"]) >= 2, timeout_s=60, interval_s=0.1, what="two streamed chunks")
     assert server.process is not None
     server.process.send_signal(signal.SIGTERM)
     thread.join(120)
