@@ -8,13 +8,13 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 from local_serving import free_port
+from waiting import wait_until
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM = Path("/usr/bin/chromium")
@@ -35,16 +35,16 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 def wait_until_serving(url: str, process: subprocess.Popen, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+    def serving() -> bool:
         if process.poll() is not None:
             raise RuntimeError(f"server exited with {process.returncode} before serving {url}")
         try:
             httpx.get(url, timeout=1.0)
-            return
         except httpx.TransportError:
-            time.sleep(0.1)
-    raise TimeoutError(f"{url} did not answer within {timeout_s}s")
+            return False
+        return True
+
+    wait_until(serving, timeout_s=timeout_s, interval_s=0.1, what=f"{url} to answer")
 
 
 @pytest.fixture(scope="session")

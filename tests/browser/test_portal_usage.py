@@ -9,16 +9,17 @@ from __future__ import annotations
 
 import csv
 import io
-import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import httpx
+from adapter_upload import upload_adapter
 from loraplex.billing.events import UsageEvent, UsageStatus
 from loraplex.billing.ledger import Ledger
 from loraplex.billing.pricing import PriceBook, add_price
 from playwright.sync_api import expect
 from portal_steps import sign_in
+from waiting import wait_until
 
 PAST_DAYS = {1: (1200, 300, 400, 0), 2: (800, 0, 250, 60), 4: (2500, 1200, 900, 200), 6: (400, 0, 120, 0)}
 
@@ -40,21 +41,6 @@ def write_past_usage(server) -> None:  # type: ignore[no-untyped-def]
         for i, key in enumerate(("all", "inference", "inference"))
     ]
     Ledger(sessions, PriceBook(sessions)).write(events)
-
-
-def upload_ready_adapter(server, folder: Path, name: str) -> str:  # type: ignore[no-untyped-def]
-    """Upload through the API and wait for validation; returns the adapter id."""
-    headers = {"Authorization": f"Bearer {server.keys['adapters']}"}
-    files = [("files", (f, (folder / f).read_bytes())) for f in ("adapter_config.json", "adapter_model.safetensors")]
-    created = httpx.post(server.base_url + "/v1/adapters", data={"name": name}, files=files, headers=headers, timeout=60)
-    assert created.status_code == 202, created.text
-    deadline = time.monotonic() + 180
-    while (record := httpx.get(f"{server.base_url}/v1/adapters/{created.json()['id']}", headers=headers).json())[
-        "status"
-    ] == "validating" and time.monotonic() < deadline:
-        time.sleep(0.3)
-    assert record["status"] == "ready", record
-    return record["id"]
 
 
 def set_budgets(server) -> dict:  # type: ignore[no-untyped-def]
@@ -79,12 +65,11 @@ def usage_report(server, days: int = 30, **params: str) -> httpx.Response:  # ty
 
 def wait_for_requests(server, expected: int) -> dict:  # type: ignore[no-untyped-def]
     """The meter writes on its own thread; the report is current once every request is in."""
-    deadline = time.monotonic() + 30
-    while True:
+    def current() -> dict | None:
         report = usage_report(server, group_by="day").json()
-        if report["totals"]["requests"] >= expected or time.monotonic() > deadline:
-            return report
-        time.sleep(0.2)
+        return report if report["totals"]["requests"] >= expected else None
+
+    return wait_until(current, timeout_s=30, interval_s=0.2, what=f"{expected} requests in the usage report")
 
 
 def test_usage_page_charts_table_and_csv(
@@ -92,7 +77,7 @@ def test_usage_page_charts_table_and_csv(
 ) -> None:
     with start_server() as server:
         write_past_usage(server)
-        upload_ready_adapter(server, trained_adapters["pirate"], "pirate")
+        upload_adapter(server, "pirate", trained_adapters["pirate"], key_label="adapters", timeout_s=180)
         base = server.services.base_model_name
         for key, model in (("all", base), ("inference", base), ("inference", "pirate"), ("inference", "pirate")):
             server.client(key).chat.completions.create(
