@@ -9,6 +9,7 @@ import pytest
 from loraplex.platform.errors import status_for
 from loraplex.sessions.errors import SessionBusyError, SessionConflictError, SessionNotFoundError
 from loraplex.sessions.store import KVState, SessionRecord, TurnResult, new_session_id
+from waiting import wait_until
 
 
 def _new(store, tenant: str = "ten_a", **kw) -> SessionRecord:
@@ -92,8 +93,8 @@ def test_aborted_turn_records_nothing_and_frees_the_session(store):
 def test_turn_whose_lease_was_taken_over_is_refused(store):
     session = _new(store)
     slow = store.begin_turn("ten_a", session.id, lease_s=0.1)
-    time.sleep(0.2)
-    fast = store.begin_turn("ten_a", session.id)
+    fast = wait_until(lambda: store.begin_turn("ten_a", session.id), timeout_s=10, ignoring=(SessionBusyError,),
+                      what="the slow turn's lease to run out")
     store.complete_turn(fast, _turn("fast", "a", [1]))
     with pytest.raises(SessionConflictError) as raised:
         store.complete_turn(slow, _turn("slow", "b", [2]))
