@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from loraplex.engine.spec.policy import SpeculationConfig
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 
@@ -165,6 +166,17 @@ class EngineConfig:
     # Weighted fair shares of running slots, KV blocks and prefill tokens between tenants, with preemption of
     # the tenant furthest over its share when one under its share waits (engine/fair_share.py)
     fair_sharing: bool = True
+    # Speculative decoding (engine/spec): off | ngram (decodes draft up to speculative_num_tokens tokens by
+    # prompt lookup, n-grams of speculative_ngram_min..max tokens) | auto (the same, switched off per
+    # sequence where drafts are mostly rejected and per step where the batch is compute-bound)
+    speculative_decoding: str = "off"
+    speculative_num_tokens: int = 4
+    speculative_ngram_min: int = 2
+    speculative_ngram_max: int = 4
+
+    def speculation(self, max_model_len: int) -> SpeculationConfig:
+        return SpeculationConfig(self.speculative_decoding, self.speculative_num_tokens, self.speculative_ngram_min,
+                                 self.speculative_ngram_max, torch.device(self.device).type, max_model_len)
 
     def resolve_decode_yield_min_tokens(self) -> int:
         if self.decode_yield_min_tokens is not None:

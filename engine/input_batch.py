@@ -30,6 +30,9 @@ class StepRows:
     prefills: list[tuple[Sequence, int]]
     forks: list[Sequence]        # sample their parent's last row; no tokens of their own
     sampled: list[Sequence]      # rows that end at the sequence's last token, in row order
+    # Decodes with draft tokens (engine/spec): among `prefills`, one row per token (the last real one, then
+    # the drafts), every row's logits wanted; verified on the host, never in `sampled`
+    verified: list[tuple[Sequence, int]] = field(default_factory=list)
 
     @classmethod
     def of(cls, step: SchedulerOutput) -> StepRows:
@@ -39,7 +42,8 @@ class StepRows:
         forks = [s for s, n in pairs if n == 0]
         ordered = [(s, 1) for s in decodes] + prefills
         sampled = [s for s, n in ordered if s.num_computed_tokens + n == len(s.token_ids)]
-        return cls(decodes, prefills, forks, sampled)
+        verified = [(s, n) for s, n in prefills if s.spec_token_ids]
+        return cls(decodes, prefills, forks, sampled, verified)
 
     @property
     def ordered(self) -> list[tuple[Sequence, int]]:
@@ -105,7 +109,10 @@ def build_input_batch(rows: StepRows, block_size: int, *, table_width: int | Non
     ids[: len(rows.decodes)] = [s.token_ids[s.num_computed_tokens] for s in rows.decodes]
     for (seq, n), row in zip(rows.prefills, cu[len(rows.decodes) : -1], strict=True):
         start = seq.num_computed_tokens
-        ids[row : row + n] = seq.token_ids[start : start + n]
+        chunk = seq.token_ids[start : start + n]
+        if len(chunk) < n:  # a decode verifying drafts: its last token, then the drafts
+            chunk = chunk + seq.spec_token_ids[: n - len(chunk)]
+        ids[row : row + n] = chunk
     token_rows = np.repeat(np.arange(count), query_lens)
     positions = np.zeros(ids.size, dtype=np.int64)
     positions[:num_tokens] = np.arange(num_tokens) - cu[token_rows] + starts[token_rows]
@@ -118,6 +125,8 @@ def build_input_batch(rows: StepRows, block_size: int, *, table_width: int | Non
     last = cu[1:] - 1
     row_of = {s.seq_id: int(r) for (s, _), r in zip(ordered, last, strict=True)}
     logit_rows = [row_of[s.seq_id] for s in rows.sampled] + [row_of[s.parent.seq_id] for s in rows.forks]
+    for seq, n in rows.verified:  # after the sampled rows: engine/spec/verify.py splits them off
+        logit_rows.extend(range(row_of[seq.seq_id] + 1 - n, row_of[seq.seq_id] + 1))
     query_len_of = {s.seq_id: n for s, n in ordered}
     spans = []
     for seq, start, end in prompt_logprob_seqs(rows):

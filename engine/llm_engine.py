@@ -26,11 +26,13 @@ from loraplex.engine.output.text import RequestText
 from loraplex.engine.parallel.group import SINGLE_RANK
 from loraplex.engine.parallel.sources import ModelSource, PathModelSource, RandomModelSource
 from loraplex.engine.parallel.workers import WorkerGroup, plan_num_blocks
-from loraplex.engine.protocol import EngineRequest, FinishReason, RequestOutput
+from loraplex.engine.protocol import EngineRequest, FinishReason, RequestOutput, TokenLogprob
 from loraplex.engine.runner import StepResult, runner_class_for
 from loraplex.engine.sampler import new_generator
 from loraplex.engine.scheduler import Scheduler, SchedulerOutput
 from loraplex.engine.sequence import Sequence
+from loraplex.engine.spec.policy import Speculation
+from loraplex.engine.spec.verify import verify_drafts
 from loraplex.engine.step_isolation import execute_isolating
 from loraplex.engine.step_overlap import StepOverlap
 
@@ -101,7 +103,10 @@ class LLMEngine:
         self.num_jump_forward_tokens_total = 0  # appended without a sampling step
         self.num_reasoning_tokens_total = 0  # of those, inside a reasoning segment (billed as thinking)
         self.last_step_was_idle = False  # work is waiting but nothing could run (e.g. adapters loading)
-        self.overlap = StepOverlap.for_engine(self)  # launch decode steps ahead (engine/step_overlap.py)
+        self.speculation = Speculation.from_config(engine_config.speculation(self.max_model_len))
+        self.scheduler.speculation = self.speculation
+        # Launch decode steps ahead (engine/step_overlap.py); not with drafts, which the host verifies each step
+        self.overlap = StepOverlap.for_engine(self) if self.speculation is None else None
 
     # ---- constructors ---------------------------------------------------------------------
     @classmethod
@@ -379,6 +384,9 @@ class LLMEngine:
         chunk_logprobs = result.prompt_logprobs.get(seq.seq_id)
         if chunk_logprobs is not None and state.prompt_logprobs is not None:
             state.prompt_logprobs.extend(chunk_logprobs)
+        if seq.spec_token_ids:
+            self._update_verified(state, seq, result)
+            return
         token = result.sampled.get(seq.seq_id)
         if token is None:
             return
@@ -388,6 +396,25 @@ class LLMEngine:
         finished = state.add_token(seq, token, result.logprobs.get(seq.seq_id))
         if not finished:
             finished = self._jump_forward(state, seq)
+        self.num_reasoning_tokens_total += seq.num_reasoning_tokens - num_reasoning_before
+        if finished:
+            self._finish_seq(state, seq)
+
+    def _update_verified(self, state: RequestState, seq: Sequence, result: StepResult) -> None:
+        """A decode that ran with drafts: the tokens its verification keeps (engine/spec/verify.py)."""
+        first = len(seq.token_ids)
+        num_reasoning_before = seq.num_reasoning_tokens
+
+        def add_token(token: int, logprob: TokenLogprob | None) -> bool:
+            self.num_generation_tokens_total += 1
+            return state.add_token(seq, token, logprob)
+
+        try:
+            finished = verify_drafts(seq, result.spec_logits[seq.seq_id], self.runner.sampler, add_token,
+                                     lambda: self._jump_forward(state, seq))
+        finally:
+            self.scheduler.settle_drafts(seq, first)
+            self.block_manager.cache_blocks(seq)
         self.num_reasoning_tokens_total += seq.num_reasoning_tokens - num_reasoning_before
         if finished:
             self._finish_seq(state, seq)
@@ -456,6 +483,7 @@ class LLMEngine:
             "discarded_tokens_total": self.num_discarded_tokens_total,
             "reasoning_tokens_total": self.num_reasoning_tokens_total,
             "num_preemptions": self.scheduler.num_preemptions,
+            **(self.speculation.stats() if self.speculation is not None else Speculation.empty_stats()),
             "num_pins_evicted": bm.num_pins_evicted,
             "num_pins_over_budget": bm.num_pins_over_budget,
             "pinned_blocks_by_tenant": bm.pinned_blocks_by_tenant(),

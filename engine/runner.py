@@ -25,6 +25,7 @@ from loraplex.engine.protocol import TokenLogprob
 from loraplex.engine.sampler import Sampler
 from loraplex.engine.scheduler import SchedulerOutput
 from loraplex.engine.sequence import Sequence
+from loraplex.engine.spec.verify import split_verified_logits
 
 
 @dataclass(slots=True)
@@ -42,6 +43,8 @@ class StepResult:
     logprobs: dict[int, TokenLogprob] = field(default_factory=dict)       # seq_id -> entry
     prompt_logprobs: dict[int, list[TokenLogprob]] = field(default_factory=dict)  # seq_id -> this chunk's
     errors: dict[int, Exception] = field(default_factory=dict)            # seq_id -> per-request failure
+    # seq_id -> [1 + drafts, vocab] host logits of a decode's draft rows, verified by the engine (engine/spec)
+    spec_logits: dict[int, torch.Tensor] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -116,7 +119,9 @@ class ModelRunner:
         out = self.forward_batch(batch, lora)
         result = StepResult()
         if out.logits is not None:
-            self.sampler.sample(out.logits, rows.sampled + rows.forks, result)
+            logits = split_verified_logits(out.logits, rows, result)
+            if rows.sampled or rows.forks:
+                self.sampler.sample(logits, rows.sampled + rows.forks, result)
         self._prompt_logprobs(out.hidden, rows, batch, result)
         return result
 

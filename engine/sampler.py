@@ -75,6 +75,34 @@ def _uniform(seq: Sequence) -> float:
     return seq.drawn_value
 
 
+class _RowErrors:
+    """Where `_apply_grammar` reports a failing matcher, for the one row `verify_token` masks."""
+
+    __slots__ = ("errors",)
+
+    def __init__(self) -> None:
+        self.errors: dict[int, Exception] = {}
+
+
+def draw_with_draft(probs: torch.Tensor, draft: int | None, uniform: float) -> int:
+    """One token from `probs` (unnormalised, [vocab]) by the uniform `uniform`, the draft first: `draft` with
+    probability p(draft), else a token of the rest in proportion to p (see `Sampler.verify_token`)."""
+    target = uniform * float(probs.sum())
+    if draft is not None:
+        p_draft = float(probs[draft])
+        if target < p_draft:
+            return draft
+        target -= p_draft
+        probs = probs.clone()
+        probs[draft] = 0.0
+    cdf = probs.cumsum(dim=-1)
+    picked = int(torch.searchsorted(cdf, torch.tensor([target]), right=True))
+    picked = min(picked, probs.shape[-1] - 1)
+    while picked > 0 and float(probs[picked]) == 0.0:  # float rounding at the top end: the last token with mass
+        picked -= 1
+    return picked
+
+
 class Sampler:
     def __init__(self, vocab_size: int, tokenizer_vocab_size: int) -> None:
         self.vocab_size = vocab_size
@@ -179,27 +207,7 @@ class Sampler:
         if not random_rows:
             return tokens
         index = torch.tensor(random_rows, dtype=torch.long)
-        sub = logits[index]
-        temps = torch.tensor([seqs[i].sampling.temperature for i in random_rows]).unsqueeze(1)
-        sub = sub / temps
-        top_ks = [seqs[i].sampling.top_k for i in random_rows]
-        if any(k > 0 for k in top_ks):
-            k_tensor = torch.tensor([k if k > 0 else sub.shape[-1] for k in top_ks]).clamp_(max=sub.shape[-1])
-            sorted_desc = sub.sort(dim=-1, descending=True).values
-            kth = sorted_desc.gather(1, (k_tensor - 1).unsqueeze(1))
-            sub = sub.masked_fill(sub < kth, float("-inf"))
-        top_ps = torch.tensor([seqs[i].sampling.top_p for i in random_rows]).unsqueeze(1)
-        if bool((top_ps < 1.0).any()):
-            sorted_logits, order = sub.sort(dim=-1, descending=True)
-            probs_sorted = sorted_logits.softmax(dim=-1)
-            before = probs_sorted.cumsum(dim=-1) - probs_sorted  # mass strictly above each token
-            drop_sorted = before >= top_ps
-            drop = torch.zeros_like(drop_sorted).scatter_(1, order, drop_sorted)
-            sub = sub.masked_fill(drop, float("-inf"))
-        probs = sub.softmax(dim=-1)
-        min_ps = torch.tensor([seqs[i].sampling.min_p for i in random_rows]).unsqueeze(1)
-        if bool((min_ps > 0).any()):
-            probs = probs.masked_fill(probs < min_ps * probs.max(dim=-1, keepdim=True).values, 0.0)
+        probs = self._random_probs(logits[index], [seqs[i] for i in random_rows])
         # Inverse-CDF draw with one uniform per row from that row's own generator: cheap,
         # and a row's token never depends on the other rows of the batch.
         uniforms = torch.tensor([_uniform(seqs[i]) for i in random_rows])
@@ -209,6 +217,60 @@ class Sampler:
         for j, i in enumerate(random_rows):
             tokens[i] = int(picked[j])
         return tokens
+
+    @staticmethod
+    def _random_probs(sub: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+        """The distribution a random row draws from: temperature, then top-k, top-p and min-p."""
+        temps = torch.tensor([s.sampling.temperature for s in seqs]).unsqueeze(1)
+        sub = sub / temps
+        top_ks = [s.sampling.top_k for s in seqs]
+        if any(k > 0 for k in top_ks):
+            k_tensor = torch.tensor([k if k > 0 else sub.shape[-1] for k in top_ks]).clamp_(max=sub.shape[-1])
+            sorted_desc = sub.sort(dim=-1, descending=True).values
+            kth = sorted_desc.gather(1, (k_tensor - 1).unsqueeze(1))
+            sub = sub.masked_fill(sub < kth, float("-inf"))
+        top_ps = torch.tensor([s.sampling.top_p for s in seqs]).unsqueeze(1)
+        if bool((top_ps < 1.0).any()):
+            sorted_logits, order = sub.sort(dim=-1, descending=True)
+            probs_sorted = sorted_logits.softmax(dim=-1)
+            before = probs_sorted.cumsum(dim=-1) - probs_sorted  # mass strictly above each token
+            drop_sorted = before >= top_ps
+            drop = torch.zeros_like(drop_sorted).scatter_(1, order, drop_sorted)
+            sub = sub.masked_fill(drop, float("-inf"))
+        probs = sub.softmax(dim=-1)
+        min_ps = torch.tensor([s.sampling.min_p for s in seqs]).unsqueeze(1)
+        if bool((min_ps > 0).any()):
+            probs = probs.masked_fill(probs < min_ps * probs.max(dim=-1, keepdim=True).values, 0.0)
+        return probs
+
+    # ---- speculative verification ---------------------------------------------------------
+    def verify_token(self, logits: torch.Tensor, seq: Sequence, draft: int | None) -> tuple[int, TokenLogprob | None]:
+        """The token `seq` takes at its next position, given that position's logits ([1, vocab]) and the
+        proposer's draft for it (None past the drafts). Everything `sample` applies is applied, from the
+        sequence's state now (its grammar, penalties and min_tokens see the drafts accepted before this one).
+        Greedy rows take the argmax, so the draft is accepted exactly when decoding would have produced it.
+        Random rows accept the draft d with probability p(d), else draw from p without d, renormalised:
+        speculative sampling's rule for a deterministic proposer, and the token's distribution stays p. One
+        uniform u serves both: d when u·Σp < p(d), else the inverse CDF of p without d at u·Σp - p(d)."""
+        logits = logits.float().clone()
+        raw_logprobs = torch.log_softmax(logits, dim=-1) if seq.sampling.logprobs is not None else None
+        failed = _RowErrors()
+        self._apply_grammar(logits, [seq], failed)  # type: ignore[arg-type]
+        if failed.errors:
+            raise failed.errors[seq.seq_id]
+        self._apply_min_tokens(logits, [seq])
+        self._apply_penalties(logits, [seq])
+        self._apply_logit_bias(logits, [seq])
+        if seq.forced_token_ids:
+            token = seq.forced_token_ids[0]
+        elif seq.sampling.temperature <= 0 or seq.sampling.top_k == 1:
+            token = int(logits[0].argmax())
+        else:
+            token = draw_with_draft(self._random_probs(logits, [seq])[0], draft, _uniform(seq))
+        entry = None
+        if raw_logprobs is not None:
+            entry = self._entry(raw_logprobs[0], token, seq.sampling.logprobs)
+        return token, entry
 
     # ---- logprobs -------------------------------------------------------------------------
     @staticmethod

@@ -41,6 +41,8 @@ from loraplex.engine.fair_share import FairShare, admission_key
 from loraplex.engine.kv import preempt_swap
 from loraplex.engine.kv.block_manager import BlockManager
 from loraplex.engine.sequence import Sequence, SequenceStatus
+from loraplex.engine.spec.policy import Speculation
+from loraplex.engine.spec.verify import num_accepted
 
 SERVICE_DECAY = 0.9  # per step: "recent" service fades, so a tenant's past burst is forgotten
 DECODE_YIELD_PERIOD = 3  # a yielding decode runs in one step of this many (more when many yield together)
@@ -101,6 +103,7 @@ class Scheduler:
         self.num_swapped_out = 0  # preempted sequences whose blocks went to the host tier
         # Waiting sequences whose adapter_ready raised: the engine fails their requests.
         self.failed: dict[int, tuple[Sequence, Exception]] = {}
+        self.speculation: Speculation | None = None  # drafts for decodes (engine/spec); None: off
 
     # ---- queue management -----------------------------------------------------------------
     def add(self, seq: Sequence, fork_children: list[Sequence] | None = None, weight: float | None = None) -> None:
@@ -154,6 +157,7 @@ class Scheduler:
         for child in self.pending_forks.pop(seq.seq_id, []):
             child.status = SequenceStatus.FINISHED
         seq.status = SequenceStatus.FINISHED
+        seq.spec_token_ids = []
         self.block_manager.deallocate(seq)
 
     # ---- the step -------------------------------------------------------------------------
@@ -173,6 +177,8 @@ class Scheduler:
         # Decodes first, then prefill chunks, each group in admission order.
         order = sorted(self.running, key=lambda s: s.num_uncomputed_tokens > 1)
         caps = self._prefill_caps(order, budget, yielding)
+        drafting = self.speculation is not None and self.speculation.allows_step(
+            sum(1 for s in order if s.num_uncomputed_tokens == 1))
         for seq in order:
             if budget == 0:
                 break
@@ -187,6 +193,8 @@ class Scheduler:
                 if num_new <= 0:
                     continue
                 caps[seq.tenant_id] -= num_new
+            if drafting and num_new == 1:
+                num_new += self._draft(seq, budget - 1)
             if not self._make_room(seq, num_new, out):
                 continue
             budget -= self._schedule_seq(seq, num_new, out)
@@ -250,10 +258,32 @@ class Scheduler:
 
     def update_from_output(self, scheduled: SchedulerOutput) -> None:
         """Token progress after the step ran: every scheduled sequence computed the tokens it was given, and a
-        forked child now owns its blocks."""
+        forked child now owns its blocks. A decode's drafts count once verified (`settle_drafts`)."""
         for seq, num_new in zip(scheduled.seqs, scheduled.num_new_tokens, strict=True):
-            seq.num_computed_tokens += num_new
+            seq.num_computed_tokens += num_new - len(seq.spec_token_ids)
             seq.parent = None
+
+    # ---- speculative decoding ---------------------------------------------------------------
+    def _draft(self, seq: Sequence, max_tokens: int) -> int:
+        """Give a decode its drafts for this step when its blocks have room for them (drafting never evicts a
+        pin or preempts anyone); returns how many."""
+        drafts = self.speculation.propose(seq, max_tokens) if self.speculation is not None else []
+        if drafts and not self.block_manager.can_append(seq, 1 + len(drafts)):
+            drafts = []
+        seq.spec_token_ids = drafts
+        return len(drafts)
+
+    def settle_drafts(self, seq: Sequence, first: int) -> None:
+        """After verification appended `seq`'s tokens from position `first` on: the K/V of the accepted drafts
+        count as computed, blocks past the tokens are given back at once, the drafts are forgotten. The last
+        token stays uncomputed (the next step's input) even when the drafts ran up to it."""
+        accepted = num_accepted(seq, first)
+        if self.speculation is not None:
+            self.speculation.record(seq, len(seq.spec_token_ids), accepted)
+        if not seq.is_finished:
+            seq.num_computed_tokens = min(first + accepted, len(seq.token_ids) - 1)
+            self.block_manager.free_blocks_past(seq, len(seq.token_ids))
+        seq.spec_token_ids = []
 
     def _yielding_decodes(self) -> set[int]:
         """Ids of long decodes that sit out this step for a shorter sequence of another tenant: a running one,
@@ -343,6 +373,7 @@ class Scheduler:
 
     def _preempt(self, seq: Sequence, out: SchedulerOutput, for_fairness: bool = False) -> None:
         self.running.remove(seq)
+        seq.spec_token_ids = []
         if preempt_swap.swap_out(self.block_manager, seq):
             self.num_swapped_out += 1
         self.block_manager.deallocate(seq)

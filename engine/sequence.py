@@ -53,6 +53,10 @@ class Sequence:
         "salt",
         "sampling",
         "seq_id",
+        "spec_acceptance",
+        "spec_cooldown",
+        "spec_resume_at",
+        "spec_token_ids",
         "status",
         "tenant_id",
         "token_ids",
@@ -100,6 +104,12 @@ class Sequence:
         self.was_preempted = False
         self.drawn_at = -1         # the position whose random draw `drawn_value` is (a retried step reuses it)
         self.drawn_value = 0.0
+        # Speculative decoding (engine/spec): the draft tokens scheduled after the last token this step, and
+        # the adaptive state that turns drafting off for a while where drafts are mostly rejected.
+        self.spec_token_ids: list[int] = []
+        self.spec_acceptance = 1.0  # moving average of the share of draft tokens accepted
+        self.spec_resume_at = 0     # no drafts before this many output tokens
+        self.spec_cooldown = 0      # output tokens the next switch-off lasts (doubles each time)
 
     def __len__(self) -> int:
         return len(self.token_ids)

@@ -89,3 +89,4 @@ def _merge(into: StepResult, part: StepResult) -> None:
     into.logprobs.update(part.logprobs)
     into.prompt_logprobs.update(part.prompt_logprobs)
     into.errors.update(part.errors)
+    into.spec_logits.update(part.spec_logits)

@@ -33,6 +33,7 @@ from loraplex.engine.model.llama import LlamaForCausalLM
 from loraplex.engine.runner import ForwardOutput, ModelRunner, PendingStep, StepResult
 from loraplex.engine.scheduler import SchedulerOutput
 from loraplex.engine.sequence import Sequence
+from loraplex.engine.spec.verify import split_verified_logits
 
 _PADDING_SEQ = SimpleNamespace(adapter_id=None)  # what a padded graph row looks like to the LoRA builder
 
@@ -125,7 +126,9 @@ class CudaModelRunner(ModelRunner):
         out = self.forward_batch(batch, lora)
         result = StepResult()
         if out.logits is not None:
-            self._sample(out.logits, rows.sampled + rows.forks, result, out.graph)
+            logits = split_verified_logits(out.logits, rows, result)
+            if rows.sampled or rows.forks:
+                self._sample(logits, rows.sampled + rows.forks, result, out.graph)
         self._prompt_logprobs(out.hidden, rows, batch, result)
         return result
 

@@ -193,6 +193,12 @@ class BlockManager:
         seq.block_hashes = []
         seq.num_computed_tokens = 0
 
+    def free_blocks_past(self, seq: Sequence, num_tokens: int) -> None:
+        """Give back the blocks `seq` holds past its first `num_tokens` tokens (rejected draft tokens' K/V)."""
+        keep = self.blocks_needed(num_tokens)
+        while len(seq.block_table) > keep:
+            self._release(seq.block_table.pop())
+
     def _release(self, block_id: int) -> None:
         block = self.blocks[block_id]
         block.ref_count -= 1

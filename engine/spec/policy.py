@@ -1,0 +1,111 @@
+"""Where to draft: the `speculative_decoding` mode, per-sequence eligibility and the adaptive switch-offs.
+
+Modes: `off` (nothing changes), `ngram` (every eligible decode drafts with the
+n-gram proposer) and `auto` (the same, adaptive). Adaptive, a sequence whose
+drafts are mostly rejected stops drafting for a while (the verification rows
+cost compute and yield nothing), with the pause doubling each time it happens
+again; and a step stops drafting altogether when its decodes are many enough
+that the step is compute-bound: there a draft row costs about what a token of
+another sequence does, so rejected drafts slow everyone and even accepted
+ones gain little.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from loraplex.engine.sequence import Sequence
+from loraplex.engine.spec.proposer import PROPOSERS, Proposer
+
+MODES = ("off", "ngram", "auto")
+MIN_ACCEPTANCE = 0.25     # below this moving share of accepted drafts, a sequence stops drafting for a while
+ACCEPTANCE_WEIGHT = 0.3   # weight of the latest verification in that moving share
+FIRST_COOLDOWN, MAX_COOLDOWN = 16, 256  # output tokens a switch-off lasts, doubling from the first up to the last
+# Decode rows times (1 + drafts) past which a step is compute-bound: the CPU's matrix products stop being
+# bound by reading the weights after a few dozen rows; a GPU's after a few hundred.
+COMPUTE_BOUND_TOKENS = {"cpu": 32, "cuda": 256}
+
+
+@dataclass(slots=True)
+class SpeculationConfig:
+    mode: str = "off"
+    num_tokens: int = 4          # k: draft tokens per sequence and step
+    ngram_min: int = 2
+    ngram_max: int = 4
+    device_type: str = "cpu"
+    max_model_len: int = 2048    # drafts never reach past the context
+
+    def validate(self) -> None:
+        if self.mode not in MODES:
+            raise ValueError(f"speculative_decoding must be one of {', '.join(MODES)}, not {self.mode!r}")
+        if self.num_tokens < 1:
+            raise ValueError("speculative_num_tokens must be at least 1")
+
+
+class Speculation:
+    """Proposes each step's drafts and keeps the counts of drafted and accepted tokens."""
+
+    def __init__(self, config: SpeculationConfig, proposer: Proposer) -> None:
+        self.config = config
+        self.proposer = proposer
+        self.adaptive = config.mode == "auto"
+        self.compute_bound_tokens = COMPUTE_BOUND_TOKENS.get(config.device_type, COMPUTE_BOUND_TOKENS["cuda"])
+        self.num_draft_tokens = 0      # proposed and verified
+        self.num_accepted_tokens = 0   # of those, the ones the output kept
+        self.num_verified_rows = 0
+        self.num_skipped_steps = 0     # steps that drafted nothing because they were compute-bound
+
+    @classmethod
+    def from_config(cls, config: SpeculationConfig) -> Speculation | None:
+        config.validate()
+        if config.mode == "off":
+            return None
+        return cls(config, PROPOSERS["ngram"](config.ngram_min, config.ngram_max))
+
+    # ---- scheduling -----------------------------------------------------------------------
+    def allows_step(self, num_decodes: int) -> bool:
+        """Whether this step drafts at all (adaptive: not once its decodes make it compute-bound)."""
+        if not self.adaptive or num_decodes * (1 + self.config.num_tokens) <= self.compute_bound_tokens:
+            return True
+        self.num_skipped_steps += 1
+        return False
+
+    def propose(self, seq: Sequence, max_tokens: int) -> list[int]:
+        """Drafts for a decode of `seq`, at most `max_tokens` (the step's budget left past its own token)."""
+        if not self._eligible(seq):
+            return []
+        # The output's room left, less the token the verification samples past the drafts.
+        room = min(seq.sampling.max_tokens - seq.num_output_tokens, self.config.max_model_len - len(seq.token_ids))
+        limit = min(self.config.num_tokens, max_tokens, room - 1)
+        return self.proposer.propose(seq.token_ids, limit) if limit > 0 else []
+
+    def _eligible(self, seq: Sequence) -> bool:
+        """A decode on its own blocks with nothing forced: a fork child still shares its parent's last block,
+        prompt logprobs want prefill rows, and a forced reasoning end leaves nothing to guess."""
+        return (seq.num_uncomputed_tokens == 1 and seq.parent is None and not seq.wants_prompt_logprobs
+                and not seq.forced_token_ids and seq.num_output_tokens >= seq.spec_resume_at)
+
+    # ---- after verification ---------------------------------------------------------------
+    def record(self, seq: Sequence, num_drafts: int, num_accepted: int) -> None:
+        self.num_draft_tokens += num_drafts
+        self.num_accepted_tokens += num_accepted
+        self.num_verified_rows += 1
+        if not self.adaptive:
+            return
+        rate = num_accepted / num_drafts
+        seq.spec_acceptance = (1 - ACCEPTANCE_WEIGHT) * seq.spec_acceptance + ACCEPTANCE_WEIGHT * rate
+        if seq.spec_acceptance < MIN_ACCEPTANCE:
+            seq.spec_cooldown = min(MAX_COOLDOWN, 2 * seq.spec_cooldown) if seq.spec_cooldown else FIRST_COOLDOWN
+            seq.spec_resume_at = seq.num_output_tokens + seq.spec_cooldown
+            seq.spec_acceptance = 2 * MIN_ACCEPTANCE  # the retry starts from a fair chance, not the old average
+
+    def stats(self) -> dict[str, int]:
+        return {"spec_decode_num_draft_tokens_total": self.num_draft_tokens,
+                "spec_decode_num_accepted_tokens_total": self.num_accepted_tokens,
+                "spec_decode_num_verified_rows_total": self.num_verified_rows}
+
+    @staticmethod
+    def empty_stats() -> dict[str, int]:
+        """The same counters where speculation is off."""
+        return {"spec_decode_num_draft_tokens_total": 0, "spec_decode_num_accepted_tokens_total": 0,
+                "spec_decode_num_verified_rows_total": 0}

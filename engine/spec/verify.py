@@ -1,0 +1,72 @@
+"""Verification of a step's drafts: from the logits of each draft row to the tokens the output keeps.
+
+A decode with drafts d0..d(k-1) ran rows for its last token and each draft;
+row j's logits score the position after d(j-1). The engine walks the rows in
+order, as decoding one token per step would: the sampler picks the token at
+the position (`Sampler.verify_token`, with the grammar mask, penalties and
+min_tokens of the sequence as it stands, the drafts accepted so far
+included), the request state takes it (stop tokens, max_tokens, the grammar's
+end all apply as usual), grammar-forced tokens are appended (jump-forward),
+and the walk goes on only while every token appended equals the draft at its
+place; the token that differs (or the one past the last draft) is the step's
+last. Jump-forward tokens that equal the drafts count as accepted and the
+walk uses the rows after them. The grammar matcher therefore only ever sees
+tokens the output keeps: a draft its grammar refuses is never fed to it (the
+mask makes it lose to an allowed token), and there is nothing to roll back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import torch
+from loraplex.engine.protocol import TokenLogprob
+from loraplex.engine.sequence import Sequence
+
+if TYPE_CHECKING:  # the scheduler imports this module, and the input batch imports the scheduler
+    from loraplex.engine.input_batch import StepRows
+    from loraplex.engine.sampler import Sampler
+
+
+def split_verified_logits(logits: torch.Tensor, rows: StepRows, result: object) -> torch.Tensor:
+    """Move the draft rows' logits (the last ones, engine/input_batch.py) to `result.spec_logits` on the host;
+    returns the logits of the rows sampled as usual."""
+    if not rows.verified:
+        return logits
+    num_sampled = len(rows.sampled) + len(rows.forks)
+    verified = logits[num_sampled:].float().cpu()
+    start = 0
+    for seq, n in rows.verified:
+        result.spec_logits[seq.seq_id] = verified[start : start + n]  # type: ignore[attr-defined]
+        start += n
+    return logits[:num_sampled]
+
+
+def verify_drafts(seq: Sequence, logits: torch.Tensor, sampler: Sampler,
+                  add_token: Callable[[int, TokenLogprob | None], bool], jump_forward: Callable[[], bool]) -> bool:
+    """Append the tokens this step gives `seq` (see the module's note); True if the choice finished.
+    `logits`: [1 + drafts, vocab]; `add_token(token, logprob)` and `jump_forward()` are the engine's own, each
+    returning whether the choice finished."""
+    drafts = seq.spec_token_ids
+    first = len(seq.token_ids)  # the position row 0 scores
+    row = 0
+    while True:
+        draft = drafts[row] if row < len(drafts) else None
+        token, logprob = sampler.verify_token(logits[row : row + 1], seq, draft)
+        if add_token(token, logprob) or jump_forward():
+            return True
+        produced = seq.token_ids[first:]
+        if len(produced) > len(drafts) or produced != drafts[: len(produced)]:
+            return False
+        row = len(produced)
+
+
+def num_accepted(seq: Sequence, first: int) -> int:
+    """Drafts of `seq` that its tokens from position `first` on kept, in order."""
+    count = 0
+    for token, draft in zip(seq.token_ids[first:], seq.spec_token_ids, strict=False):
+        if token != draft:
+            break
+        count += 1
+    return count
