@@ -13,7 +13,8 @@ router) and vLLM's Grafana dashboards read these names:
   adapters are comma-separated as requests name them in `model`;
 - counters `vllm:prompt_tokens_total`, `vllm:generation_tokens_total`,
   `vllm:num_preemptions_total`, `vllm:prefix_cache_queries_total`,
-  `vllm:prefix_cache_hits_total`;
+  `vllm:prefix_cache_hits_total`, `vllm:spec_decode_num_draft_tokens_total`,
+  `vllm:spec_decode_num_accepted_tokens_total` (speculative decoding);
 - histograms `vllm:time_to_first_token_seconds`, `vllm:inter_token_latency_seconds`,
   `vllm:e2e_request_latency_seconds`: our own histograms (platform/metrics.py,
   summed over every API server) under a second name.
@@ -57,6 +58,9 @@ ENGINE_COUNTERS = {
     "num_preemptions": ("vllm:num_preemptions", "Cumulative number of preemptions"),
     "prefix_cache_queries": ("vllm:prefix_cache_queries", "Prompt tokens looked up in the prefix cache"),
     "prefix_cache_hits": ("vllm:prefix_cache_hits", "Prompt tokens found in the prefix cache"),
+    "spec_decode_num_draft_tokens_total": ("vllm:spec_decode_num_draft_tokens", "Draft tokens proposed and verified"),
+    "spec_decode_num_accepted_tokens_total": ("vllm:spec_decode_num_accepted_tokens",
+                                              "Draft tokens the output kept"),
 }
 
 

@@ -12,7 +12,7 @@ import os
 import socket
 from functools import cached_property
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
@@ -54,6 +54,13 @@ class Settings(BaseSettings):
     # Tenants share the engine by weighted fair shares of running slots, KV blocks and prefill tokens, and one
     # under its share that waits preempts the tenant furthest over its own; False: first come, first served
     fair_sharing: bool = True
+    # Speculative decoding: off | ngram (decodes draft up to speculative_num_tokens tokens by prompt lookup, with
+    # n-grams of speculative_ngram_min..max tokens, verified in one forward pass) | auto (the same, switched off
+    # per sequence where drafts are mostly rejected and per step where the batch is compute-bound)
+    speculative_decoding: Literal["off", "ngram", "auto"] = "off"
+    speculative_num_tokens: int = Field(default=4, ge=1, le=16)
+    speculative_ngram_min: int = Field(default=2, ge=1, le=16)
+    speculative_ngram_max: int = Field(default=4, ge=1, le=16)
     max_num_batched_tokens: int = 512
     max_model_len: int = 2048
     tensor_parallel_size: int = Field(default=1, ge=1)
