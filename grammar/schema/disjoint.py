@@ -9,7 +9,9 @@ instance of it matches all of):
   root may mean);
 - both are objects there and a key that one requires has disjoint schemas on
   the two sides, or one side is closed and the other requires a key it does
-  not allow;
+  not allow, or one side needs more keys than the other allows (`required`
+  and `minProperties`, through `anyOf`/`oneOf` branches, against
+  `maxProperties` or a closed object's declared keys);
 - one side is a string matching an anchored pattern over an alphabet (each
   character of a match comes from it), and the other side's pattern needs a
   character outside that alphabet in every match.
@@ -79,7 +81,7 @@ class Disjointness:
         if self._finite_outside(parts_a, b) or self._finite_outside(parts_b, a):
             return True
         objects = any(t is not None and t <= {"object"} for t in (types_a, types_b))
-        if objects and self._keys_disjoint(parts_a, parts_b, depth):
+        if objects and (self._keys_disjoint(parts_a, parts_b, depth) or self._counts_disjoint(parts_a, parts_b)):
             return True
         return (_strings_outside_alphabet(parts_a, types_a, parts_b)
                 or _strings_outside_alphabet(parts_b, types_b, parts_a))
@@ -110,6 +112,29 @@ class Disjointness:
                         return True
         return False
 
+    def _counts_disjoint(self, parts_a: list[dict], parts_b: list[dict]) -> bool:
+        """Every object of one side has more keys than any object of the other may."""
+        for low_parts, high_parts in ((parts_a, parts_b), (parts_b, parts_a)):
+            high = _most_keys(high_parts)
+            if high is not None and self._fewest_keys(low_parts, 0) > high:
+                return True
+        return False
+
+    def _fewest_keys(self, parts: list[dict], depth: int) -> int:
+        """A lower bound on the keys of an object matching every part (0 when nothing says more)."""
+        required = {k for part in parts for k in part.get("required") or [] if isinstance(k, str)}
+        fewest = len(required)
+        for part in parts:
+            low = part.get("minProperties")
+            if isinstance(low, int) and not isinstance(low, bool):
+                fewest = max(fewest, low)
+            for key in ("anyOf", "oneOf"):  # some branch holds: the object has at least its branches' least
+                branches = part.get(key)
+                if depth < _MAX_DEPTH and isinstance(branches, list) and branches:
+                    each = [self._conjuncts(branch) for branch in branches]
+                    fewest = max(fewest, min(self._fewest_keys(b, depth + 1) if b is not None else 0 for b in each))
+        return fewest
+
     def _finite_outside(self, parts: list[dict], other: Any) -> bool:
         """Some part of one side is a finite set of values, none of them valid against `other`."""
         for part in parts:
@@ -131,6 +156,18 @@ class Disjointness:
         if self._validators is None:
             self._validators = offline_validators(self.root)
         return self._validators
+
+
+def _most_keys(parts: list[dict]) -> int | None:
+    """An upper bound on the keys of an object matching every part; None when nothing bounds them."""
+    bounds = []
+    for part in parts:
+        high = part.get("maxProperties")
+        if isinstance(high, int) and not isinstance(high, bool):
+            bounds.append(high)
+        if part.get("additionalProperties") is False and not part.get("patternProperties"):
+            bounds.append(sum(1 for sub in (part.get("properties") or {}).values() if sub is not False))
+    return min(bounds) if bounds else None
 
 
 def _allowed_types(parts: list[dict]) -> set[str] | None:

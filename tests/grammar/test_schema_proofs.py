@@ -40,6 +40,14 @@ DISJOINT = [
     # a finite set none of whose values the other branch accepts
     ({"oneOf": [JINJA, {"type": "string", "enum": ["warn", "error"]}]},
      ["warn", "error", "{{ level }}", "info", "{{"]),
+    # every object of one branch has two keys (each of its own branches requires two), the other's one
+    ({"oneOf": [{"$ref": "#/$defs/repository"},
+                {"type": "object", "additionalProperties": {"const": False}, "minProperties": 1, "maxProperties": 1}],
+      "$defs": {"repository": {"type": "object", "oneOf": [
+          {"required": ["type", "url"], "properties": {"type": {"const": "vcs"}}},
+          {"required": ["type", "package"], "properties": {"type": {"const": "package"}}}]}}},
+     [{"type": "vcs", "url": "u"}, {"type": "package", "package": 1}, {"x": False}, {"type": False},
+      {"type": "vcs"}, {"x": True}, {"a": False, "b": False}, {}, "s"]),
 ]
 NOT_DISJOINT = [
     # a string matches both (required and properties constrain objects only)
@@ -48,6 +56,8 @@ NOT_DISJOINT = [
     {"oneOf": [{"type": "string", "pattern": "^[a-z]"}, JINJA]},
     # "{{x}}" is in the enum and matches the pattern
     {"oneOf": [JINJA, {"enum": ["{{x}}", "warn"]}]},
+    # {"a": 1} has the one key both allow
+    {"oneOf": [{"type": "object", "required": ["a"]}, {"type": "object", "maxProperties": 1}]},
 ]
 
 
