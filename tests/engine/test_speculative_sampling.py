@@ -1,0 +1,128 @@
+"""The verifier's sampling rule and the n-gram proposer, without a model.
+
+Random rows accept a draft d with probability p(d) and otherwise draw from p
+without d: the token's distribution must stay p whatever d is. Checked on a
+small synthetic vocabulary with seeded generators; each frequency must lie
+within 5 standard errors of its probability (sqrt(p(1-p)/N)): a correct rule
+fails that bound with probability about 6e-7 per cell, a wrong one (e.g. the
+draft taken outright, or the residual not renormalised) misses it by over ten
+standard errors at these sample sizes.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from loraplex.engine.protocol import SamplingParams
+from loraplex.engine.sampler import Sampler, draw_with_draft
+from loraplex.engine.sequence import Sequence
+from loraplex.engine.spec.proposer import NgramProposer
+from loraplex.engine.spec.verify import verify_drafts
+
+VOCAB = 6
+NUM_SAMPLES = 4_000
+
+
+def _sequence(sampling: SamplingParams, seed: int) -> Sequence:
+    seq = Sequence("r", 0, [1, 2, 3], sampling, "tenant", None, ("tenant", None, None), 0.0)
+    seq.generator = torch.Generator().manual_seed(seed)
+    return seq
+
+
+def _assert_matches(counts: list[int], probs: torch.Tensor, total: int) -> None:
+    for token, count in enumerate(counts):
+        p = float(probs[token])
+        bound = 5 * math.sqrt(max(p * (1 - p), 1e-12) / total) + 1e-9
+        assert abs(count / total - p) <= bound, (token, count / total, p)
+
+
+@pytest.mark.parametrize(("draft", "sampling"), [
+    (4, SamplingParams(temperature=1.0)),                     # the likeliest token drafted
+    (2, SamplingParams(temperature=0.7, top_p=0.9)),          # a draft top-p cuts away: never taken
+    (3, SamplingParams(temperature=1.3, top_k=4, min_p=0.05)),
+])
+def test_one_position_keeps_the_target_distribution_whatever_the_draft(draft: int, sampling: SamplingParams) -> None:
+    logits = torch.tensor([[1.2, 0.1, -0.5, 0.8, 2.0, -1.0]])
+    sampler = Sampler(VOCAB, VOCAB)
+    target = Sampler._random_probs(logits.clone(), [_sequence(sampling, 0)])[0]
+    target = target / target.sum()
+    seq = _sequence(sampling, seed=1234 + draft)
+    counts = [0] * VOCAB
+    for _ in range(NUM_SAMPLES):
+        seq.drawn_at = -1  # a fresh uniform, as a new position would draw
+        token, _ = sampler.verify_token(logits, seq, draft)
+        counts[token] += 1
+    _assert_matches(counts, target, NUM_SAMPLES)
+
+
+def test_draft_is_accepted_with_its_probability_and_a_certain_draft_always() -> None:
+    probs = torch.tensor([0.1, 0.6, 0.3])
+    generator = torch.Generator().manual_seed(7)
+    uniforms = torch.rand(NUM_SAMPLES, generator=generator).tolist()
+    accepted = sum(draw_with_draft(probs, 1, u) == 1 for u in uniforms)
+    _assert_matches([NUM_SAMPLES - accepted, accepted], torch.tensor([0.4, 0.6]), NUM_SAMPLES)
+    certain = torch.tensor([0.0, 1.0, 0.0])
+    assert all(draw_with_draft(certain, 1, u) == 1 for u in uniforms[:500])
+    # A draft with no mass is never taken; the rest keep their shares.
+    assert all(draw_with_draft(certain, 0, u) == 1 for u in uniforms[:500])
+
+
+def test_a_walk_over_two_drafts_keeps_each_position_conditional_distribution() -> None:
+    """Row 0 scores the first position, row 1 the next one given that the first token was draft 0: the first
+    token must follow row 0's distribution, and the second (produced only after draft 0) row 1's."""
+    logits = torch.tensor([[0.3, 1.5, -0.2, 0.9, 0.0, -1.1],
+                           [2.2, -0.3, 0.4, 0.1, 1.0, 0.5],
+                           [0.0, 0.0, 0.0, 0.0, 0.0, 0.0]])
+    drafts = [1, 4]
+    sampling = SamplingParams(temperature=1.0, max_tokens=100)
+    sampler = Sampler(VOCAB, VOCAB)
+    p0 = logits[0].softmax(-1)
+    p1 = logits[1].softmax(-1)
+    seq = _sequence(sampling, seed=99)
+    first_counts, second_counts = [0] * VOCAB, [0] * VOCAB
+    for _ in range(NUM_SAMPLES):
+        seq.token_ids = [1, 2, 3]
+        seq.spec_token_ids = list(drafts)
+        seq.drawn_at = -1  # the positions are drawn afresh each round
+
+        def add_token(token: int, logprob: object) -> bool:
+            seq.token_ids.append(token)
+            return False
+
+        verify_drafts(seq, logits, sampler, add_token, lambda: False)
+        produced = seq.token_ids[3:]
+        first_counts[produced[0]] += 1
+        if produced[0] == drafts[0]:
+            second_counts[produced[1]] += 1
+        assert 1 <= len(produced) <= 3
+    _assert_matches(first_counts, p0, NUM_SAMPLES)
+    _assert_matches(second_counts, p1, sum(second_counts))
+
+
+def test_greedy_walk_stops_at_the_first_draft_the_argmax_refuses() -> None:
+    logits = torch.full((4, VOCAB), -5.0)
+    for row, best in enumerate([2, 5, 1, 3]):
+        logits[row, best] = 5.0
+    seq = _sequence(SamplingParams(temperature=0.0, max_tokens=100), seed=0)
+    seq.spec_token_ids = [2, 5, 0]
+
+    def add_token(token: int, logprob: object) -> bool:
+        seq.token_ids.append(token)
+        return False
+
+    assert not verify_drafts(seq, logits, Sampler(VOCAB, VOCAB), add_token, lambda: False)
+    assert seq.token_ids[3:] == [2, 5, 1]  # two drafts kept, the third replaced by the argmax
+
+
+def test_ngram_proposer_continues_the_latest_match_longest_first() -> None:
+    proposer = NgramProposer(1, 3)
+    assert proposer.propose([1, 2, 3, 4, 5, 1, 2, 3], 3) == [4, 5, 1]
+    assert proposer.propose([7, 8, 9, 1, 8, 9, 2, 8, 9], 2) == [2, 8]  # latest occurrence wins
+    assert proposer.propose([5, 6, 7, 8], 4) == []                      # nothing repeats: no draft
+    assert proposer.propose([4, 5, 6, 9, 5, 6], 0) == []
+    # The longest n-gram decides over a later single-token match.
+    assert NgramProposer(1, 2).propose([3, 4, 10, 9, 4, 11, 3, 4], 1) == [10]
+    with pytest.raises(ValueError):
+        NgramProposer(3, 2)
