@@ -37,7 +37,8 @@ SCHEMA = {"type": "object", "properties": {"answer": {"type": "integer"}}, "requ
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory, smollm_path: Path) -> Iterator[BatchServer]:
     running = start_batch_server(tmp_path_factory.mktemp("batch-api"), smollm_path, batch_concurrency=2,
-                                 batch_max_file_bytes=64 * 1024, batch_file_quota_count_per_tenant=30)
+                                 batch_max_file_bytes=64 * 1024, batch_file_quota_count_per_tenant=30,
+                                 batch_lease_s=3)  # the runner rereads its batch row (cancel, expiry) each second
     try:
         with running.http("admin") as admin:
             created = admin.post("/v1/admin/prices", json={"model": MODEL, "input": str(PRICE_INPUT),
@@ -257,7 +258,9 @@ def test_the_end_of_the_window_expires_the_lines_not_run(server: BatchServer) ->
     from sqlalchemy import update
 
     client = server.client("acme")
-    lines = [chat_line(f"e{i}", f"Say the word {i}.") for i in range(10)]
+    # One quick line, then long ones: the window ends while most lines are still to run, however fast the box.
+    lines = [chat_line("e0", "Say the word 0.", max_tokens=1)]
+    lines += [chat_line(f"e{i}", f"Count from 1 to 500, {i}.", max_tokens=100, ignore_eos=True) for i in range(1, 10)]
     batch = client.batches.create(input_file_id=upload(client, lines).id, endpoint="/v1/chat/completions",
                                   completion_window="24h")
     wait_until(lambda: client.batches.retrieve(batch.id).request_counts.completed >= 1, timeout_s=300,
