@@ -17,7 +17,7 @@ import llguidance
 import llguidance.hf
 import llguidance.torch
 import torch
-from loraplex.grammar.backends.object_lark import small_object_lark
+from loraplex.grammar.backends.object_lark import object_lark
 from loraplex.grammar.backends.protocol import (
     TokenizerContext,
     TokenVocabulary,
@@ -102,8 +102,8 @@ class LLGuidanceBackend:
         matcher = llguidance.LLMatcher(self.tokenizer, grammar, log_level=0, limits=_limits())
         if matcher.is_error():
             error = matcher.get_error()
-            # A string-only schema as one terminal (`&`, `~`), an object of two keys at most as its members.
-            lark = string_schema_lark(payload) or small_object_lark(payload)
+            # A string-only schema as one terminal (`&`, `~`), an object schema as its members (`object_lark`).
+            lark = string_schema_lark(payload) or object_lark(payload)
             if lark is not None:
                 grammar = llguidance.LLMatcher.grammar_from_lark(lark)
                 matcher = llguidance.LLMatcher(self.tokenizer, grammar, log_level=0, limits=_limits())

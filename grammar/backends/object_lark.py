@@ -1,11 +1,14 @@
-"""An object schema allowing two keys at most, as an llguidance Lark grammar: each key one terminal, each
-value an embedded JSON schema.
+"""An object schema as an llguidance Lark grammar: each key one terminal, each value an embedded JSON schema.
 
-With `maxProperties` 1 or 2, "some key matches P and its value V" (`not` of a
-`patternProperties`, or of a `propertyNames`; `required`) is a constraint on
-one of the few members there are: each such constraint is given to a member
+"Some key matches P and its value V" (`not` of a `patternProperties`, or of a
+`propertyNames`; `required`) is a constraint on one of the members there
+are. With `maxProperties` 1 or 2, each such constraint is given to a member
 (every way of giving them is an alternative), whose key then lies in the
-constraint's set and whose value meets its V. llguidance's JSON compiler has
+constraint's set and whose value meets its V. With more members allowed (or
+no bound), the members are read one after another, the grammar's state being
+how many were read (counted as far as a bound needs) and which constraints
+no member has met yet: a member may meet any of those, and `}` comes only
+once none is left. llguidance's JSON compiler has
 no complement and wants `patternProperties` disjoint; a Lark grammar can say
 it: a key is a string terminal (`&`, `~`, as in `string_lark`), a value
 `%json{...}`. Every "each key matching C has a value in V" (`properties`,
@@ -26,12 +29,13 @@ from typing import Any
 import llguidance
 from loraplex.grammar.backends.string_lark import StringTerms, Untranslatable
 from loraplex.grammar.schema.negate import negate
-from loraplex.grammar.schema.walk import VALIDATION_KEYWORDS, resolve_ref
+from loraplex.grammar.schema.walk import VALIDATION_KEYWORDS, conjuncts, resolve_ref
 
 _MAX_CLAUSES = 32
 _MAX_CONDITIONS = 5   # regions: 2 ** conditions per member
 _MAX_MEMBERS = 2
 _MAX_EXISTS = 6       # ways of giving them to two members: 2 ** constraints
+_MAX_STATES = 512     # (members read, constraints left) of a larger object: one rule each
 _MAX_DEPTH = 16
 _JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 
@@ -54,13 +58,14 @@ class _Clause:
                        self.exists + other.exists, self.conditions + other.conditions)
 
 
-def small_object_lark(schema: Any) -> str | None:
-    """A Lark grammar for `schema` when every object it accepts has two keys at most; None otherwise."""
-    if not isinstance(schema, dict) or schema.get("type") != "object":
+def object_lark(schema: Any) -> str | None:
+    """A Lark grammar for an object schema made of the keywords above; None otherwise."""
+    parts = conjuncts(schema, schema) if isinstance(schema, dict) else None
+    if not parts or not any(part.get("type") == "object" for part in parts):  # objects only, through $ref too
         return None
     try:
         clauses = _Reader(schema).clauses(schema, 0)
-        if not clauses or any(c.high is None or c.high > _MAX_MEMBERS for c in clauses):
+        if not clauses:
             return None
         return _Writer(schema).grammar(clauses)
     except Untranslatable:
@@ -175,7 +180,10 @@ class _Writer:
     def _clause(self, clause: _Clause) -> None:
         if len(clause.exists) > _MAX_EXISTS or len(clause.conditions) > _MAX_CONDITIONS:
             raise Untranslatable
-        high = min(clause.high if clause.high is not None else _MAX_MEMBERS, _MAX_MEMBERS)
+        if clause.high is None or clause.high > _MAX_MEMBERS:
+            self._counted(clause)
+            return
+        high = clause.high
         if clause.low <= 0 and not clause.exists:
             self.objects.append('"{}"')
         if clause.low <= 1 <= high:
@@ -192,6 +200,56 @@ class _Writer:
                 first, second = members[picks[0]], members[picks[1]]
                 if first is not None and second is not None:
                     self.objects.append(f'"{{" {first} ", " {second} "}}"')
+
+    def _counted(self, clause: _Clause) -> None:
+        """Members one after another. A state is (members read, the bit set of constraints still unmet); with
+        no upper bound the count stops at `low` (or 1: any more are alike). Rule `r{n}_{read}_{left}` is what may
+        follow in that state: `}` once enough were read and none is left, or `, ` and one more member."""
+        exists, low, high = clause.exists, max(clause.low, 0), clause.high
+        everything = (1 << len(exists)) - 1
+        cap = high if high is not None else max(low, 1)  # read counts past this one are alike (0 is the start)
+        if (cap + 1) * (everything + 1) > _MAX_STATES:
+            raise Untranslatable
+        members: dict[int, str | None] = {}
+        for met in range(everything + 1):  # a member meeting (at least) the constraints in `met`
+            members[met] = self._member(clause, [e for i, e in enumerate(exists) if met >> i & 1])
+
+        def after_one_more(read: int, left: int) -> list[tuple[str, tuple[int, int]]]:
+            if high is not None and read >= high:
+                return []
+            following = min(read + 1, cap)
+            return [(rule, (following, left & ~met)) for met, rule in members.items()
+                    if rule is not None and met & ~left == 0]
+
+        start = (0, everything)
+        moves: dict[tuple[int, int], list[tuple[str, tuple[int, int]]]] = {}
+        wanted = [start]
+        while wanted:
+            state = wanted.pop()
+            if state not in moves:
+                moves[state] = after_one_more(*state)
+                wanted += [target for _, target in moves[state]]
+        closing = {state for state in moves if state[0] >= low and not state[1]}
+        live = set(closing)
+        while True:  # the states from which `}` can still be reached
+            grown = live | {state for state, out in moves.items() if any(target in live for _, target in out)}
+            if grown == live:
+                break
+            live = grown
+        if start not in live:
+            return
+        prefix = f"r{len(self.rules)}"
+
+        def name(state: tuple[int, int]) -> str:
+            return f"{prefix}_{state[0]}_{state[1]}"
+
+        for state in sorted(live - {start}):
+            alternatives = ['"}"'] if state in closing else []
+            alternatives += [f'", " {rule} {name(target)}' for rule, target in moves[state] if target in live]
+            self.rules.append(f"{name(state)}: {' | '.join(alternatives)}")
+        if start in closing:
+            self.objects.append('"{}"')
+        self.objects += [f'"{{" {rule} {name(target)}' for rule, target in moves[start] if target in live]
 
     def _member(self, clause: _Clause, exists: list[tuple[Any, Any]]) -> str | None:
         """A rule for one member meeting `exists` (and every condition on members); None when none can."""

@@ -1,5 +1,5 @@
-"""Objects of two keys at most as a Lark grammar (the key one terminal, the value embedded JSON schema):
-the grammar accepts exactly the objects `jsonschema` accepts."""
+"""Objects as a Lark grammar (the key one terminal, the value embedded JSON schema): the grammar accepts
+exactly the objects `jsonschema` accepts, with two keys at most or more."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import json
 import jsonschema
 import pytest
 from grammar_helpers import feed
-from loraplex.grammar.backends.object_lark import small_object_lark
+from loraplex.grammar.backends.object_lark import object_lark
 from loraplex.grammar.spec import GrammarKind, GrammarSpec
 
 SCHEMAS = [
@@ -26,11 +26,23 @@ SCHEMAS = [
     # two members: "k" holding an integer, and some key starting with x (holding a string), in either order
     {"type": "object", "maxProperties": 2, "required": ["k"], "not": {"propertyNames": {"not": {"pattern": "^x"}}},
      "properties": {"k": {"type": "integer"}}, "additionalProperties": {"type": "string"}},
+    # up to three two-letter keys: some key with "a" holds a string with "A", some key with "b" an integer
+    {"type": "object", "maxProperties": 3, "minProperties": 1, "propertyNames": {"pattern": "^..$"},
+     "allOf": [{"not": {"patternProperties": {"a": {"not": {"type": "string", "pattern": "A"}}}}},
+               {"not": {"patternProperties": {"b": {"not": {"type": "integer"}}}}}]},
+    # any number of keys, integers all, some key with "a"
+    {"type": "object", "not": {"propertyNames": {"not": {"pattern": "a"}}}, "additionalProperties": {"type": "integer"}},
+    # the same through a $ref at the root, at most three keys, strings all, some key starting with x
+    {"$ref": "#/$defs/o", "$defs": {"o": {"type": "object", "maxProperties": 3, "additionalProperties": {"type": "string"},
+                                          "not": {"propertyNames": {"not": {"pattern": "^x"}}}}}},
 ]
 VALUES = [{}, {"abc": 1}, {"bac": "s"}, {"bac": 1}, {"ab": 1}, {"xab": 1}, {"x": "s"}, {"xa": "s"}, {"k": 2},
           {"k": "s"}, {"xk": "s"}, {"a": 1, "b": 2}, {"abz": "st"}, {"abz": "str"}, {"abz": None}, {"q": None},
           {"qz": None}, {"az": "s"}, {'a"b': 3}, {"a\\b": 3}, [], "abc", 3, {"k": 1, "xa": "s"}, {"xa": "s", "k": 1},
-          {"k": 1, "xa": 2}, {"k": "s", "xa": "s"}, {"k": 1, "xa": "s", "xb": "t"}, {"k": 1, "q": "s"}]
+          {"k": 1, "xa": 2}, {"k": "s", "xa": "s"}, {"k": 1, "xa": "s", "xb": "t"}, {"k": 1, "q": "s"},
+          {"ab": "A"}, {"ab": "AB"}, {"ab": 1}, {"xa": "A", "xb": 2}, {"xb": 2, "xa": "A"}, {"xa": "x", "xb": 2},
+          {"qq": 1, "xa": "A", "xb": 2}, {"qq": 1, "xb": 2, "rr": 3, "xa": "A"}, {"xa": "A", "bq": 3, "qq": "s"},
+          {"q": 1, "r": 2, "sa": 3}, {"q": 1, "r": 2, "s": 3}, {"sa": 3, "q": "x"}]
 
 
 def valid(schema, value) -> bool:
@@ -38,8 +50,8 @@ def valid(schema, value) -> bool:
 
 
 @pytest.mark.parametrize("schema", SCHEMAS, ids=[json.dumps(s)[:60] for s in SCHEMAS])
-def test_small_objects_are_enforced_exactly(compiler, tokenizer, schema):
-    assert small_object_lark(schema) is not None
+def test_objects_are_enforced_exactly(compiler, tokenizer, schema):
+    assert object_lark(schema) is not None
     grammar = compiler.compile_blocking(GrammarSpec(GrammarKind.JSON_SCHEMA, schema, strict=True))
     assert grammar.backend == "llguidance" and grammar.relaxed is None
     assert any(valid(schema, v) for v in VALUES) and any(not valid(schema, v) for v in VALUES)
@@ -49,10 +61,9 @@ def test_small_objects_are_enforced_exactly(compiler, tokenizer, schema):
 
 
 @pytest.mark.parametrize("schema", [
-    {"type": "object", "maxProperties": 3, "not": {"propertyNames": {"not": {"pattern": "a"}}}},
-    {"type": "object", "not": {"propertyNames": {"not": {"pattern": "a"}}}},
+    {"type": "object", "maxProperties": 600, "not": {"propertyNames": {"not": {"pattern": "a"}}}},  # too many states
     {"type": "object", "maxProperties": 1, "properties": {"a": {"type": "string"}}, "minItems": 2, "items": False},
     {"type": ["object", "null"], "maxProperties": 1},
 ])
-def test_objects_that_may_hold_more_keys_or_other_keywords_are_left_alone(schema):
-    assert small_object_lark(schema) is None
+def test_objects_with_too_many_states_or_other_keywords_are_left_alone(schema):
+    assert object_lark(schema) is None
