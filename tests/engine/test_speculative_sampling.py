@@ -1,4 +1,4 @@
-"""The verifier's sampling rule and the n-gram proposer, without a model.
+"""The verifier's sampling rule, the n-gram proposer and the adaptive policy, without a model.
 
 Random rows accept a draft d with probability p(d) and otherwise draw from p
 without d: the token's distribution must stay p whatever d is. Checked on a
@@ -18,6 +18,7 @@ import torch
 from loraplex.engine.protocol import SamplingParams
 from loraplex.engine.sampler import Sampler, draw_with_draft
 from loraplex.engine.sequence import Sequence
+from loraplex.engine.spec.policy import Speculation, SpeculationConfig
 from loraplex.engine.spec.proposer import NgramProposer
 from loraplex.engine.spec.verify import verify_drafts
 
@@ -126,3 +127,58 @@ def test_ngram_proposer_continues_the_latest_match_longest_first() -> None:
     assert NgramProposer(1, 2).propose([3, 4, 10, 9, 4, 11, 3, 4], 1) == [10]
     with pytest.raises(ValueError):
         NgramProposer(3, 2)
+
+
+def _speculation(mode: str) -> Speculation:
+    speculation = Speculation.from_config(SpeculationConfig(mode=mode, num_tokens=4, ngram_min=1, ngram_max=3,
+                                                            device_type="cpu", max_model_len=64))
+    assert speculation is not None
+    return speculation
+
+
+def _decoding(token_ids: list[int], max_tokens: int = 32) -> Sequence:
+    seq = Sequence("r", 0, token_ids, SamplingParams(temperature=0.0, max_tokens=max_tokens), "t", None, (), 0.0)
+    seq.num_computed_tokens = len(token_ids) - 1  # a decode: only its last token is new
+    return seq
+
+
+def test_auto_stops_drafting_for_a_sequence_whose_drafts_are_rejected_then_tries_again_later() -> None:
+    speculation = _speculation("auto")
+    seq = _decoding([1, 2, 3, 1, 2, 3, 1, 2])
+    assert speculation.propose(seq, 16) == [3, 1, 2]
+    rejections = 0
+    while seq.spec_resume_at == 0:
+        speculation.record(seq, 3, 0)
+        rejections += 1
+    assert rejections == 4  # the moving share fell under the floor after a few fully rejected steps
+    assert seq.spec_resume_at == seq.num_output_tokens + 16
+    assert speculation.propose(seq, 16) == []
+    seq.token_ids += [3] * 16  # 16 more output tokens: drafting resumes, a second switch-off lasts twice as long
+    seq.num_computed_tokens = len(seq.token_ids) - 1
+    assert speculation.propose(seq, 16) != []
+    while seq.spec_cooldown == 16:
+        speculation.record(seq, 3, 0)
+    assert seq.spec_cooldown == 32
+    # Fixed `ngram` mode keeps drafting whatever the acceptance.
+    fixed = _speculation("ngram")
+    other = _decoding([1, 2, 3, 1, 2])
+    for _ in range(10):
+        fixed.record(other, 3, 0)
+    assert fixed.propose(other, 16) == [3, 1, 2]
+
+
+def test_auto_drafts_nothing_in_a_compute_bound_step_and_drafts_respect_the_limits() -> None:
+    auto, fixed = _speculation("auto"), _speculation("ngram")
+    assert auto.allows_step(6) and not auto.allows_step(7)  # CPU: 7 decodes x (1 + 4) rows pass 32
+    assert fixed.allows_step(500)
+    seq = _decoding([5, 6, 7, 8, 5, 6, 7, 8, 5], max_tokens=3)
+    assert fixed.propose(seq, 16) == [6, 7]  # 3 tokens of room left: two drafts and the token verification adds
+    assert fixed.propose(seq, 1) == [6]      # the step's token budget
+    near_the_end = _decoding(list(range(20)) * 3 + [0, 1, 2], max_tokens=100)  # 63 of 64 positions used
+    assert fixed.propose(near_the_end, 16) == []
+    child = _decoding([1, 2, 1, 2])
+    child.parent = seq  # a fork child still shares its parent's last block
+    assert fixed.propose(child, 16) == []
+    assert Speculation.from_config(SpeculationConfig(mode="off")) is None
+    with pytest.raises(ValueError):
+        Speculation.from_config(SpeculationConfig(mode="sometimes"))
