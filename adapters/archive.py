@@ -25,7 +25,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from struct import error as struct_error
-from typing import BinaryIO
+from typing import IO
 
 from loraplex.adapters.errors import UnsafeUploadError, UnsupportedMediaError, UploadTooLargeError
 from loraplex.adapters.peft_format import CONFIG_NAME, PICKLE_SUFFIXES, WEIGHTS_NAME
@@ -107,7 +107,7 @@ def _check_name(name: str) -> str | None:
     return base if base in _WANTED else None
 
 
-def _copy(src: BinaryIO, target: Path, budget: _Budget) -> None:
+def _copy(src: IO[bytes], target: Path, budget: _Budget) -> None:
     if target.exists():
         raise UnsafeUploadError(f"the archive holds more than one {target.name}")
     with target.open("wb") as out:
@@ -121,12 +121,14 @@ def _check_zip_directory(archive: Path, budget: _Budget) -> None:
     limit = budget.limits.max_archive_members
     with archive.open("rb") as f:
         try:
-            end_record = zipfile._EndRecData(f)  # the end record (zip64 aware), as ZipFile itself reads it
+            # the end record (zip64 aware), as ZipFile itself reads it: CPython internals typeshed leaves out
+            end_record = zipfile._EndRecData(f)  # type: ignore[attr-defined]
         except (OSError, ValueError, struct_error) as exc:
             raise UnsafeUploadError(f"the zip archive is corrupt: {exc}") from None
     if end_record is None:
         raise UnsafeUploadError("the zip archive is corrupt: no end of central directory record")
-    num_entries, directory_bytes = end_record[zipfile._ECD_ENTRIES_TOTAL], end_record[zipfile._ECD_SIZE]
+    num_entries = end_record[zipfile._ECD_ENTRIES_TOTAL]  # type: ignore[attr-defined]  # (as above)
+    directory_bytes = end_record[zipfile._ECD_SIZE]  # type: ignore[attr-defined]
     if num_entries > limit:
         raise UnsafeUploadError(f"the archive has more than {limit} members")
     if directory_bytes > limit * _CENTRAL_DIRECTORY_BYTES_PER_MEMBER:
@@ -176,7 +178,7 @@ class _BoundedTarInfo(tarfile.TarInfo):
                 )
         elif self.type == tarfile.GNUTYPE_SPARSE:
             raise UnsafeUploadError("sparse tar members are refused")
-        return super()._proc_member(tarfile_)
+        return super()._proc_member(tarfile_)  # type: ignore[misc]  # TarInfo internals typeshed leaves out
 
 
 def _extract_tar(archive: Path, dest: Path, budget: _Budget) -> None:

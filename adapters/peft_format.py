@@ -69,10 +69,12 @@ class PeftLoraConfig:
         return _matches(self.target_modules, module_path) and not _matches(self.exclude_modules, module_path)
 
     def rank_for(self, module_path: str) -> int:
-        return self.rank_pattern.get(_pattern_key(self.rank_pattern, module_path), self.r)
+        key = _pattern_key(self.rank_pattern, module_path)
+        return self.r if key is None else self.rank_pattern[key]
 
     def alpha_for(self, module_path: str) -> float:
-        return self.alpha_pattern.get(_pattern_key(self.alpha_pattern, module_path), self.lora_alpha)
+        key = _pattern_key(self.alpha_pattern, module_path)
+        return self.lora_alpha if key is None else self.alpha_pattern[key]
 
     def scaling_for(self, module_path: str) -> float:
         rank, alpha = self.rank_for(module_path), self.alpha_for(module_path)

@@ -140,8 +140,10 @@ class ThreadValidationDispatcher:
     def submit(self, adapter_id: str) -> None:
         if self._context is not None:
             future = self._pool.submit(run_validation, adapter_id, self._context)
-        else:
+        elif self._job is not None:
             future = self._pool.submit(validate_adapter_job, adapter_id, self._job)
+        else:  # the constructor refuses that
+            raise RuntimeError("a validation dispatcher with neither a job nor a context")
         with self._lock:
             self._futures = [f for f in self._futures if not f.done()] + [future]
 

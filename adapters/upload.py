@@ -22,13 +22,16 @@ from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path, PurePath
-from typing import BinaryIO, TypeVar
+from typing import TYPE_CHECKING, BinaryIO, TypeVar
 
 from loraplex.adapters.archive import UploadLimits, extract_adapter_archive
 from loraplex.adapters.errors import UnsafeUploadError, UnsupportedMediaError, UploadTooLargeError
 from loraplex.adapters.peft_format import CONFIG_NAME, PICKLE_SUFFIXES, WEIGHTS_NAME
 from python_multipart.exceptions import MultipartParseError
 from python_multipart.multipart import MultipartParser, parse_options_header
+
+if TYPE_CHECKING:  # python-multipart declares it for type checkers only
+    from python_multipart.multipart import MultipartCallbacks
 
 MAX_FIELD_BYTES = 4096
 UPLOAD_WORKERS = 2
@@ -60,7 +63,7 @@ class _PartSink:
         self._file: BinaryIO | None = None
         self._file_bytes = 0
 
-    def callbacks(self) -> dict:
+    def callbacks(self) -> MultipartCallbacks:
         return {
             "on_part_begin": self._part_begin,
             "on_header_field": lambda d, s, e: self._add("_header_field", d[s:e]),

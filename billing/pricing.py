@@ -203,7 +203,8 @@ def parse_usd(value: object, *, param: str) -> Decimal:
         raise InvalidRequestError(f"{param} must be a finite number", param=param)
     if amount < 0:
         raise InvalidRequestError(f"{param} must not be negative", param=param)
-    if -amount.normalize().as_tuple().exponent > MAX_USD_DECIMALS:
+    exponent = amount.normalize().as_tuple().exponent  # an int for every finite amount
+    if isinstance(exponent, int) and -exponent > MAX_USD_DECIMALS:
         raise InvalidRequestError(
             f"{param} has more than {MAX_USD_DECIMALS} decimal places (the smallest unit is 1 micro-USD): {value}",
             param=param,

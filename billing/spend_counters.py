@@ -15,7 +15,7 @@ from typing import Any
 from loraplex.billing import budget_scripts
 from loraplex.billing.budget_types import Refusal, ScopeHold, Settlement, Spend, refuses
 from loraplex.billing.models import BudgetReservationRow, BudgetRow, BudgetSpendRow
-from sqlalchemy import delete, func, select, update
+from sqlalchemy import Table, delete, func, select, update
 from sqlalchemy.dialects.postgresql import insert as postgresql_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session, sessionmaker
@@ -210,6 +210,8 @@ class SqlSpendCounter:
         dialect = session.get_bind().dialect.name
         insert = postgresql_insert if dialect == "postgresql" else sqlite_insert
         row = BudgetSpendRow.__table__
+        if not isinstance(row, Table):  # a declarative class's table, typed only as some FromClause
+            raise TypeError("BudgetSpendRow is not mapped to a table")
         statement = insert(row).values(month=month, tenant_id=tenant_id, scope=scope, tokens=spend.tokens,
                                        cost_picousd=spend.cost_picousd)
         new = statement.excluded

@@ -57,7 +57,7 @@ class TorchPagedAttention:
     ) -> torch.Tensor:
         q = apply_rotary(q, ctx.cos, ctx.sin)
         k = apply_rotary(k, ctx.cos, ctx.sin)
-        return paged_attention(q, k, v, kv_cache[0], kv_cache[1], ctx.attention, scale)
+        return paged_attention(q, k, v, kv_cache[0], kv_cache[1], ctx.attention_as(AttentionMetadata), scale)
 
 
 def _triton_backend() -> AttentionBackend:

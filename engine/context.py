@@ -6,8 +6,9 @@ per step and hands it to `model(input_ids, positions, ctx)`.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Protocol, TypeVar
 
 import torch
 
@@ -24,10 +25,27 @@ class LoRAStepContext(Protocol):
     ) -> None: ...
 
 
-class LoRAStepBuilder(Protocol):
-    """Given the step's sequences (batch order) and tokens per sequence, build the LoRA context."""
+class AdapterRow(Protocol):
+    """A row of the step as the LoRA builder sees it: a sequence, or a padded graph row (no adapter)."""
 
-    def build(self, seqs_in_batch_order: list, token_counts: list[int]) -> LoRAStepContext | None: ...
+    @property
+    def adapter_id(self) -> str | None: ...
+
+
+AdapterRows = Sequence[AdapterRow]
+
+
+class LoRAStepBuilder(Protocol):
+    """What the runner needs of the LoRA manager (engine/lora/manager.py) to build a step's LoRA context."""
+
+    def build(self, seqs_in_batch_order: AdapterRows, token_counts: list[int]) -> LoRAStepContext | None:
+        """Given the step's rows (batch order) and tokens per row; None when no row has an adapter."""
+
+    def token_slots(self, seqs_in_batch_order: AdapterRows, token_counts: list[int]) -> list[int] | None:
+        """Each token's adapter slot (-1: base); None when no token has an adapter."""
+
+    def batch_of(self, token_slots: list[int]) -> LoRAStepContext:
+        """The context of tokens whose slots are known (tensor parallelism sends them to the workers)."""
 
 
 @dataclass(slots=True)
@@ -62,6 +80,16 @@ class AttentionMetadata:
     prefills: list[PrefillSpan] = field(default_factory=list)
 
 
+class StepAttentionMetadata(Protocol):
+    """What every backend's metadata has; the rest is the backend's own (`StepContext.attention_as`)."""
+
+    slot_mapping: torch.Tensor
+    block_size: int
+
+
+Metadata = TypeVar("Metadata", bound=StepAttentionMetadata)
+
+
 class AttentionBackend(Protocol):
     """One layer's rotary + K/V cache write + paged attention (registry: `engine.attention`).
 
@@ -82,8 +110,15 @@ class AttentionBackend(Protocol):
 
 @dataclass(slots=True)
 class StepContext:
-    attention: Any                            # the backend's metadata (AttentionMetadata for "torch")
+    attention: StepAttentionMetadata          # the backend's metadata (AttentionMetadata for "torch")
     cos: torch.Tensor                         # [T, 1, head_dim]
     sin: torch.Tensor
     backend: AttentionBackend
     lora: LoRAStepContext | None = None
+
+    def attention_as(self, kind: type[Metadata]) -> Metadata:
+        """The metadata as the backend's own kind; a runner that paired a backend with another
+        backend's metadata is a programming error, caught here rather than deep in a kernel."""
+        if not isinstance(self.attention, kind):
+            raise TypeError(f"{self.backend!r} needs {kind.__name__}, got {type(self.attention).__name__}")
+        return self.attention

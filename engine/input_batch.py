@@ -124,7 +124,7 @@ def build_input_batch(rows: StepRows, block_size: int, *, table_width: int | Non
     slots[:num_tokens] = tables[token_rows, live // block_size].astype(np.int64) * block_size + live % block_size
     last = cu[1:] - 1
     row_of = {s.seq_id: int(r) for (s, _), r in zip(ordered, last, strict=True)}
-    logit_rows = [row_of[s.seq_id] for s in rows.sampled] + [row_of[s.parent.seq_id] for s in rows.forks]
+    logit_rows = [row_of[s.seq_id] for s in rows.sampled] + [row_of[_parent(s).seq_id] for s in rows.forks]
     for seq, n in rows.verified:  # after the sampled rows: engine/spec/verify.py splits them off
         logit_rows.extend(range(row_of[seq.seq_id] + 1 - n, row_of[seq.seq_id] + 1))
     query_len_of = {s.seq_id: n for s, n in ordered}
@@ -172,3 +172,9 @@ def _block_tables(block_tables: list[list[int]], lengths: np.ndarray, size: int,
     tables = np.zeros((size, width), dtype=np.int32)
     tables[rows, columns] = flat
     return tables
+
+
+def _parent(fork: Sequence) -> Sequence:
+    if fork.parent is None:  # the scheduler forks only children whose parent is still prefilling
+        raise ValueError(f"sequence {fork.seq_id} is scheduled as a fork but has no parent")
+    return fork.parent

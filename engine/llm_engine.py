@@ -89,6 +89,7 @@ class LLMEngine:
             lora = self.lora
         self.runner = runner_class(model, model_config, engine_config, self.num_blocks, len(tokenizer), lora,
                                   num_host_blocks=num_host_blocks, workers=workers)
+        self.workers = workers  # the runner only sends them steps; the engine owns their lifecycle
         if workers is not None:
             workers.start_runners(self.runner, self.num_blocks, len(tokenizer), num_host_blocks)
         self.eos_token_ids = set(model_config.eos_token_ids)
@@ -130,8 +131,8 @@ class LLMEngine:
         """Stop loading adapters and stop the tensor-parallel workers."""
         if self.lora is not None:
             self.lora.shutdown()
-        if self.runner.workers is not None:
-            self.runner.workers.close()
+        if self.workers is not None:
+            self.workers.close()
 
     # ---- adapters -------------------------------------------------------------------------
     def _new_lora_manager(self, model: LlamaForCausalLM, workers: WorkerGroup | None, source: AdapterSource,
@@ -155,7 +156,7 @@ class LLMEngine:
         earlier call (whose background loading stops). Call it while no adapter request runs: tests share
         one engine between apps with different adapter folders."""
         previous = self.lora
-        self.lora = self._new_lora_manager(self.runner.model, self.runner.workers, source, limits)
+        self.lora = self._new_lora_manager(self.runner.model, self.workers, source, limits)
         self.runner.lora = self.lora
         if previous is not None:
             previous.shutdown()

@@ -10,13 +10,20 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 import torch
 from loraplex.engine.attention import ATTENTION_BACKENDS, CpuAttentionMetadata, DecodeTable
 from loraplex.engine.config import EngineConfig, ModelConfig
-from loraplex.engine.context import DecodeBucket, LoRAStepBuilder, LoRAStepContext, PrefillSpan, StepContext
+from loraplex.engine.context import (
+    AdapterRows,
+    DecodeBucket,
+    LoRAStepBuilder,
+    LoRAStepContext,
+    PrefillSpan,
+    StepContext,
+)
 from loraplex.engine.input_batch import InputBatch, StepRows, build_input_batch, prompt_logprob_seqs
 from loraplex.engine.kernels import cpu_paged_decode
 from loraplex.engine.kv.host_tier import TO_HOST
@@ -25,14 +32,24 @@ from loraplex.engine.protocol import TokenLogprob
 from loraplex.engine.sampler import Sampler
 from loraplex.engine.scheduler import SchedulerOutput
 from loraplex.engine.sequence import Sequence
+
+if TYPE_CHECKING:  # the CUDA modules import triton
+    from loraplex.engine.cuda.graphs import DecodeGraph
 from loraplex.engine.spec.verify import split_verified_logits
+
+
+class TensorParallelWorkers(Protocol):
+    """What rank 0's runner needs of the tensor-parallel workers (engine/parallel/workers.py): each
+    operation it sends is applied by every worker, in order, at the same point of its own step."""
+
+    def send(self, op: str, *args: object) -> None: ...
 
 
 @dataclass(slots=True)
 class ForwardOutput:
     hidden: torch.Tensor | None           # [T, hidden]; None after a graph replay
     logits: torch.Tensor | None           # [len(logit_rows), vocab]; None when nothing is sampled
-    graph: Any = None                     # the decode graph replayed (CUDA), whose sampler may follow
+    graph: DecodeGraph | None = None      # the decode graph replayed (CUDA), whose sampler may follow
 
 
 @dataclass(slots=True)
@@ -54,10 +71,10 @@ class PendingStep:
     scheduled: SchedulerOutput
     seqs: list[Sequence]                  # the sampled rows, in row order
     row_of: dict[int, int]                # seq_id -> its row in `tokens`
-    tokens: Any                           # the sampled tokens where the device holds them
+    tokens: torch.Tensor | None           # the sampled tokens where the device holds them
     result: StepResult | None = None      # filled at once where the step ran synchronously (CPU)
     host_tokens: torch.Tensor | None = None  # pinned copy of `tokens`, landed once `ready` has
-    ready: Any = None                     # CUDA event recorded after that copy
+    ready: torch.cuda.Event | None = None  # CUDA event recorded after that copy
 
 
 class ModelRunner:
@@ -77,7 +94,7 @@ class ModelRunner:
         tokenizer_vocab_size: int,
         lora: LoRAStepBuilder | None = None,
         num_host_blocks: int = 0,
-        workers: Any = None,
+        workers: TensorParallelWorkers | None = None,
     ) -> None:
         self.model = model
         self.block_size = engine_config.block_size
@@ -134,14 +151,17 @@ class ModelRunner:
         such sequence carries a placeholder for it). Here the host has them: they are written over
         the placeholders and the step runs at once."""
         if feed is not None:
+            sampled = self.collect(feed).sampled
             for seq in step.seqs:
-                token = feed.result.sampled.get(seq.seq_id)
+                token = sampled.get(seq.seq_id)
                 if token is not None:
                     seq.token_ids[seq.num_computed_tokens] = token
         result = self.execute(step)
         return PendingStep(step, [], {}, None, result=result)
 
     def collect(self, pending: PendingStep) -> StepResult:
+        if pending.result is None:  # this runner's `launch` runs the step at once, so it has its result
+            raise RuntimeError("a step launched without its result reached the synchronous runner")
         return pending.result
 
     def forward_batch(self, batch: InputBatch, lora: LoRAStepContext | None) -> ForwardOutput:
@@ -158,7 +178,7 @@ class ModelRunner:
     def prompt_logits(self, hidden: torch.Tensor, batch: InputBatch) -> list[torch.Tensor]:
         return [self.model.compute_logits(hidden[start:end]) for start, end in batch.prompt_logprob_spans]
 
-    def _lora_for(self, seqs: list, token_counts: list[int], batch: InputBatch) -> LoRAStepContext | None:
+    def _lora_for(self, seqs: AdapterRows, token_counts: list[int], batch: InputBatch) -> LoRAStepContext | None:
         """The step's LoRA context; under tensor parallelism also each token's slot, which the
         batch carries to the workers (their slot pools mirror this rank's slot numbers)."""
         if self.lora is None:
@@ -208,10 +228,10 @@ class ModelRunner:
             start = end - n
             span = PrefillSpan(row, row + n)
             if start > 0:
-                num_blocks = -(-end // bs)
-                span.context_blocks = torch.from_numpy(batch.block_tables[i, :num_blocks]).long()
+                span_blocks = -(-end // bs)
+                span.context_blocks = torch.from_numpy(batch.block_tables[i, :span_blocks]).long()
                 positions = torch.arange(start, end)
-                span.mask = _additive(torch.arange(num_blocks * bs).unsqueeze(0) <= positions.unsqueeze(1), dtype)
+                span.mask = _additive(torch.arange(span_blocks * bs).unsqueeze(0) <= positions.unsqueeze(1), dtype)
             meta.prefills.append(span)
         cos, sin = self.model.rotary.cos_sin(torch.from_numpy(batch.positions).long())
         return StepContext(attention=meta, cos=cos, sin=sin, backend=self.attention_backend)

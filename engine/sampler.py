@@ -127,14 +127,15 @@ class Sampler:
 
     # ---- grammar --------------------------------------------------------------------------
     def _apply_grammar(self, logits: torch.Tensor, seqs: list[Sequence], result: StepResult) -> None:
-        rows = [i for i, s in enumerate(seqs) if s.matcher is not None and not s.forced_token_ids]
+        matchers = [(i, s.matcher) for i, s in enumerate(seqs) if s.matcher is not None and not s.forced_token_ids]
+        rows = [i for i, _ in matchers]
         if not rows:
             return
         words = (self.vocab_size + 31) // 32
         bitmask = torch.full((len(seqs), words), -1, dtype=torch.int32)
-        for i in rows:
+        for i, matcher in matchers:
             try:
-                seqs[i].matcher.fill_bitmask(bitmask, i)
+                matcher.fill_bitmask(bitmask, i)
             except Exception as exc:  # one request's grammar failing must not stop the batch
                 result.errors[seqs[i].seq_id] = exc
         if len(rows) == len(seqs):  # every row constrained (the usual batch): in place, no gather and scatter
@@ -268,7 +269,7 @@ class Sampler:
         else:
             token = draw_with_draft(self._random_probs(logits, [seq])[0], draft, _uniform(seq))
         entry = None
-        if raw_logprobs is not None:
+        if raw_logprobs is not None and seq.sampling.logprobs is not None:
             entry = self._entry(raw_logprobs[0], token, seq.sampling.logprobs)
         return token, entry
 

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import torch
     from loraplex.engine.interfaces import GrammarMatcher
+    from loraplex.engine.kv.block_manager import CacheSalt
     from loraplex.engine.protocol import SamplingParams
 
 
@@ -72,7 +73,7 @@ class Sequence:
         sampling: SamplingParams,
         tenant_id: str,
         adapter_id: str | None,
-        salt: tuple,
+        salt: CacheSalt,
         arrival_time: float,
     ) -> None:
         self.seq_id = next(_seq_counter)

@@ -35,7 +35,7 @@ def format_call(name: str, arguments: str) -> str:
 
 def template_supports_tools(chat_template: str | None) -> bool:
     """True when the chat template renders a `tools` variable itself (SmolLM2's does not)."""
-    return bool(chat_template) and "tools" in chat_template
+    return chat_template is not None and "tools" in chat_template
 
 
 def tools_system_prompt(request: ToolRequest) -> str:

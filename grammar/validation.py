@@ -107,10 +107,10 @@ def check_json_schema(schema: Any, *, param: str, strict: bool,
         where = "/".join(str(p) for p in exc.absolute_path) or "(root)"
         raise InvalidRequestError(f"{param} is not a valid JSON schema at {where}: {exc.message}", param=param) from None
     if strict:
-        problem = unenforced_in(GrammarKind.STRUCTURAL_TAG, schema)
-        if problem:
-            raise InvalidRequestError(
-                f"{param} is not supported in strict mode: keyword {problem.keyword!r} at {problem.path}", param=param)
+        unenforced = unenforced_in(GrammarKind.STRUCTURAL_TAG, schema)
+        if unenforced:
+            raise InvalidRequestError(f"{param} is not supported in strict mode: keyword {unenforced.keyword!r} at "
+                                      f"{unenforced.path}", param=param)
 
 
 @dataclass(frozen=True, slots=True)

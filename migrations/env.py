@@ -11,6 +11,7 @@ from __future__ import annotations
 from alembic import context
 from loraplex.platform.db.metadata import domain_metadatas
 from loraplex.platform.db.session import make_db_engine
+from sqlalchemy import Connection
 
 config = context.config
 target_metadata = domain_metadatas()
@@ -32,7 +33,10 @@ def run_migrations_online() -> None:
     if connection is not None:
         _run_with(connection)
         return
-    engine = make_db_engine(config.get_main_option("sqlalchemy.url"))
+    url = config.get_main_option("sqlalchemy.url")
+    if url is None:
+        raise RuntimeError("alembic.ini sets no sqlalchemy.url, and no connection was passed in")
+    engine = make_db_engine(url)
     try:
         with engine.connect() as conn:
             _run_with(conn)
@@ -40,7 +44,7 @@ def run_migrations_online() -> None:
         engine.dispose()
 
 
-def _run_with(connection) -> None:  # type: ignore[no-untyped-def]
+def _run_with(connection: Connection) -> None:
     # Batch mode lets the same revision alter columns on SQLite (which cannot ALTER in place).
     context.configure(connection=connection, target_metadata=target_metadata, render_as_batch=True)
     with context.begin_transaction():

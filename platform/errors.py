@@ -10,6 +10,7 @@ nature and carry theirs. Request validation becomes a 400 naming the field.
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -180,7 +181,7 @@ def response_for(exc: Exception) -> JSONResponse:
     return error_response(500, "internal server error", code="internal_error")
 
 
-def validation_param(errors: list[dict[str, Any]]) -> tuple[str | None, str]:
+def validation_param(errors: Sequence[Mapping[str, Any]]) -> tuple[str | None, str]:
     """(param, message) for the first pydantic error: `messages[0].content`, `temperature`, ..."""
     if not errors:
         return None, "invalid request"

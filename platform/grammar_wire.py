@@ -14,6 +14,7 @@ from typing import Any
 from loraplex.engine.interfaces import CompiledGrammar
 from loraplex.engine.protocol import ReasoningMarkers
 from loraplex.grammar.compiler import GrammarCompilerService
+from loraplex.grammar.runtime.matcher import StructuredGrammar
 from loraplex.grammar.runtime.reasoning_gate import ReasoningGatedGrammar
 from loraplex.grammar.spec import GrammarSpec
 
@@ -26,7 +27,10 @@ class SpecGrammarCodec:
 
     def encode(self, grammar: CompiledGrammar) -> str:
         gated = isinstance(grammar, ReasoningGatedGrammar)
-        spec: GrammarSpec = (grammar.inner if gated else grammar).spec  # type: ignore[attr-defined]
+        inner = grammar.inner if isinstance(grammar, ReasoningGatedGrammar) else grammar
+        if not isinstance(inner, StructuredGrammar):  # what the platform's compiler builds
+            raise TypeError(f"cannot send a {type(inner).__name__} to the engine core")
+        spec = inner.spec
         return json.dumps({"kind": spec.kind, "payload": spec.payload, "param": spec.param, "strict": spec.strict,
                            "gated": gated})
 

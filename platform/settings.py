@@ -230,6 +230,11 @@ class Settings(BaseSettings):
             self.api_servers = default_api_servers(self.redis_url)
         return self
 
+    @property
+    def num_api_servers(self) -> int:
+        """`api_servers`, which the validator above always fills in, as a plain int."""
+        return self.api_servers if self.api_servers is not None else default_api_servers(self.redis_url)
+
     @model_validator(mode="after")
     def _absolute_paths(self) -> Settings:
         """Paths are made absolute once, here. The default `./data` is relative, and a relative path kept in a

@@ -160,7 +160,7 @@ class Supervisor:
                                                         "migrate_on_start": False,
                                                         "metrics_multiprocess_dir": metrics_dir})
         context = multiprocessing.get_context("spawn")
-        for index in range(self.settings.api_servers):
+        for index in range(self.settings.num_api_servers):
             process = context.Process(target=run_api_server, args=(api_settings, sock),
                                       name=f"loraplex-api-{index}")
             process.start()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import builtins
 import threading
 import time
 from collections.abc import Callable
@@ -112,13 +113,13 @@ class MemorySessionStore:
             if record is not None:
                 record.kv_state = kv_state
 
-    def pop_expired(self, *, now: float | None = None) -> list[str]:
+    def pop_expired(self, *, now: float | None = None) -> builtins.list[str]:
         with self._lock:
             self._expire(now)
             expired, self._expired = self._expired, []
             return expired
 
-    def alive(self, session_ids: list[str]) -> set[str]:
+    def alive(self, session_ids: builtins.list[str]) -> set[str]:
         with self._lock:
             self._expire()
             return {session_id for session_id in session_ids if session_id in self._records}

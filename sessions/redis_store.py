@@ -13,6 +13,7 @@ one this store could have made (a ':' would reach another key, `session:<id>:lea
 
 from __future__ import annotations
 
+import builtins
 import secrets
 import time
 from typing import Any
@@ -247,7 +248,7 @@ class RedisSessionStore:
             raise ValueError(f"unknown KV state {kv_state!r}")
         self._set_kv_state(keys=[self._key(session_id)], args=[kv_state])
 
-    def pop_expired(self, *, now: float | None = None) -> list[str]:
+    def pop_expired(self, *, now: float | None = None) -> builtins.list[str]:
         now = time.time() if now is None else now
         candidates = [_text(i) for i in self._redis.zrangebyscore(self._expiry_key, "-inf", now)]
         expired = []
@@ -263,7 +264,7 @@ class RedisSessionStore:
                 expired.append(session_id)
         return expired
 
-    def alive(self, session_ids: list[str]) -> set[str]:
+    def alive(self, session_ids: builtins.list[str]) -> set[str]:
         if not session_ids:
             return set()
         pipe = self._redis.pipeline(transaction=False)

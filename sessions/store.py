@@ -13,6 +13,7 @@ not found. Two implementations: Redis (`RedisSessionStore`) and in-process
 
 from __future__ import annotations
 
+import builtins
 import json
 import secrets
 import time
@@ -172,8 +173,8 @@ class SessionStore(Protocol):
     def set_kv_state(self, session_id: str, kv_state: str) -> None:
         """The engine moved the session's blocks (offload, drop); no-op for a gone session."""
 
-    def pop_expired(self, *, now: float | None = None) -> list[str]:
+    def pop_expired(self, *, now: float | None = None) -> builtins.list[str]:
         """Ids of sessions that expired since the last call (each id returned once), to release their KV."""
 
-    def alive(self, session_ids: list[str]) -> set[str]:
+    def alive(self, session_ids: builtins.list[str]) -> set[str]:
         """Which of these sessions still exist (any tenant): a replica releases the KV of the others."""

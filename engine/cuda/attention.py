@@ -40,7 +40,7 @@ class TritonPagedAttention:
         ctx: StepContext,
         scale: float,
     ) -> torch.Tensor:
-        meta: TritonAttentionMetadata = ctx.attention
+        meta = ctx.attention_as(TritonAttentionMetadata)
         # The pool is flat [slots, kv_heads, D] (shared with the CPU path's block copies and
         # host swaps); the kernels read it as [blocks, block_size, kv_heads, D].
         key_cache = kv_cache[0].view(-1, meta.block_size, *kv_cache[0].shape[1:])

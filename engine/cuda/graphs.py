@@ -14,13 +14,25 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import torch
+from loraplex.engine.context import LoRAStepContext
 from loraplex.engine.cuda.attention import TritonAttentionMetadata
+from loraplex.engine.cuda.lora_overlap import SideStreamLoRABatch
 from loraplex.engine.cuda.staging import GrammarMaskBuffers
 from loraplex.engine.kernels.lora_metadata import LoRAMetadata, build_lora_metadata
 from loraplex.engine.kernels.token_bitmask import apply_token_bitmask
+from loraplex.engine.lora.step import KernelLoRABatch
+
+# The LoRA batches a graph can hold: the kernels' metadata, which each replay copies into the graph's own
+GraphLoRABatch = KernelLoRABatch | SideStreamLoRABatch
+
+
+def graph_lora(lora: LoRAStepContext | None) -> GraphLoRABatch | None:
+    """`lora` as a batch a graph can replay; the CUDA runner's LoRA manager builds only those."""
+    if lora is not None and not isinstance(lora, KernelLoRABatch | SideStreamLoRABatch):
+        raise TypeError(f"a decode graph cannot replay a {type(lora).__name__}")
+    return lora
 
 
 def batch_ladder(max_num_seqs: int) -> list[int]:
@@ -40,14 +52,14 @@ class DecodeGraph:
     sample: torch.cuda.CUDAGraph
     lora_meta_source: LoRAMetadata | None = None  # whose content `lora_meta` holds now
 
-    def replay_forward(self, lora_batch: Any | None) -> None:
-        if self.lora_meta is not None and lora_batch.meta is not self.lora_meta_source:
+    def replay_forward(self, lora_batch: GraphLoRABatch | None) -> None:
+        if self.lora_meta is not None and lora_batch is not None and lora_batch.meta is not self.lora_meta_source:
             self.lora_meta.copy_(lora_batch.meta)  # a new adapter mix (cached metadata are immutable)
             self.lora_meta_source = lora_batch.meta
         self.forward.replay()
 
 
-StepForward = Callable[[torch.Tensor, torch.Tensor, TritonAttentionMetadata, Any], torch.Tensor]
+StepForward = Callable[[torch.Tensor, torch.Tensor, TritonAttentionMetadata, LoRAStepContext | None], torch.Tensor]
 
 
 def capture_decode_graph(
@@ -56,11 +68,11 @@ def capture_decode_graph(
     max_blocks_per_seq: int,
     block_size: int,
     num_splits: int,
-    lora_batch: Any | None,
+    lora_batch: GraphLoRABatch | None,
     masks: GrammarMaskBuffers,
     step_forward: StepForward,
     logits: torch.Tensor,
-    pool: Any,
+    pool: torch.cuda._POOL_HANDLE,  # graph_pool_handle()
     device: torch.device,
 ) -> DecodeGraph:
     """`step_forward(ids, positions, attention_metadata, lora)` runs the model to logits, which the

@@ -20,12 +20,17 @@ before the all-reduce, inside the linear).
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from functools import partial
 
 import torch
+from loraplex.engine.context import LoRAStepContext
 from loraplex.engine.kernels import lora_triton
 from loraplex.engine.kernels.lora_metadata import LoRAMetadata
+from loraplex.engine.kernels.lora_weights import LoRAStack
+from loraplex.engine.lora.slot_pool import StackKey
+from loraplex.engine.lora.step import AddLoRA, KernelLoRABatch
 
 Slices = tuple[tuple[str, int, int], ...]
 
@@ -34,13 +39,13 @@ Slices = tuple[tuple[str, int, int], ...]
 class PendingDelta:
     stream: torch.cuda.Stream
     delta: torch.Tensor | None = None          # "delta" mode
-    expand: Any = None                         # "shrink" mode: a closure launching the expand into y
+    expand: Callable[[torch.Tensor], None] | None = None  # "shrink" mode: launches the expand into y
 
     def finish(self, y: torch.Tensor) -> None:
         torch.cuda.current_stream(y.device).wait_stream(self.stream)
         if self.delta is not None:
             y.add_(self.delta)
-        else:
+        elif self.expand is not None:
             self.expand(y)
 
 
@@ -49,15 +54,16 @@ class SideStreamLoRABatch:
     """The CUDA kernels' LoRA batch (`KernelLoRABatch`'s fields) with `begin` for the overlap."""
 
     meta: LoRAMetadata
-    stacks: dict
-    add_lora: Any
+    stacks: dict[StackKey, LoRAStack]
+    add_lora: AddLoRA
     stream: torch.cuda.Stream
     mode: str = "delta"
 
     @classmethod
-    def wrap(cls, batch: Any, stream: torch.cuda.Stream, mode: str) -> Any:
-        """`batch` if it is not a kernel LoRA batch (no `meta`/`stacks`), else its side-stream twin."""
-        if batch is None or not all(hasattr(batch, name) for name in ("meta", "stacks", "add_lora")):
+    def wrap(cls, batch: LoRAStepContext | None, stream: torch.cuda.Stream,
+             mode: str) -> LoRAStepContext | None:
+        """`batch` if it is not a kernel LoRA batch, else its side-stream twin."""
+        if not isinstance(batch, KernelLoRABatch):
             return batch
         return cls(batch.meta, batch.stacks, batch.add_lora, stream, mode)
 
@@ -80,11 +86,12 @@ class SideStreamLoRABatch:
             return PendingDelta(self.stream, delta=delta)
         config = dataclasses.replace(lora_triton.choose_config(stack, self.meta), fused=False)
         partials = lora_triton._partials(stack, self.meta, config, x.device)
-        common = {"mid": partials, "stack": stack, "meta": self.meta, "config": config, "token_io": False}
+        launch = partial(lora_triton._launch, mid=partials, stack=stack, meta=self.meta, config=config,
+                         token_io=False)
         with torch.cuda.stream(self.stream):
-            lora_triton._launch(x=x, y=None, do_shrink=True, do_expand=False, **common)
+            launch(x=x, y=None, do_shrink=True, do_expand=False)
 
         def expand(y: torch.Tensor) -> None:
-            lora_triton._launch(x=None, y=y, do_shrink=False, do_expand=True, **common)
+            launch(x=None, y=y, do_shrink=False, do_expand=True)
 
         return PendingDelta(self.stream, expand=expand)

@@ -14,15 +14,14 @@ swaps are inherited unchanged); the attention backend views it as blocks.
 from __future__ import annotations
 
 import gc
-from types import SimpleNamespace
-from typing import Any
+from dataclasses import dataclass
 
 import torch
 from loraplex.engine.config import EngineConfig, ModelConfig
-from loraplex.engine.context import StepContext
+from loraplex.engine.context import AdapterRow, AdapterRows, LoRAStepBuilder, LoRAStepContext, StepContext
 from loraplex.engine.cuda.attention import TritonAttentionMetadata
 from loraplex.engine.cuda.fused_ops import fuse_model
-from loraplex.engine.cuda.graphs import DecodeGraph, batch_ladder, capture_decode_graph
+from loraplex.engine.cuda.graphs import DecodeGraph, batch_ladder, capture_decode_graph, graph_lora
 from loraplex.engine.cuda.lora_overlap import SideStreamLoRABatch
 from loraplex.engine.cuda.memory import profile_num_blocks
 from loraplex.engine.cuda.staging import GrammarMaskBuffers, PinnedStaging
@@ -30,12 +29,24 @@ from loraplex.engine.input_batch import InputBatch, StepRows, build_input_batch
 from loraplex.engine.kernels.paged_attention_decode import choose_num_splits
 from loraplex.engine.kernels.token_bitmask import apply_token_bitmask
 from loraplex.engine.model.llama import LlamaForCausalLM
-from loraplex.engine.runner import ForwardOutput, ModelRunner, PendingStep, StepResult
+from loraplex.engine.runner import ForwardOutput, ModelRunner, PendingStep, StepResult, TensorParallelWorkers
 from loraplex.engine.scheduler import SchedulerOutput
 from loraplex.engine.sequence import Sequence
 from loraplex.engine.spec.verify import split_verified_logits
 
-_PADDING_SEQ = SimpleNamespace(adapter_id=None)  # what a padded graph row looks like to the LoRA builder
+
+@dataclass(frozen=True, slots=True)
+class _PaddingRow:
+    """What a padded graph row looks like to the LoRA builder: a row on the base model."""
+
+    adapter_id: str | None = None
+
+
+_PADDING_ROW = _PaddingRow()
+
+
+def _padded(rows: list[Sequence], size: int) -> list[AdapterRow]:
+    return [*rows, *[_PADDING_ROW] * (size - len(rows))]
 
 
 def needs_host_sampler(seq: Sequence) -> bool:
@@ -59,9 +70,11 @@ class CudaModelRunner(ModelRunner):
         return profile_num_blocks(model, model_config, engine_config)
 
     def __init__(self, model: LlamaForCausalLM, model_config: ModelConfig, engine_config: EngineConfig,
-                 *args: Any, **kwargs: Any) -> None:
+                 num_blocks: int, tokenizer_vocab_size: int, lora: LoRAStepBuilder | None = None,
+                 num_host_blocks: int = 0, workers: TensorParallelWorkers | None = None) -> None:
         fuse_model(model)
-        super().__init__(model, model_config, engine_config, *args, **kwargs)
+        super().__init__(model, model_config, engine_config, num_blocks, tokenizer_vocab_size, lora=lora,
+                         num_host_blocks=num_host_blocks, workers=workers)
         self.num_kv_heads = model.plan.num_kv_heads
         max_model_len = engine_config.resolve_max_model_len(model_config)
         self.max_blocks_per_seq = -(-max_model_len // self.block_size)
@@ -80,14 +93,14 @@ class CudaModelRunner(ModelRunner):
         self.masks = GrammarMaskBuffers(max(self.ladder[-1], seqs), model_config.vocab_size,
                                         self.sampler.tokenizer_vocab_size, self.device)
         self.graphs: dict[tuple[int, str | None], DecodeGraph] = {}  # (padded size, "lora" or None)
-        self._graph_pool: Any = None
+        self._graph_pool: torch.cuda._POOL_HANDLE | None = None
         self.last_graph: DecodeGraph | None = None
         self._shared_logits: torch.Tensor | None = None
         self.vocab_size = model_config.vocab_size
         self.num_graph_steps = 0
         self.num_eager_steps = 0
         self._lora_stream: torch.cuda.Stream | None = None
-        self._lora_graphs_of: Any = None  # the LoRA manager whose slot stacks the LoRA graphs read
+        self._lora_graphs_of: LoRAStepBuilder | None = None  # whose slot stacks the LoRA graphs read
 
     # LoRA work on a side stream beside each base GEMM ("delta" or "shrink", engine/cuda/lora_overlap.py);
     # None: after the GEMM on the main stream, the default: on the H100 at batch 64 with 8 adapters the side
@@ -95,10 +108,10 @@ class CudaModelRunner(ModelRunner):
     # SM, so the LoRA kernels only stretch). Tensor-parallel ranks never overlap (see LoRALinear).
     lora_overlap: str | None = None
 
-    def _lora_for(self, seqs: list, token_counts: list[int], batch: InputBatch) -> Any:
+    def _lora_for(self, seqs: AdapterRows, token_counts: list[int], batch: InputBatch) -> LoRAStepContext | None:
         return self._on_side_stream(super()._lora_for(seqs, token_counts, batch))
 
-    def _on_side_stream(self, lora: Any) -> Any:
+    def _on_side_stream(self, lora: LoRAStepContext | None) -> LoRAStepContext | None:
         if self.lora_overlap is None or self.device.type != "cuda" or self.workers is not None:
             return lora
         if self._lora_stream is None:
@@ -115,7 +128,7 @@ class CudaModelRunner(ModelRunner):
             size = self.padded_size(len(rows.decodes))
             batch = build_input_batch(rows, self.block_size, table_width=self.max_blocks_per_seq, pad_to=size)
             batch.use_graph = True
-            lora = self._lora_for(rows.decodes + [_PADDING_SEQ] * (size - len(rows.decodes)), [1] * size, batch)
+            lora = self._lora_for(_padded(rows.decodes, size), [1] * size, batch)
         else:
             # Decode-only steps use the graphs' table width and split count, so graphs on or off
             # run the same attention arithmetic.
@@ -151,7 +164,7 @@ class CudaModelRunner(ModelRunner):
         size = self.padded_size(len(rows.decodes))
         batch = build_input_batch(rows, self.block_size, table_width=self.max_blocks_per_seq, pad_to=size)
         batch.use_graph = True
-        lora = self._lora_for(rows.decodes + [_PADDING_SEQ] * (size - len(rows.decodes)), [1] * size, batch)
+        lora = self._lora_for(_padded(rows.decodes, size), [1] * size, batch)
         feed_tokens = None
         if feed is not None:
             batch.input_ids[:] = 0
@@ -173,13 +186,16 @@ class CudaModelRunner(ModelRunner):
         return PendingStep(step, rows.sampled, {s.seq_id: i for i, s in enumerate(rows.sampled)}, graph.tokens,
                            host_tokens=host, ready=ready)
 
-    def replay_launched(self, batch: InputBatch, lora: Any | None, feed_tokens: torch.Tensor | None) -> DecodeGraph:
+    def replay_launched(self, batch: InputBatch, lora: LoRAStepContext | None,
+                        feed_tokens: torch.Tensor | None) -> DecodeGraph:
         """Replay an overlapped step's decode graph from the next of the two launch stagings."""
         which = self._num_launched % 2
         self._num_launched += 1
         return self._replay_decode(batch, lora, staging=self._launch_stagings[which], feed_tokens=feed_tokens)
 
     def collect(self, pending: PendingStep) -> StepResult:
+        if pending.ready is None or pending.host_tokens is None:  # not launched ahead: ran synchronously
+            return super().collect(pending)
         pending.ready.synchronize()
         result = StepResult()
         tokens = pending.host_tokens[: len(pending.seqs)].tolist()
@@ -187,7 +203,7 @@ class CudaModelRunner(ModelRunner):
             result.sampled[seq.seq_id] = token
         return result
 
-    def forward_batch(self, batch: InputBatch, lora: Any | None) -> ForwardOutput:
+    def forward_batch(self, batch: InputBatch, lora: LoRAStepContext | None) -> ForwardOutput:
         if batch.use_graph:
             graph = self._replay_decode(batch, lora)
             return ForwardOutput(None, graph.logits[: batch.num_seqs], graph)
@@ -227,7 +243,7 @@ class CudaModelRunner(ModelRunner):
         kinds: list[str | None] = [None] + (["lora"] if self.lora is not None and self.workers is None else [])
         missing = [(size, kind) for kind in kinds for size in self.ladder if (size, kind) not in self.graphs]
         for size, kind in sorted(missing, key=lambda key: -key[0]):  # largest first: smaller ones reuse the pool
-            lora = None if kind is None else self._on_side_stream(self.lora.batch_of([-1] * size))
+            lora = None if kind is None or self.lora is None else self._on_side_stream(self.lora.batch_of([-1] * size))
             self.graphs[(size, kind)] = self._capture(size, lora)
         return len(missing)
 
@@ -250,7 +266,7 @@ class CudaModelRunner(ModelRunner):
     def padded_size(self, num_seqs: int) -> int:
         return next(size for size in self.ladder if size >= num_seqs)
 
-    def _replay_decode(self, batch: InputBatch, lora: Any | None, staging: PinnedStaging | None = None,
+    def _replay_decode(self, batch: InputBatch, lora: LoRAStepContext | None, staging: PinnedStaging | None = None,
                        feed_tokens: torch.Tensor | None = None) -> DecodeGraph:
         """`feed_tokens`: `batch.input_ids` are rows of this device tensor, gathered into the ids."""
         size = batch.block_tables.shape[0]
@@ -264,17 +280,17 @@ class CudaModelRunner(ModelRunner):
         if feed_tokens is not None:
             ids = graph.inputs[:size]
             ids.copy_(feed_tokens.index_select(0, ids.long()))
-        graph.replay_forward(lora)
+        graph.replay_forward(graph_lora(lora))
         self.num_graph_steps += 1
         self.last_graph = graph
         return graph
 
-    def _capture(self, size: int, lora: Any | None) -> DecodeGraph:
+    def _capture(self, size: int, lora: LoRAStepContext | None) -> DecodeGraph:
         if self._graph_pool is None:
             self._graph_pool = torch.cuda.graph_pool_handle()
         return capture_decode_graph(
             batch_size=size, max_blocks_per_seq=self.max_blocks_per_seq, block_size=self.block_size,
-            num_splits=self._decode_splits(size), lora_batch=lora, masks=self.masks,
+            num_splits=self._decode_splits(size), lora_batch=graph_lora(lora), masks=self.masks,
             step_forward=self._step_forward, logits=self._graph_logits()[:size], pool=self._graph_pool,
             device=self.device,
         )
@@ -285,7 +301,7 @@ class CudaModelRunner(ModelRunner):
         return self._shared_logits
 
     def _step_forward(self, ids: torch.Tensor, positions: torch.Tensor, meta: TritonAttentionMetadata,
-                      lora: Any | None) -> torch.Tensor:
+                      lora: LoRAStepContext | None) -> torch.Tensor:
         cos, sin = self.model.rotary.cos_sin(positions)
         ctx = StepContext(attention=meta, cos=cos, sin=sin, backend=self.attention_backend, lora=lora)
         return self.model.compute_logits(self.model(ids, ctx, self.kv_caches))
@@ -295,7 +311,7 @@ class CudaModelRunner(ModelRunner):
                                  self.device)
 
     # ---- eager forward (prefill chunks, mixed steps, graphs off) --------------------------
-    def _forward_eager(self, batch: InputBatch, lora: Any | None) -> ForwardOutput:
+    def _forward_eager(self, batch: InputBatch, lora: LoRAStepContext | None) -> ForwardOutput:
         num_seqs, width = batch.num_seqs, batch.block_tables.shape[1]
         ids_d, pos_d, slots_d, lens_d, cu_d, tables_d, rows_d = self.staging.upload([
             batch.input_ids, batch.positions, batch.slot_mapping, batch.seq_lens, batch.cu_seqlens_q,

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 import triton
@@ -160,9 +161,9 @@ def add_lora(
     _check_rows(y, meta)
     config = config or choose_config(stack, meta)
     partials = _partials(stack, meta, config, x.device)
-    common = {"mid": partials, "stack": stack, "meta": meta, "config": config, "token_io": False}
+    launch = partial(_launch, mid=partials, stack=stack, meta=meta, config=config, token_io=False)
     if config.fused:
-        _launch(x=x, y=y, do_shrink=True, do_expand=True, **common)
+        launch(x=x, y=y, do_shrink=True, do_expand=True)
     else:
-        _launch(x=x, y=None, do_shrink=True, do_expand=False, **common)
-        _launch(x=None, y=y, do_shrink=False, do_expand=True, **common)
+        launch(x=x, y=None, do_shrink=True, do_expand=False)
+        launch(x=None, y=y, do_shrink=False, do_expand=True)

@@ -24,6 +24,8 @@ if TYPE_CHECKING:
     from loraplex.engine.sequence import Sequence
 
 NO_PARENT = b""
+# What keeps one tenant's cached prefix from another's: (tenant, adapter, the request's extra salt); () in tests
+CacheSalt = tuple[str | None, ...]
 
 
 @dataclass(slots=True)
@@ -32,7 +34,7 @@ class Block:
     ref_count: int = 0
     hash: bytes | None = None
     parent_hash: bytes = NO_PARENT
-    salt: tuple = ()
+    salt: CacheSalt = ()
     token_ids: list[int] = field(default_factory=list)
 
     def reset(self) -> None:
@@ -43,7 +45,7 @@ class Block:
         self.token_ids = []
 
 
-def block_hash(parent_hash: bytes, token_ids: list[int], salt: tuple) -> bytes:
+def block_hash(parent_hash: bytes, token_ids: list[int], salt: CacheSalt) -> bytes:
     digest = hashlib.blake2b(parent_hash, digest_size=16)
     digest.update(array("q", token_ids).tobytes())
     digest.update(repr(salt).encode())
@@ -282,7 +284,7 @@ class BlockManager:
         self.pins[key] = block_ids
         self.pin_ledger.add(key, tenant_id, block_ids)
 
-    def cached_block(self, h: bytes, token_ids: list[int], salt: tuple, parent: bytes) -> int | None:
+    def cached_block(self, h: bytes, token_ids: list[int], salt: CacheSalt, parent: bytes) -> int | None:
         """The device block holding exactly this cached content, if it is still there."""
         block_id = self.hash_to_block_id.get(h)
         if block_id is None:
@@ -301,7 +303,7 @@ class BlockManager:
     def release_ref(self, block_id: int) -> None:
         self._release(block_id)
 
-    def take_block_for(self, h: bytes, token_ids: list[int], salt: tuple, parent: bytes) -> int:
+    def take_block_for(self, h: bytes, token_ids: list[int], salt: CacheSalt, parent: bytes) -> int:
         """A free block registered in the prefix cache as holding this content (its K/V are copied in)."""
         block_id = self._take_free_block()
         block = self.blocks[block_id]

@@ -28,12 +28,18 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import msgspec
 import zmq
 
+if TYPE_CHECKING:
+    from loraplex.engine.kv.block_manager import CacheSalt
+
 log = logging.getLogger(__name__)
+
+# ("stored", block hash, parent hash, token ids, adapter id) | ("removed", block hash) | ("cleared",)
+PendingEvent = tuple[Any, ...]
 
 MEDIUM_GPU = "GPU"  # vLLM's name for the engine's own KV pool (ours also on the CPU device)
 
@@ -41,7 +47,7 @@ MEDIUM_GPU = "GPU"  # vLLM's name for the engine's own KV pool (ours also on the
 class KVCacheListener(Protocol):
     """What the block manager reports; called on the engine thread, so it must not block."""
 
-    def block_stored(self, block_hash: bytes, parent_hash: bytes, token_ids: list[int], salt: tuple) -> None: ...
+    def block_stored(self, block_hash: bytes, parent_hash: bytes, token_ids: list[int], salt: CacheSalt) -> None: ...
 
     def block_removed(self, block_hash: bytes) -> None: ...
 
@@ -112,7 +118,7 @@ class ZmqKVEventPublisher:
         self._heartbeat_s = heartbeat_s
         self._last_sent = 0.0
         self._rank = data_parallel_rank
-        self._pending: deque[tuple] = deque()  # appended by the engine thread, drained by the publisher's
+        self._pending: deque[PendingEvent] = deque()  # appended by the engine thread, drained by the publisher's
         self._encoder = msgspec.msgpack.Encoder()
         self._context = zmq.Context()
         self._socket = self._context.socket(zmq.PUB)
@@ -133,7 +139,7 @@ class ZmqKVEventPublisher:
         self._thread.start()
 
     # ---- the listener (engine thread) -----------------------------------------------------------
-    def block_stored(self, block_hash: bytes, parent_hash: bytes, token_ids: list[int], salt: tuple) -> None:
+    def block_stored(self, block_hash: bytes, parent_hash: bytes, token_ids: list[int], salt: CacheSalt) -> None:
         self._pending.append(("stored", block_hash, parent_hash, token_ids, salt[1] if len(salt) > 1 else None))
 
     def block_removed(self, block_hash: bytes) -> None:
@@ -187,7 +193,7 @@ class ZmqKVEventPublisher:
         self._seq += 1
         self.num_batches += 1
 
-    def _events(self, items: list[tuple]) -> list[BlockStored | BlockRemoved | AllBlocksCleared]:
+    def _events(self, items: list[PendingEvent]) -> list[BlockStored | BlockRemoved | AllBlocksCleared]:
         """Consecutive stores of one chain (each block's parent is the one before) become one BlockStored."""
         events: list[BlockStored | BlockRemoved | AllBlocksCleared] = []
         last_stored: bytes | None = None

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from loraplex.engine.kv.block_manager import Block, BlockManager
+    from loraplex.engine.kv.block_manager import Block, BlockManager, CacheSalt
 
 TO_HOST = "to_host"      # (TO_HOST, device block id, host slot)
 TO_DEVICE = "to_device"  # (TO_DEVICE, host slot, device block id)
@@ -26,7 +26,7 @@ class HostBlock:
     slot: int
     hash: bytes
     parent_hash: bytes
-    salt: tuple
+    salt: CacheSalt
     token_ids: list[int]
 
 
@@ -64,7 +64,7 @@ class HostTier:
         self.num_offloads += 1
         return True
 
-    def offload_if_room(self, key: str, blocks: list[tuple[int, bytes, bytes, tuple, list[int]]]) -> bool:
+    def offload_if_room(self, key: str, blocks: list[tuple[int, bytes, bytes, CacheSalt, list[int]]]) -> bool:
         """Copy `(device block id, hash, parent hash, salt, token ids)` blocks to free host slots, dropping no
         session for them; False (nothing copied) when they do not fit (a preempted sequence then recomputes)."""
         if not blocks or len(blocks) > len(self.free_slots):

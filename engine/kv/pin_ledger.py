@@ -8,6 +8,7 @@ the number of distinct blocks. Plain ints, updated as pins come and go.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Mapping
 
 
 class PinLedger:
@@ -29,7 +30,7 @@ class PinLedger:
 
     def num_new_for(self, tenant: str, block_ids: list[int]) -> tuple[int, int]:
         """How many of `block_ids` the tenant's count and the global count would grow by."""
-        held = self._by_tenant.get(tenant, {})
+        held: Mapping[int, int] = self._by_tenant.get(tenant, {})
         distinct = set(block_ids)
         return sum(b not in held for b in distinct), sum(b not in self._global for b in distinct)
 

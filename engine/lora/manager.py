@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
+from loraplex.engine.context import AdapterRows
 from loraplex.engine.interfaces import AdapterSource
 from loraplex.engine.lora.host_cache import HostAdapterCache
 from loraplex.engine.lora.slot_pool import AdapterShapeError, LoRASlotPool
@@ -117,11 +118,11 @@ class LoRAManager:
         return None
 
     # ---- per-step context (engine thread) --------------------------------------------------
-    def build(self, seqs_in_batch_order: list, token_counts: list[int]) -> LoRABatch | None:
+    def build(self, seqs_in_batch_order: AdapterRows, token_counts: list[int]) -> LoRABatch | None:
         token_slots = self.token_slots(seqs_in_batch_order, token_counts)
         return None if token_slots is None else self.batch_of(token_slots)
 
-    def token_slots(self, seqs_in_batch_order: list, token_counts: list[int]) -> list[int] | None:
+    def token_slots(self, seqs_in_batch_order: AdapterRows, token_counts: list[int]) -> list[int] | None:
         """Each token's adapter slot (-1: base); None when no token has an adapter."""
         self._apply_evictions()
         if all(s.adapter_id is None for s in seqs_in_batch_order):

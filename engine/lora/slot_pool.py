@@ -25,7 +25,7 @@ StackKey = tuple[int, tuple[tuple[str, int, int], ...]]  # (layer_index, the lin
 class SliceEntry(NamedTuple):
     """One adapted slice of one slot, as plain Python (the CPU path reads no tensors to find it)."""
 
-    index: int
+    slice_index: int  # which of the stack's slices (`index` would shadow tuple.index)
     rank: int
     out_start: int
     out_end: int
@@ -130,7 +130,7 @@ class LoRASlotPool:
             column += e.rank
         self.slot_slices[key][slot] = placed
         stack = self.stacks[key]
-        self.shrink_a[key][slot] = torch.cat([stack.lora_a[slot, e.index, : e.rank] for e in placed]).contiguous()
+        self.shrink_a[key][slot] = torch.cat([stack.lora_a[slot, e.slice_index, : e.rank] for e in placed]).contiguous()
 
     def clear(self, slot: int) -> None:
         for key, stack in self.stacks.items():

@@ -3,12 +3,16 @@ one LoRA-ready linear layer every adaptable projection goes through."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from loraplex.engine.parallel.group import SINGLE_RANK, TensorParallelGroup
 from torch import nn
+
+# y = x @ weight.T (+ bias): F.linear, or a kernel the CUDA runner installs in its place
+LinearOp = Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor]
 
 if TYPE_CHECKING:
     from loraplex.engine.context import StepContext
@@ -47,6 +51,9 @@ class SiluAndMul(nn.Module):
 
 class RotaryEmbedding(nn.Module):
     """Neox-style (rotate-half) RoPE with cos/sin precomputed for every position."""
+
+    cos: torch.Tensor  # buffers: [max_positions, head_dim]
+    sin: torch.Tensor
 
     def __init__(self, inv_freq: torch.Tensor, max_positions: int, scaling: float = 1.0) -> None:
         super().__init__()
@@ -119,16 +126,16 @@ class LoRALinear(nn.Module):
         self.bias = nn.Parameter(torch.zeros(start)) if bias else None
 
     # y = x @ W.T (+ b); the CUDA runner installs a batch-1 GEMV (`engine/cuda/gemv.py`) per instance
-    matmul = staticmethod(F.linear)
+    matmul: LinearOp = staticmethod(F.linear)
 
     def forward(self, x: torch.Tensor, ctx: StepContext) -> torch.Tensor:
         begin = getattr(ctx.lora, "begin", None) if not self.tp.is_parallel else None
         if begin is not None:  # the CUDA runner's LoRA work beside the GEMM (`engine/cuda/lora_overlap.py`)
             pending = begin(x, self.layer_index, self.slices, self.out_features)
-            y = self.matmul(x, self.weight, self.bias)
+            out = self.matmul(x, self.weight, self.bias)
             if pending is not None:
-                pending.finish(y)
-            return y
+                pending.finish(out)
+            return out
         fused = getattr(ctx.lora, "fused_linear", None)
         y = fused(x, self.weight, self.bias, self.layer_index, self.slices) if fused is not None else None
         if y is None:  # no adapter for this linear, or not a decode-sized batch on the GPU
@@ -189,7 +196,7 @@ class VocabParallelHead(nn.Module):
         self.vocab_size = vocab_size
         self.weight = nn.Parameter(torch.empty(-(-vocab_size // tp.world_size), hidden_size))
 
-    matmul = staticmethod(F.linear)  # as LoRALinear.matmul
+    matmul: LinearOp = staticmethod(F.linear)  # as LoRALinear.matmul
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         logits = _cpu_small_batch_head(hidden, self.weight)

@@ -53,7 +53,7 @@ class Attention(nn.Module):
         q = q.view(-1, self.num_heads, self.head_dim)
         k = k.view(-1, self.num_kv_heads, self.head_dim)
         v = v.view(-1, self.num_kv_heads, self.head_dim)
-        if self.q_norm is not None:
+        if self.q_norm is not None and self.k_norm is not None:  # both or neither (`config.qk_norm`)
             q = self.q_norm(q)
             k = self.k_norm(k)
         out = ctx.backend.forward(q, k, v, kv_cache, ctx, self.scale)  # rotary, cache write, attention

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 from loraplex.engine.config import ModelConfig, rope_inv_freq
-from loraplex.engine.model.layers import RotaryEmbedding
+from loraplex.engine.model.layers import LoRALinear, RotaryEmbedding
 from loraplex.engine.model.llama import LlamaForCausalLM
 from loraplex.engine.parallel.group import SINGLE_RANK, TensorParallelGroup
 from loraplex.engine.parallel.plan import ShardPlan, shard_state_dict
@@ -98,6 +98,8 @@ def _target_of(hf_name: str, model: LlamaForCausalLM) -> tuple[str | None, tuple
     if module in _MERGED:
         ours, slice_name = _MERGED[module]
         linear = model.layers[int(layer)].get_submodule(ours)
+        if not isinstance(linear, LoRALinear):
+            raise TypeError(f"{ours} of layer {layer} is a {type(linear).__name__}, not a merged LoRALinear")
         return f"layers.{layer}.{ours}.{kind}", linear.slice_of(slice_name)
     return f"layers.{layer}.{module}.{kind}", None
 
@@ -125,7 +127,7 @@ def random_model(
 
 def shard_model(full: LlamaForCausalLM, tp: TensorParallelGroup) -> LlamaForCausalLM:
     """This rank's shard of a whole model (same device and dtype)."""
-    weight = full.layers[0].self_attn.qkv_proj.weight
+    weight = next(full.parameters())  # its dtype and device are the whole model's
     with torch.device("meta"):
         model = LlamaForCausalLM(full.config, full.rotary.cos.shape[0], tp)
     model = model.to(weight.dtype).to_empty(device=weight.device)

@@ -167,8 +167,9 @@ class OutputStream:
             items = [await self.queue.get()]
             while not self.queue.empty():
                 items.append(self.queue.get_nowait())
-            if self.whole and len(items) > 1 and not any(isinstance(item, BaseException) for item in items):
-                items = [merge(items)]  # one detokenizing pass over all the tokens
+            ready = [item for item in items if not isinstance(item, BaseException)]
+            if self.whole and len(items) > 1 and len(ready) == len(items):
+                items = [merge(ready)]  # one detokenizing pass over all the tokens
             outputs = []
             for item in items:
                 if isinstance(item, BaseException):

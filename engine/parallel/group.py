@@ -115,6 +115,7 @@ class TensorParallelGroup:
         if self.world_size == 1:
             return tensor
         tensor = tensor.contiguous()
+        parts: tuple[torch.Tensor, ...] | list[torch.Tensor]
         if tensor.is_cuda:  # one NCCL call into one buffer
             gathered = tensor.new_empty((self.world_size, *tensor.shape))
             dist.all_gather_into_tensor(gathered, tensor, group=self.process_group)

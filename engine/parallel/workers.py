@@ -30,6 +30,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from loraplex.engine.config import EngineConfig, ModelConfig
+from loraplex.engine.interfaces import AdapterWeights
 from loraplex.engine.lora.slot_pool import LoRASlotPool
 from loraplex.engine.lora.step import LORA_BATCHES
 from loraplex.engine.model.llama import LlamaForCausalLM
@@ -109,10 +110,12 @@ class WorkerGroup:
         self._runner = runner
         self.send("start_runner", num_blocks, tokenizer_vocab_size, num_host_blocks)
 
-    def mirror_slot_pool(self, pool: LoRASlotPool, limits: dict[str, Any]) -> MirroredSlotPool:
+    def mirror_slot_pool(self, pool: LoRASlotPool, limits: dict[str, Any]) -> LoRASlotPool:
         """Give every worker a slot pool like `pool` (its shard's shapes) and mirror writes into it."""
         self.send("lora_pool", limits)
-        return MirroredSlotPool(pool, self)
+        # It stands in for `pool` wherever a LoRASlotPool goes: writes and clears go to every rank, and every
+        # other attribute is `pool`'s (`__getattr__`), which its type cannot say.
+        return MirroredSlotPool(pool, self)  # type: ignore[return-value]
 
     def close(self) -> None:
         if self._closed:
@@ -142,7 +145,7 @@ class MirroredSlotPool:
         self._pool = pool
         self._workers = workers
 
-    def write(self, slot: int, weights: Any) -> None:
+    def write(self, slot: int, weights: AdapterWeights) -> None:
         self._pool.write(slot, weights)  # checks first: a refused adapter reaches no worker
         self._workers.send("lora_write", slot, weights)
 
@@ -240,11 +243,16 @@ class Worker:
         # Sent when rank 0 builds its LoRA manager, which can be before this rank's runner starts.
         self.lora_pool = LoRASlotPool(self.model, device=next(self.model.parameters()).device, **limits)
 
-    def lora_write(self, slot: int, weights: Any) -> None:
-        self.lora_pool.write(slot, weights)
+    def lora_write(self, slot: int, weights: AdapterWeights) -> None:
+        self._lora_pool().write(slot, weights)
 
     def lora_clear(self, slot: int) -> None:
-        self.lora_pool.clear(slot)
+        self._lora_pool().clear(slot)
+
+    def _lora_pool(self) -> LoRASlotPool:
+        if self.lora_pool is None:  # rank 0 sends "lora_pool" before any slot write (`mirror_slot_pool`)
+            raise RuntimeError("a LoRA slot write reached a tensor-parallel worker before its slot pool")
+        return self.lora_pool
 
 
 def worker_main(rank: int, world_size: int, backend: str, address: str, source: ModelSource,

@@ -45,12 +45,16 @@ def read_message(stream: IO[bytes]) -> Any:
 
 
 class _Worker:
-    def __init__(self, setup: Callable[..., Any], setup_args: tuple, startup_timeout_s: float) -> None:
+    def __init__(self, setup: Callable[..., Any], setup_args: tuple[Any, ...], startup_timeout_s: float) -> None:
         self.process = subprocess.Popen(
             [sys.executable, "-P", "-m", "loraplex.grammar.backends.compile_worker"],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd=os.path.dirname(sys.executable) or "/",
         )
-        write_message(self.process.stdin, (setup, setup_args))
+        if self.process.stdin is None or self.process.stdout is None:  # never: both are PIPE
+            raise RuntimeError("the compile worker started without its pipes")
+        self.stdin: IO[bytes] = self.process.stdin
+        self.stdout: IO[bytes] = self.process.stdout
+        write_message(self.stdin, (setup, setup_args))
         if self.receive(startup_timeout_s) != ("ready", None):
             self.kill()
             raise RuntimeError("the compile worker did not start")
@@ -58,7 +62,7 @@ class _Worker:
     def receive(self, timeout_s: float) -> Any:
         """The next message, or None if none came within `timeout_s`."""
         deadline = time.monotonic() + timeout_s
-        stdout = self.process.stdout
+        stdout = self.stdout
         while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
@@ -70,14 +74,14 @@ class _Worker:
     def kill(self) -> None:
         self.process.kill()
         self.process.wait(timeout=5)
-        for stream in (self.process.stdin, self.process.stdout):
+        for stream in (self.stdin, self.stdout):
             stream.close()
 
 
 class ProcessCompilePool:
     """Up to `num_workers` child processes; `run(request, timeout_s)` is thread-safe and blocking."""
 
-    def __init__(self, setup: Callable[..., Any], setup_args: tuple, num_workers: int,
+    def __init__(self, setup: Callable[..., Any], setup_args: tuple[Any, ...], num_workers: int,
                  queue_timeout_s: float, startup_timeout_s: float = 120.0) -> None:
         self._setup, self._setup_args = setup, setup_args
         self._queue_timeout_s = queue_timeout_s
@@ -96,7 +100,7 @@ class ProcessCompilePool:
         try:
             if worker is None or worker.process.poll() is not None:
                 worker = _Worker(self._setup, self._setup_args, self._startup_timeout_s)
-            write_message(worker.process.stdin, request)
+            write_message(worker.stdin, request)
             answer = worker.receive(timeout_s)
             if answer is None:
                 worker.kill()

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import llguidance
 import llguidance.hf
@@ -28,8 +28,11 @@ from loraplex.grammar.backends.string_lark import string_schema_lark
 from loraplex.grammar.schema.walk import keyword_path, subschemas
 from loraplex.grammar.spec import GrammarKind
 
+if TYPE_CHECKING:  # declared in llguidance's type stubs only
+    from llguidance._lib import JsonCompileOptions
+
 # Same output shape as the xgrammar backend: `{"a": 1, "b": 2}`, no other whitespace.
-_JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+_JSON_OPTIONS: JsonCompileOptions = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 _UNIMPLEMENTED = re.compile(r'Unimplemented keys: \[([^\]]*)\]')
 _UNKNOWN_FORMAT = re.compile(r"Unknown format: (.+)")
 _PROBE_STEPS = 6
@@ -69,8 +72,8 @@ def _format_path(schema: Any, fmt: str) -> str:
 
 
 class LLGuidanceBackend:
-    name = "llguidance"
-    kinds = frozenset({GrammarKind.JSON_SCHEMA})
+    name: ClassVar[str] = "llguidance"
+    kinds: ClassVar[frozenset[str]] = frozenset({GrammarKind.JSON_SCHEMA})
 
     def __init__(self, context: TokenizerContext) -> None:
         self.context = context

@@ -73,7 +73,7 @@ def object_lark(schema: Any) -> str | None:
 
 
 class _Reader:
-    def __init__(self, root: dict) -> None:
+    def __init__(self, root: dict[str, Any]) -> None:
         self.root = root
 
     def clauses(self, node: Any, depth: int) -> list[_Clause]:
@@ -93,7 +93,7 @@ class _Reader:
             result = _product(result, [_Clause(conditions=self._member_conditions(node, None))])
         return result
 
-    def _keyword(self, key: str, value: Any, node: dict, depth: int) -> list[_Clause]:
+    def _keyword(self, key: str, value: Any, node: dict[str, Any], depth: int) -> list[_Clause]:
         if key == "type":
             if value != "object":
                 raise Untranslatable
@@ -129,20 +129,21 @@ class _Reader:
             return [self._some_member(value)]
         raise Untranslatable
 
-    def _member_conditions(self, node: dict, extra: Any) -> list[tuple[Any, Any, int, bool]]:
+    def _member_conditions(self, node: dict[str, Any], extra: Any) -> list[tuple[Any, Any, int, bool]]:
         properties = node.get("properties") or {}
         patterns = node.get("patternProperties") or {}
         if not isinstance(properties, dict) or not isinstance(patterns, dict):
             raise Untranslatable
         group = id(node)
-        conditions = [({"const": name}, sub, group, False) for name, sub in properties.items()]
+        conditions: list[tuple[Any, Any, int, bool]] = [({"const": name}, sub, group, False)
+                                                         for name, sub in properties.items()]
         conditions += [({"pattern": pattern}, sub, group, False) for pattern, sub in patterns.items()]
         if extra is not None:
             named = [{"const": name} for name in properties] + [{"pattern": p} for p in patterns]
             conditions.append(({"not": {"anyOf": named}} if named else True, extra, group, True))
         return [c for c in conditions if c[1] is not True and c[1] != {}]
 
-    def _some_member(self, negated: dict) -> _Clause:
+    def _some_member(self, negated: dict[str, Any]) -> _Clause:
         """The complement of a constraint on every member: some member (key, value) breaks it."""
         if set(negated) == {"patternProperties"} and isinstance(negated["patternProperties"], dict) and len(
                 negated["patternProperties"]) == 1:
@@ -163,7 +164,7 @@ def _product(left: list[_Clause], right: list[_Clause]) -> list[_Clause]:
 
 
 class _Writer:
-    def __init__(self, root: dict) -> None:
+    def __init__(self, root: dict[str, Any]) -> None:
         self.root = root
         self.terms = StringTerms(root)
         self.rules: list[str] = []
@@ -278,7 +279,7 @@ class _Writer:
         self.rules.append(f"m{len(self.rules)}: {' | '.join(alternatives)}")
         return f"m{len(self.rules) - 1}"
 
-    def _definitions(self) -> dict:
+    def _definitions(self) -> dict[str, Any]:
         return {k: self.root[k] for k in ("definitions", "$defs") if isinstance(self.root.get(k), dict)}
 
 
@@ -295,7 +296,7 @@ def _consistent(conditions: list[tuple[Any, Any, int, bool]], inside: tuple[bool
     return True
 
 
-def _satisfiable(value: dict) -> bool:
+def _satisfiable(value: dict[str, Any]) -> bool:
     """Whether some JSON value meets `value`; refusals other than an empty schema leave the whole object
     to the JSON compiler (a region dropped for any other reason would refuse valid objects)."""
     error = llguidance.LLMatcher.validate_grammar(llguidance.LLMatcher.grammar_from_json_schema(value))

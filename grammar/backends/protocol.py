@@ -61,8 +61,12 @@ class BackendMatcher(Protocol):
 
 
 class BackendGrammar(Protocol):
-    backend: str
-    memory_size_bytes: int
+    @property
+    def backend(self) -> str:
+        """The name of the backend that compiled it."""
+
+    @property
+    def memory_size_bytes(self) -> int: ...
 
     def new_matcher(self) -> BackendMatcher: ...
 
@@ -109,8 +113,9 @@ class TokenizerContext:
 class BackendType(Protocol):
     """What the registry holds: a backend class, built once per tokenizer."""
 
-    name: ClassVar[str]
-    kinds: ClassVar[frozenset[str]]
+    # the class's attributes (a class object can match a protocol's plain attributes, never its ClassVars)
+    name: str
+    kinds: frozenset[str]
 
     def __call__(self, context: TokenizerContext) -> GrammarBackend: ...
 

@@ -34,7 +34,8 @@ _RELAXED_FALLBACK = "xgrammar"
 _DEFAULT_FOR_OTHER_KINDS = "xgrammar"
 _VOCABULARY_PREFERENCE = ("xgrammar", "llguidance")  # whose reading of the tokenizer the matchers share
 
-GRAMMAR_BACKENDS: dict[str, BackendType] = {backend.name: backend for backend in (LLGuidanceBackend, XGrammarBackend)}
+_BUILT_IN: tuple[BackendType, ...] = (LLGuidanceBackend, XGrammarBackend)
+GRAMMAR_BACKENDS: dict[str, BackendType] = {backend.name: backend for backend in _BUILT_IN}
 
 
 def register_backend(backend: BackendType) -> BackendType:

@@ -30,8 +30,8 @@ try:
     from re import _constants as sre_constants  # type: ignore[attr-defined]
     from re import _parser as sre_parse  # type: ignore[attr-defined]
 except ImportError:  # pragma: no cover
-    import sre_constants  # type: ignore[no-redef]
-    import sre_parse  # type: ignore[no-redef]
+    import sre_constants
+    import sre_parse
 
 _MAX_CHAR = 0x10FFFF
 _MAX_DEPTH = 32
@@ -86,7 +86,7 @@ class Untranslatable(Exception):
 class StringTerms:
     """Terminals `T0`, `T1`, ... for string schemas under one root (their `$ref`s resolved there)."""
 
-    def __init__(self, root: dict) -> None:
+    def __init__(self, root: dict[str, Any]) -> None:
         self.root = root
         self.terms: list[str] = []
 
@@ -122,7 +122,7 @@ class StringTerms:
             parts.append(self._keyword(key, value, node, depth))
         return self._all(parts)
 
-    def _keyword(self, key: str, value: Any, node: dict, depth: int) -> int | None:
+    def _keyword(self, key: str, value: Any, node: dict[str, Any], depth: int) -> int | None:
         if key == "type":
             types = {value} if isinstance(value, str) else set(value) if isinstance(value, list) else None
             if types is None:
@@ -259,7 +259,7 @@ def _pattern(pattern: str) -> str:
     return ("" if start else base) + _sequence(inner) + ("" if end else base)
 
 
-def _sequence(items: list) -> str:
+def _sequence(items: list[Any]) -> str:
     return "".join(_item(op, arg) for op, arg in items)
 
 
@@ -283,7 +283,7 @@ def _item(op: Any, arg: Any) -> str:
     raise Untranslatable  # anchors inside, lookarounds, back-references, word boundaries
 
 
-def _class(items: list) -> list[tuple[int, int]]:
+def _class(items: list[Any]) -> list[tuple[int, int]]:
     ranges: list[tuple[int, int]] = []
     negate = False
     for op, arg in items:

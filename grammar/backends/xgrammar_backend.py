@@ -14,7 +14,7 @@ import importlib.metadata
 import json
 import re
 from collections.abc import Callable
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 import xgrammar as xgr
@@ -82,8 +82,8 @@ def worker_setup(tokenizer_info_json: str) -> Callable[[tuple[str, Any]], str]:
 
 
 class XGrammarBackend:
-    name = "xgrammar"
-    kinds = frozenset(_COMPILERS)
+    name: ClassVar[str] = "xgrammar"
+    kinds: ClassVar[frozenset[str]] = frozenset(_COMPILERS)
 
     def __init__(self, context: TokenizerContext, num_workers: int = 1, queue_timeout_s: float = 60.0) -> None:
         self.context = context
@@ -189,7 +189,7 @@ class XGrammarBackendMatcher:
         text = self._matcher.find_jump_forward_string()
         if not text:
             return []
-        tokens = self._backend.context.tokenizer.encode(text, add_special_tokens=False)
+        tokens: list[int] = self._backend.context.tokenizer.encode(text, add_special_tokens=False)
         accepted = 0
         for token in tokens:  # keep the prefix the grammar takes (it always should: the text is forced)
             if not self._matcher.accept_token(token):

@@ -44,7 +44,7 @@ class ClosingTokens:
         self.encode = encode  # the tokenizer's own spelling of a text (no special tokens)
         lengths = np.zeros(self.num_words * 32, dtype=np.int32)
         by_text: dict[bytes, int] = {}
-        closers: list[tuple[int, int]] = []
+        closers: list[tuple[bool, int, int]] = []  # (not a quote first, -length, token id): sorts best first
         for token_id, text in enumerate(token_bytes):
             if token_id in special_ids or not text:
                 continue

@@ -111,7 +111,7 @@ class StructuredMatcher:
                 _set_bit(bitmask, row, token_id)
         else:
             self._inner.fill_bitmask(bitmask, row)
-            if self._guard_next is not None:
+            if self._guard_next is not None and self._guard_bits is not None:  # set together
                 bitmask[row] &= self._guard_bits
                 _set_bit(bitmask, row, self._guard_next)
 

@@ -144,7 +144,7 @@ def scan(state: _State, data: bytes, plan: UniqueItemsPlan, before: bytes | byte
     return _State(stack, in_string, escape, raw, role, expect_key, state.offset + n)
 
 
-def _canonical_text(text: bytes) -> Any:
+def _canonical_text(text: bytes | bytearray) -> Any:
     try:
         return _canonical(json.loads(text))
     except (ValueError, RecursionError):

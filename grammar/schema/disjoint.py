@@ -35,8 +35,8 @@ try:
     from re import _constants as sre_constants  # type: ignore[attr-defined]
     from re import _parser as sre_parse  # type: ignore[attr-defined]
 except ImportError:  # pragma: no cover
-    import sre_constants  # type: ignore[no-redef]
-    import sre_parse  # type: ignore[no-redef]
+    import sre_constants
+    import sre_parse
 
 _OBJECT_ONLY = frozenset({
     "properties", "required", "additionalProperties", "patternProperties", "minProperties", "maxProperties",
@@ -205,7 +205,8 @@ def _type_of(value: Any) -> str:
         return "integer"
     if isinstance(value, float):
         return "integer" if value.is_integer() else "number"
-    return {str: "string", list: "array", dict: "object"}[type(value)]
+    names: dict[type, str] = {str: "string", list: "array", dict: "object"}
+    return names[type(value)]
 
 
 def _values(node: dict) -> set[str] | None:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from itertools import permutations, product
 from math import perm
-from typing import Any
+from typing import Any, TypeGuard
 
 import jsonschema
 import referencing
@@ -119,7 +119,7 @@ class FiniteValues:
         return [list(sequence) for k in sizes for sequence in make(distinct, k)]
 
 
-def _count(value: Any) -> bool:
+def _count(value: Any) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 

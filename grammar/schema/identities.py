@@ -102,8 +102,9 @@ def _common_conjuncts(node: dict, root: Any) -> Any | None:
     """`oneOf: [B and C1, .., B and Cn]` is `B and oneOf: [C1, .., Cn]` (B fails: none holds; B holds:
     exactly the Ci decide): the `allOf` members every branch shares leave the oneOf, so only the Ci are
     negated."""
-    conjuncts = [_branch_conjuncts(b, root) for b in node["oneOf"]]
-    if any(c is None for c in conjuncts):
+    found = [_branch_conjuncts(b, root) for b in node["oneOf"]]
+    conjuncts = [c for c in found if c is not None]
+    if len(conjuncts) < len(found):
         return None
     keyed = [{json.dumps(m, sort_keys=True): m for m in c} for c in conjuncts]
     common = [key for key in keyed[0] if all(key in k for k in keyed[1:])]

@@ -19,6 +19,7 @@ backend refuses the `not` (never a looser grammar).
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from itertools import combinations, pairwise
 from typing import Any
 
@@ -28,8 +29,8 @@ try:
     from re import _constants as sre_constants  # type: ignore[attr-defined]
     from re import _parser as sre_parse  # type: ignore[attr-defined]
 except ImportError:  # pragma: no cover
-    import sre_constants  # type: ignore[no-redef]
-    import sre_parse  # type: ignore[no-redef]
+    import sre_constants
+    import sre_parse
 
 TYPES = ("array", "boolean", "null", "number", "object", "string")
 _MAX_DEPTH = 12
@@ -192,7 +193,7 @@ def _some_undeclared_key(properties: Any) -> Any | None:
     return _union(branches)
 
 
-def _union(branches: list[Any | None]) -> Any | None:
+def _union(branches: Sequence[Any | None]) -> Any | None:
     if any(b is None for b in branches):
         return None
     if any(b is True for b in branches):
@@ -296,8 +297,9 @@ def finite_matches(pattern: str) -> list[str] | None:
     return None if found is None else sorted(set(found))
 
 
-def _finite(items: list) -> list[str] | None:
+def _finite(items: list[Any]) -> list[str] | None:
     strings = [""]
+    options: list[str] | None
     for op, arg in items:
         if op == sre_constants.LITERAL:
             options = [chr(arg)]

@@ -80,7 +80,9 @@ def requires_forbidden_key(node: dict) -> bool:
     required = node.get("required")
     if node.get("type") != "object" or not isinstance(required, list) or not required:
         return False
-    properties = node.get("properties") if isinstance(node.get("properties"), dict) else {}
+    properties = node.get("properties")
+    if not isinstance(properties, dict):
+        properties = {}
     closed = node.get("additionalProperties") is False and not node.get("patternProperties")
     return any(isinstance(key, str) and (properties.get(key) is False or (closed and key not in properties))
                for key in required)
@@ -131,10 +133,12 @@ def property_names(node: dict, root: Any) -> Any | None:
     if names is True or names == {}:
         return rest
     properties = node.get("properties", {})
-    if not isinstance(names, dict) or not isinstance(properties, dict) or node.get("patternProperties"):
+    if not isinstance(properties, dict) or node.get("patternProperties"):
         return None
-    if names is False:
+    if names is False:  # no key at all
         return {**rest, "properties": {k: False for k in properties}, "additionalProperties": False}
+    if not isinstance(names, dict):
+        return None
     extra = node.get("additionalProperties", True)
     allowed = _finite_strings(names)
     if allowed is not None:

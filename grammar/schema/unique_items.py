@@ -48,7 +48,7 @@ from loraplex.grammar.schema.walk import (
 try:
     from re import _parser as sre_parse  # type: ignore[attr-defined]
 except ImportError:  # pragma: no cover
-    import sre_parse  # type: ignore[no-redef]
+    import sre_parse
 
 _ARRAY, _OBJECT = "array", "object"
 _MAX_MEMBERS = 1024
@@ -371,7 +371,9 @@ class UniqueItemsPlan:
 
     def _member(self, node: dict, key: str) -> list[Any]:
         out: list[Any] = []
-        properties = node.get("properties") if isinstance(node.get("properties"), dict) else {}
+        properties = node.get("properties")
+        if not isinstance(properties, dict):
+            properties = {}
         if key in properties:
             out.append(properties[key])
         matched = False

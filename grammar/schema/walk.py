@@ -142,7 +142,8 @@ def json_type(value: Any) -> str:
         return "boolean"
     if isinstance(value, int | float):
         return "number"
-    return {str: "string", list: "array", dict: "object"}[type(value)]
+    names: dict[type, str] = {str: "string", list: "array", dict: "object"}
+    return names[type(value)]
 
 
 MAX_CONJUNCTS = 32  # a schema whose allOf/$ref closure is larger is not taken apart

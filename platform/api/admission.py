@@ -103,7 +103,7 @@ async def admit_early(services: Services, key: Principal, *, num_requests: int =
     settings = services.settings
     check_admission_share(services, key.tenant_id, num_requests)
     if settings.max_inflight_per_tenant:
-        cap = tenant_share(settings.max_inflight_per_tenant, settings.api_servers)
+        cap = tenant_share(settings.max_inflight_per_tenant, settings.num_api_servers)
         if services.inflight_by_tenant.get(key.tenant_id, 0) + num_requests > cap:
             raise TenantInflightLimitError(cap)
     await services.rate_limiter.admit(key.key_id, key.limits, num_prompt_tokens=0, num_requests=num_requests)

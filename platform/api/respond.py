@@ -36,7 +36,7 @@ async def respond(request: Request, gen: Generation, *, stream: bool, collect: C
         return JSONResponse(body, headers=relaxation_headers(gen.prepared.metadata))
     try:
         outputs = await prime_within(request, gen.outputs(), keepalive_s=gen.services.settings.sse_keepalive_s)
-        body = streamer(gen, outputs)  # from here on, the body closes the generation
+        chunks = streamer(gen, outputs)  # from here on, the body closes the generation
     except ClientDisconnected as exc:
         gen.mark_aborted()
         await gen.close(exc)
@@ -44,6 +44,6 @@ async def respond(request: Request, gen: Generation, *, stream: bool, collect: C
     except BaseException as exc:
         await gen.close(exc)
         raise
-    response = EventStreamResponse(body)
+    response = EventStreamResponse(chunks)
     response.headers.update(relaxation_headers(gen.prepared.metadata))
     return response

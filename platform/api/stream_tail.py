@@ -19,6 +19,7 @@ import contextlib
 from collections.abc import AsyncIterator, Callable
 
 from loraplex.engine.errors import EngineError
+from loraplex.engine.protocol import RequestOutput
 from loraplex.platform.api.generation import Generation
 from loraplex.platform.api.keepalive import PrimedOutputs
 from loraplex.platform.api.sse import DONE, sse_error
@@ -33,7 +34,7 @@ class ChoiceFailed(EngineError):
 
 async def finish_stream(
     gen: Generation, chunks: AsyncIterator[bytes], *, usage_chunk: Callable[[], bytes] | None,
-    outputs: PrimedOutputs | None = None,
+    outputs: PrimedOutputs[tuple[int, RequestOutput]] | None = None,
 ) -> AsyncIterator[bytes]:
     """`outputs`, the generation's primed outputs, may still await their first: keep-alives go out meanwhile."""
     error: BaseException | None = None

@@ -82,7 +82,7 @@ class RedisRevocationFeed:
             try:
                 pubsub.subscribe(channel)
                 for key_id in self._listen_client.smembers(revoked_set):  # after subscribing: nothing falls between
-                    self._cache.mark_revoked(key_id.decode())
+                    self._cache.mark_revoked(key_id.decode() if isinstance(key_id, bytes) else key_id)
                 self._healthy.set()
                 while not self._stopped.is_set():
                     message = pubsub.get_message(timeout=0.5)

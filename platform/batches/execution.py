@@ -210,6 +210,8 @@ def usage_record(batch: BatchRow, line: BatchLineRow, *, user: str | None) -> Re
     """The usage record of a stored line whose worker died before the meter had it (the same event the
     line's run would have recorded, but for its timings)."""
     started_at = line.started_at or time.time()
+    if line.usage_status is None:  # `unmetered_lines` returns only lines that ran
+        raise ValueError(f"line {line.line_index} of batch {batch.id} ran nothing to bill")
     return RequestRecord(
         request_id=request_id_for(batch.id, line.custom_id), tenant_id=batch.tenant_id, key_id=batch.api_key_id,
         kind=_KINDS[batch.endpoint], model=line.model, adapter_id=line.adapter_id, session_id=None,

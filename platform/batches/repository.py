@@ -10,6 +10,7 @@ only a line still `pending` takes one, so two workers that ran the same line
 
 from __future__ import annotations
 
+import builtins
 import json
 import time
 from collections.abc import Callable, Iterator
@@ -29,7 +30,7 @@ from loraplex.platform.batches.objects import (
 )
 from loraplex.platform.batches.pagination import keyset_page
 from loraplex.platform.batches.validation import LinePlan
-from sqlalchemy import func, or_, select, update
+from sqlalchemy import CursorResult, Table, func, or_, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 PENDING, LINE_COMPLETED, LINE_FAILED = "pending", "completed", "failed"
@@ -71,7 +72,7 @@ class BatchRepository:
         with self.db_sessions() as session, session.begin():
             if max_active is not None:
                 active = session.scalar(select(func.count()).where(
-                    BatchRow.tenant_id == tenant_id, BatchRow.status.in_(ACTIVE_STATUSES)))
+                    BatchRow.tenant_id == tenant_id, BatchRow.status.in_(ACTIVE_STATUSES))) or 0
                 if active >= max_active:
                     raise BatchLimitError(max_active)
             session.add(row)
@@ -124,9 +125,9 @@ class BatchRepository:
             if batch_id in skip:
                 continue
             with self.db_sessions() as session, session.begin():
-                taken = session.execute(
+                taken = _rowcount(session.execute(
                     update(BatchRow).where(BatchRow.id == batch_id, BatchRow.status.in_(ACTIVE_STATUSES), lapsed)
-                    .values(lease_owner=owner, lease_expires_at=now + lease_s)).rowcount
+                    .values(lease_owner=owner, lease_expires_at=now + lease_s)))
                 if taken:
                     row = session.get(BatchRow, batch_id)
                     session.expunge(row)
@@ -136,8 +137,8 @@ class BatchRepository:
     def renew(self, batch_id: str, owner: str, *, lease_s: float) -> BatchRow | None:
         """Extend the lease; the batch as it is now, or None when `owner` no longer holds it."""
         with self.db_sessions() as session, session.begin():
-            held = session.execute(update(BatchRow).where(BatchRow.id == batch_id, BatchRow.lease_owner == owner)
-                                   .values(lease_expires_at=time.time() + lease_s)).rowcount
+            held = _rowcount(session.execute(update(BatchRow).where(BatchRow.id == batch_id, BatchRow.lease_owner == owner)
+                                             .values(lease_expires_at=time.time() + lease_s)))
             if not held:
                 return None
             row = session.get(BatchRow, batch_id)
@@ -156,18 +157,18 @@ class BatchRepository:
             query = update(BatchRow).where(BatchRow.id == batch_id, BatchRow.lease_owner == owner)
             if from_statuses is not None:
                 query = query.where(BatchRow.status.in_(from_statuses))
-            return bool(session.execute(query.values(**values)).rowcount)
+            return bool(_rowcount(session.execute(query.values(**values))))
 
     # -- validation ---------------------------------------------------------------------------
 
-    def start(self, batch_id: str, owner: str, lines: list[LinePlan], *, model: str | None) -> bool:
+    def start(self, batch_id: str, owner: str, lines: builtins.list[LinePlan], *, model: str | None) -> bool:
         """validating -> in_progress with one pending row per line; False if the batch moved on meanwhile."""
         with self.db_sessions() as session, session.begin():
-            moved = session.execute(
+            moved = _rowcount(session.execute(
                 update(BatchRow).where(BatchRow.id == batch_id, BatchRow.lease_owner == owner,
                                        BatchRow.status == VALIDATING)
                 .values(status=IN_PROGRESS, in_progress_at=int(time.time()), num_total=len(lines), model=model)
-            ).rowcount
+            ))
             if not moved:
                 return False
             rows = [{"batch_id": batch_id, "line_index": p.index, "custom_id": p.custom_id, "model": p.model,
@@ -175,17 +176,17 @@ class BatchRepository:
                      "cached_input_tokens": 0, "output_tokens": 0, "reasoning_tokens": 0, "metered": False}
                     for p in lines]
             for start in range(0, len(rows), _INSERT_CHUNK):
-                session.execute(BatchLineRow.__table__.insert(), rows[start:start + _INSERT_CHUNK])
+                session.execute(_LINES_TABLE.insert(), rows[start:start + _INSERT_CHUNK])
         return True
 
-    def fail_validation(self, batch_id: str, owner: str, errors: list[dict[str, Any]]) -> bool:
+    def fail_validation(self, batch_id: str, owner: str, errors: builtins.list[dict[str, Any]]) -> bool:
         return self.update_held(batch_id, owner, from_statuses=(VALIDATING,), status=FAILED,
                                 failed_at=int(time.time()),
                                 errors_json=json.dumps({"object": "list", "data": errors}))
 
     # -- lines --------------------------------------------------------------------------------
 
-    def pending_lines(self, batch_id: str, *, after_index: int, limit: int) -> list[BatchLineRow]:
+    def pending_lines(self, batch_id: str, *, after_index: int, limit: int) -> builtins.list[BatchLineRow]:
         with self.db_sessions() as session:
             rows = list(session.scalars(
                 select(BatchLineRow).where(BatchLineRow.batch_id == batch_id, BatchLineRow.status == PENDING,
@@ -194,7 +195,7 @@ class BatchRepository:
             session.expunge_all()
             return rows
 
-    def unmetered_lines(self, batch_id: str) -> list[BatchLineRow]:
+    def unmetered_lines(self, batch_id: str) -> builtins.list[BatchLineRow]:
         """Finished lines that ran but whose usage may not have reached the meter (their worker died)."""
         with self.db_sessions() as session:
             rows = list(session.scalars(select(BatchLineRow).where(
@@ -203,7 +204,7 @@ class BatchRepository:
             session.expunge_all()
             return rows
 
-    def save_results(self, batch_id: str, results: list[LineResult], metered: list[int]) -> set[int]:
+    def save_results(self, batch_id: str, results: builtins.list[LineResult], metered: builtins.list[int]) -> set[int]:
         """Store results of lines still pending, add them to the batch's counts, flag `metered` lines;
         returns the indexes whose result was stored (the others had one already)."""
         stored: set[int] = set()
@@ -215,9 +216,9 @@ class BatchRepository:
                           "usage_status": r.usage_status, "started_at": r.started_at, "input_tokens": r.input_tokens,
                           "cached_input_tokens": r.cached_input_tokens, "output_tokens": r.output_tokens,
                           "reasoning_tokens": r.reasoning_tokens}
-                if session.execute(update(BatchLineRow).where(
+                if _rowcount(session.execute(update(BatchLineRow).where(
                         BatchLineRow.batch_id == batch_id, BatchLineRow.line_index == r.index,
-                        BatchLineRow.status == PENDING).values(**values)).rowcount:
+                        BatchLineRow.status == PENDING).values(**values))):
                     stored.add(r.index)
                     totals["num_completed" if r.status == LINE_COMPLETED else "num_failed"] += 1
                     for name in ("input_tokens", "cached_input_tokens", "output_tokens", "reasoning_tokens"):
@@ -251,10 +252,29 @@ class BatchRepository:
             if not page:
                 return
             for index, result in page:
-                yield result
+                if result is not None:  # set on every line that has a status other than pending
+                    yield result
                 after = index
 
     def num_pending(self, batch_id: str) -> int:
         with self.db_sessions() as session:
             return session.scalar(select(func.count()).where(BatchLineRow.batch_id == batch_id,
                                                              BatchLineRow.status == PENDING)) or 0
+
+
+def _rowcount(result: object) -> int:
+    """The rows an UPDATE matched: its result is a CursorResult, which the typing of `Session.execute` leaves out."""
+    if not isinstance(result, CursorResult):
+        raise TypeError(f"not the result of an UPDATE: {type(result).__name__}")
+    return result.rowcount
+
+
+def _table(model: type[BatchLineRow]) -> Table:
+    """A declarative class's Table (typed only as some FromClause), for Core bulk inserts."""
+    table = model.__table__
+    if not isinstance(table, Table):
+        raise TypeError(f"{model.__name__} is not mapped to a table")
+    return table
+
+
+_LINES_TABLE = _table(BatchLineRow)

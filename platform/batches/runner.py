@@ -23,6 +23,7 @@ import tempfile
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 from loraplex.billing.unavailable import UNAVAILABLE_ERRORS
 from loraplex.platform.batches.execution import LineOutcome, RetryLater, execute_line, usage_record
@@ -281,8 +282,9 @@ class BatchRun:
             status = COMPLETED
         output_id, error_id = await asyncio.to_thread(self._write_files)
         stamp = {COMPLETED: "completed_at", CANCELLED: "cancelled_at", EXPIRED: "expired_at"}[status]
+        stamped: dict[str, Any] = {stamp: int(time.time())}
         await asyncio.to_thread(self.repo.update_held, batch.id, self.owner, status=status,
-                                output_file_id=output_id, error_file_id=error_id, **{stamp: int(time.time())})
+                                output_file_id=output_id, error_file_id=error_id, **stamped)
         log.info("batch %s %s", batch.id, status)
 
     def _write_files(self) -> tuple[str | None, str | None]:

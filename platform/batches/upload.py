@@ -11,13 +11,16 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path, PurePath
-from typing import BinaryIO
+from typing import TYPE_CHECKING, BinaryIO
 
 from loraplex.adapters.upload import run_upload_work
 from loraplex.engine.errors import InvalidRequestError
 from loraplex.platform.batches.errors import FileTooLargeError, UnsupportedFileError
 from python_multipart.exceptions import MultipartParseError
 from python_multipart.multipart import MultipartParser, parse_options_header
+
+if TYPE_CHECKING:  # python-multipart declares it for type checkers only
+    from python_multipart.multipart import MultipartCallbacks
 
 MAX_FIELD_BYTES = 4096
 MAX_FIELDS = 16
@@ -45,7 +48,7 @@ class _Parts:
         self._buffer = bytearray()
         self._file: BinaryIO | None = None
 
-    def callbacks(self) -> dict:
+    def callbacks(self) -> MultipartCallbacks:
         return {
             "on_part_begin": self._begin,
             "on_header_field": lambda d, s, e: self._header("_header_field", d[s:e]),

@@ -20,6 +20,7 @@ import os
 import secrets
 import time
 from dataclasses import dataclass
+from functools import partial
 
 from loraplex.platform.batches.files import FileQuota, FileStore
 from loraplex.platform.batches.repository import BatchRepository
@@ -92,9 +93,9 @@ class BatchWorker:
             self.runs[batch.id] = run
             task = asyncio.create_task(run.run(), name=f"batch-{batch.id}")
             self._tasks[batch.id] = task
-            task.add_done_callback(lambda _t, batch_id=batch.id: self._done(batch_id))
+            task.add_done_callback(partial(self._done, batch.id))
 
-    def _done(self, batch_id: str) -> None:
+    def _done(self, batch_id: str, _task: asyncio.Task[None]) -> None:
         self.runs.pop(batch_id, None)
         self._tasks.pop(batch_id, None)
         if not self._stopping:

@@ -63,7 +63,7 @@ def serve(
     from loraplex.platform.db.migrate import prepare_database
     from loraplex.platform.supervisor import Supervisor
 
-    if settings.api_servers > 1 and not settings.redis_url:
+    if settings.num_api_servers > 1 and not settings.redis_url:
         console.print("[bold yellow]warning:[/bold yellow] several API servers without LORAPLEX_REDIS_URL keep "
                       "sessions, responses and rate limits per process: a client may not find its session on "
                       "the next request. Set LORAPLEX_REDIS_URL to share them.")

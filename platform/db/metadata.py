@@ -35,7 +35,7 @@ def _declarative_metadatas(module: ModuleType) -> list[MetaData]:
     found: list[MetaData] = []
     for value in vars(module).values():
         metadata = getattr(value, "metadata", None)
-        is_base = isinstance(value, type) and isinstance(metadata, MetaData) and hasattr(value, "registry")
-        if is_base and metadata not in found:
+        is_base = isinstance(value, type) and hasattr(value, "registry")
+        if is_base and isinstance(metadata, MetaData) and metadata not in found:
             found.append(metadata)
     return found

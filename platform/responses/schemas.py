@@ -29,7 +29,7 @@ REFUSED: dict[str, str] = {
 }
 
 # What a refused parameter may be set to and still ask for nothing (the SDKs send some of these).
-_NOTHING = (None, False, [], {})
+_NOTHING: tuple[object, ...] = (None, False, [], {})
 
 
 class _Lenient(BaseModel):

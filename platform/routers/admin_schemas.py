@@ -37,7 +37,7 @@ class ApiKeyCreate(BaseModel):
     @classmethod
     def _known_scopes(cls, value: object) -> object:
         if isinstance(value, list | str):
-            return parse_scopes(value)  # type: ignore[arg-type]
+            return parse_scopes(value)
         return value
 
 

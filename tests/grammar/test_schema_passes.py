@@ -156,6 +156,13 @@ def test_subschema_rewrite_keeps_the_language(rewrite):
     assert rewrite({"type": "string"}, {}) is None  # nothing to rewrite there
 
 
+def test_property_names_false_leaves_only_the_empty_object():
+    schema = {"type": "object", "properties": {"a": {}}, "propertyNames": False}
+    out = property_names(dict(schema), schema)
+    assert out == {"type": "object", "properties": {"a": False}, "additionalProperties": False}
+    assert same_language(schema, out)
+
+
 def test_object_key_rewrites_give_up_rather_than_guess():
     many = {f"k{i}": {} for i in range(10)}
     assert property_count_by_presence({"properties": many, "minProperties": 2}, {}) is None  # 2**10 branches
