@@ -544,6 +544,7 @@ def create_key(settings: Any, scopes: tuple[str, ...] = ("inference",)) -> str:
 
 async def measure(args: argparse.Namespace) -> dict[str, Any]:
     from loraplex.engine.async_engine import AsyncEngine
+    from loraplex.engine.llm_engine import LLMEngine
     from loraplex.engine.model.default_model import DEFAULT_MODEL_NAME, ensure_default_model
     from loraplex.platform.wiring import engine_config
 
@@ -558,13 +559,12 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
         from loraplex.engine.config import ModelConfig
         from transformers import AutoTokenizer
 
-        engine = AsyncEngine.from_random(
-            ModelConfig.from_pretrained(model_path), engine_config(settings), AutoTokenizer.from_pretrained(model_path)
-        )
+        llm = LLMEngine.from_random(ModelConfig.from_pretrained(model_path), engine_config(settings),
+                                    AutoTokenizer.from_pretrained(model_path), detokenize=False)
     else:
-        engine = AsyncEngine.from_model_path(model_path, engine_config(settings))
-    shared = SharedEngine(engine.engine)
-    engine.engine = shared  # the AsyncEngine's thread steps through the lock engine_alone holds
+        llm = LLMEngine.from_model_path(model_path, engine_config(settings), detokenize=False)
+    shared = SharedEngine(llm)
+    engine = AsyncEngine(shared)  # type: ignore[arg-type]  # its core's thread steps through the lock engine_alone holds
     for server in servers.values():
         server.wait_healthy()
     clients = Clients(args.client_processes)

@@ -357,10 +357,10 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
     config = engine_config(settings)
     if settings.random_weights:
         tokenizer = AutoTokenizer.from_pretrained(model_path)
-        engine = LLMEngine.from_random(ModelConfig.from_pretrained(model_path), config, tokenizer)
+        # detokenize off, as in the engine-core process: text is the API servers' work
+        engine = LLMEngine.from_random(ModelConfig.from_pretrained(model_path), config, tokenizer, detokenize=False)
     else:
-        engine = LLMEngine.from_model_path(model_path, config)
-    engine.detokenize = False  # as in the engine-core process: text is the API servers' work
+        engine = LLMEngine.from_model_path(model_path, config, detokenize=False)
     folders = write_adapters(model_path, work / "adapters", args.adapters, args.adapter_rank) if args.adapters else {}
     if folders:
         from loraplex.adapters.base_model import BaseModelSpec

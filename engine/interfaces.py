@@ -85,3 +85,12 @@ class GrammarCodec(Protocol):
 
     def decode(self, text: str, reasoning: ReasoningMarkers | None) -> CompiledGrammar:
         """`reasoning`: the request's markers, when its grammar is gated behind the think block."""
+
+
+class AdapterSourceCodec(Protocol):
+    """How an adapter source crosses to the engine-core process: a source holds open files and connections,
+    which do not cross, so the client writes where its adapters are and the core opens that place itself."""
+
+    def encode(self, source: AdapterSource) -> str: ...
+
+    def decode(self, text: str) -> AdapterSource: ...

@@ -1,7 +1,7 @@
 """The synchronous engine: add_request / step / abort.
 
 `step()` is the whole loop body: schedule -> execute -> update outputs.
-The async front (`AsyncEngine`) drives it from its own thread.
+The engine core (`engine/core/engine_core.py`) drives it, in a thread or in its own process.
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ class LLMEngine:
     ) -> None:
         """`model` is rank 0's shard under tensor parallelism, with `workers` running the other
         ranks (`from_source` starts them). `detokenize`: step() outputs carry text and stop strings end
-        requests here; off where a client does that on its own side (the engine-core process, AsyncEngine).
+        requests here; off under an engine core, whose clients do that on their own side.
         `adapters` (with `adapter_limits`): serve tenants' LoRA adapters from this source; the engine builds
         its `LoRAManager` and hands it to its scheduler and runner. `lora` / `adapter_ready` instead take a
         step builder and admission gate of the caller's own (tests of the runner's LoRA path)."""
@@ -96,7 +96,7 @@ class LLMEngine:
         if getattr(tokenizer, "eos_token_id", None) is not None:
             self.eos_token_ids.add(tokenizer.eos_token_id)
         self.requests: dict[str, RequestState] = {}
-        self.detokenize = detokenize
+        self._detokenize = detokenize
         self.texts: dict[str, RequestText] = {}  # with `detokenize`: each request's text side
         self.num_prompt_tokens_total = 0
         self.num_generation_tokens_total = 0
@@ -293,6 +293,11 @@ class LLMEngine:
             return "offloaded"
         return "dropped"
 
+    @property
+    def detokenize(self) -> bool:
+        """Fixed at construction: a client that makes its own text builds the engine without it."""
+        return self._detokenize
+
     # ---- the loop body --------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         outputs = self._step()
@@ -317,22 +322,30 @@ class LLMEngine:
 
     def _step(self) -> list[RequestOutput]:
         if self.overlap is not None:
-            return self.overlap.step()
+            outputs = self.overlap.step()
+            self.last_step_was_idle = self.overlap.last_step_was_idle
+            return outputs
         scheduled = self.scheduler.schedule()
-        outputs = self._fail_unready()
+        outputs = self.fail_unready()
         self.last_step_was_idle = scheduled.is_empty and not outputs
         if scheduled.is_empty:
             return outputs
+        return outputs + self.run_scheduled(scheduled)
+
+    # ---- what a step is made of (StepOverlap runs them in its own order) ------------------
+    def run_scheduled(self, scheduled: SchedulerOutput) -> list[RequestOutput]:
+        """Run a scheduled step start to finish: KV moves, the forward pass (a failing row fails alone), update."""
         try:
             if self.host_tier is not None:
                 self.runner.swap_kv(self.host_tier.take_swaps())  # before any K/V of this step is written
         except Exception as exc:
             logger.exception("moving KV between host and device failed; failing the requests of this batch")
-            return outputs + self._fail_batch(scheduled, exc)
+            return self._fail_batch(scheduled, exc)
         result = execute_isolating(self.runner.execute, scheduled)
-        return outputs + self._update(scheduled, result)
+        return self.apply_step_result(scheduled, result)
 
-    def _fail_unready(self) -> list[RequestOutput]:
+    def fail_unready(self) -> list[RequestOutput]:
+        """End the requests that can never run: their adapter is unavailable or its weights cannot load."""
         failed = [(seq, f"adapter {seq.adapter_id!r} unavailable: {exc}") for seq, exc in self.scheduler.take_failed()]
         failed += self._adapter_load_failures()
         outputs = []
@@ -355,7 +368,8 @@ class LLMEngine:
                 failed.append((seq, reason))
         return failed
 
-    def _update(self, scheduled: SchedulerOutput, result: StepResult) -> list[RequestOutput]:
+    def apply_step_result(self, scheduled: SchedulerOutput, result: StepResult) -> list[RequestOutput]:
+        """The sampled tokens of a step that ran: append them, finish what is done, and the outputs."""
         self.scheduler.update_from_output(scheduled)
         touched: dict[str, RequestState] = {}
         for seq in scheduled.seqs:

@@ -30,7 +30,6 @@ from typing import TYPE_CHECKING, Any
 from loraplex.engine.protocol import RequestOutput
 from loraplex.engine.scheduler import SchedulerOutput
 from loraplex.engine.sequence import Sequence
-from loraplex.engine.step_isolation import execute_isolating
 
 if TYPE_CHECKING:
     from loraplex.engine.llm_engine import LLMEngine
@@ -46,6 +45,7 @@ class StepOverlap:
         self.pending: Any = None  # the runner's in-flight step (PendingStep)
         self.num_steps_ahead = 0  # steps launched ahead of the previous one's tokens
         self.num_rows_dropped = 0  # rows computed for a sequence that finished the step before
+        self.last_step_was_idle = False  # work is waiting but nothing could run (the engine reports it)
 
     @classmethod
     def for_engine(cls, engine: LLMEngine) -> StepOverlap | None:
@@ -67,14 +67,14 @@ class StepOverlap:
         except BaseException:
             self._retreat(advanced)
             raise
-        outputs += engine._fail_unready()
+        outputs += engine.fail_unready()
         if scheduled.is_empty or (pending is None and not self._launchable(scheduled)):
             self._retreat(advanced)
             if pending is not None:
                 outputs += self._complete(pending)
-            engine.last_step_was_idle = scheduled.is_empty and not outputs
+            self.last_step_was_idle = scheduled.is_empty and not outputs
             return outputs + (self._run_now(scheduled) if not scheduled.is_empty else [])
-        engine.last_step_was_idle = False
+        self.last_step_was_idle = False
         if pending is not None and not self._launchable(scheduled):
             # Ahead of the in-flight step the scheduler admitted new work: finish that step, then run
             # this one as usual (the placeholders it was scheduled on are the real tokens by then).
@@ -105,23 +105,14 @@ class StepOverlap:
     # ---- pieces ---------------------------------------------------------------------------
     def _run_now(self, scheduled: SchedulerOutput) -> list[RequestOutput]:
         """A step run start to finish (prefill chunks, mixed steps, host-sampled rows)."""
-        engine = self.engine
-        if scheduled.is_empty:
-            return []
-        try:
-            if engine.host_tier is not None:
-                engine.runner.swap_kv(engine.host_tier.take_swaps())
-        except Exception as exc:
-            logger.exception("moving KV between host and device failed; failing the requests of this batch")
-            return engine._fail_batch(scheduled, exc)
-        return engine._update(scheduled, execute_isolating(engine.runner.execute, scheduled))
+        return self.engine.run_scheduled(scheduled) if not scheduled.is_empty else []
 
     def _complete(self, pending: Any) -> list[RequestOutput]:
         engine = self.engine
         result = engine.runner.collect(pending)
         live = self._live(pending.scheduled)
         self.num_rows_dropped += len(pending.scheduled.seqs) - len(live.seqs)
-        return engine._update(live, result)
+        return engine.apply_step_result(live, result)
 
     def _live(self, scheduled: SchedulerOutput) -> SchedulerOutput:
         """The step's rows whose request is still alive and whose sequence has not finished (a row

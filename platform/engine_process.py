@@ -92,6 +92,7 @@ def run_engine_core(settings: Settings, address: str) -> None:
     ignore_ctrl_c()
     from loraplex.engine.config import ModelConfig
     from loraplex.engine.core.engine_core import EngineCore
+    from loraplex.engine.core.zmq_core_transport import ZmqCoreTransport
     from loraplex.grammar.compiler import GrammarCompilerService, GrammarLimits
     from loraplex.platform.db.session import make_db_engine, make_session_factory
     from loraplex.platform.grammar_wire import SpecGrammarCodec
@@ -112,7 +113,7 @@ def run_engine_core(settings: Settings, address: str) -> None:
                                    model_config=ModelConfig.from_pretrained(model_path),
                                    base_model_name=served_model_name(settings))
     engine = _build_engine(settings, model_path, engine_config(settings), adapters=source,
-                           adapter_limits=adapter_limits(settings))
+                           adapter_limits=adapter_limits(settings), detokenize=False)  # the API servers make the text
     # Every decode graph now, not each batch size's first step in the middle of serving (CUDA only).
     capture = getattr(engine.runner, "capture_decode_graphs", None)
     if capture is not None:
@@ -123,7 +124,8 @@ def run_engine_core(settings: Settings, address: str) -> None:
     compiler = GrammarCompilerService(engine.tokenizer, engine.model_config.vocab_size, limits)
     kv_events = start_kv_events(settings, engine.block_manager, source.registry.find)
     try:
-        EngineCore(engine, address, grammar_codec=SpecGrammarCodec(compiler), secret=core_secret(address),
+        EngineCore(engine, ZmqCoreTransport(address, secret=core_secret(address)),
+                   grammar_codec=SpecGrammarCodec(compiler),
                    compiles_per_tenant=settings.grammar_compiles_per_tenant).run()
     finally:
         if kv_events is not None:

@@ -193,7 +193,7 @@ def smollm_engine(smollm_weights: SmolWeights, smollm_path: Path) -> Iterator[An
 
     # a tokenizer of its own: the engine thread must not share one with tests running beside it
     engine = AsyncEngine(LLMEngine(smollm_weights.model, smollm_weights.config, EngineConfig(**TEST_ENGINE_CONFIG),
-                                   AutoTokenizer.from_pretrained(smollm_path)))
+                                   AutoTokenizer.from_pretrained(smollm_path), detokenize=False))
     yield engine
     engine.shutdown()
 

@@ -1,9 +1,10 @@
 """EngineClient: everything the API layer may ask of the engine, wherever the engine runs.
 
-Two implementations: `AsyncEngine` (the engine loop in a thread of this
-process; tests and single-process tools) and `MultiProcessEngineClient` (the
-engine-core process, over ZeroMQ; what `loraplex serve` uses). The platform
-types `Services.engine` with this protocol and calls nothing else.
+One implementation, `EngineFrontend` (frontend.py), over two transports:
+`AsyncEngine` (the engine core in a thread of this process; tests and
+single-process tools) and `MultiProcessEngineClient` (the engine-core process,
+over ZeroMQ; what `loraplex serve` uses). The platform types `Services.engine`
+with this protocol and calls nothing else.
 """
 
 from __future__ import annotations
@@ -52,8 +53,8 @@ class EngineClient(Protocol):
         """Where a session's KV is: pinned / offloaded / dropped."""
 
     def attach_adapters(self, source: AdapterSource, limits: AdapterLimits) -> Any:
-        """Serve adapters from `source`; returns a handle for `detach_adapters` (None from a client whose
-        engine-core process built its own source at start-up)."""
+        """Serve adapters from `source` (replacing the engine's earlier source); returns a handle for
+        `detach_adapters`. Through the engine-core process the source crosses as its `AdapterSourceCodec` text."""
 
     def detach_adapters(self, handle: Any) -> None: ...
 

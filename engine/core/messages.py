@@ -5,15 +5,24 @@ union); the payload types are the engine's own plain dataclasses
 (`SamplingParams`, `RequestOutput`...), which msgspec encodes field by field.
 Nothing is pickled: a message that does not match its schema is refused
 by the decoder. A request's grammar crosses as the text its `GrammarCodec`
-wrote (compiled grammars are not plain data).
+wrote (compiled grammars are not plain data), an adapter source as the text
+its `AdapterSourceCodec` wrote. Each query is a struct of its own, answered
+by a reply of its own type (or `CallFailed`) carrying the query's `call_id`.
+
+The in-process transport passes these same messages as objects, never
+encoded; only where a request or an adapter source is not plain data does it
+use its own `Local*` message, which carries the object itself.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import msgspec
 from loraplex.engine import errors as engine_errors
+from loraplex.engine.config import AdapterLimits
+from loraplex.engine.interfaces import AdapterSource
 from loraplex.engine.protocol import EngineRequest, ReasoningMarkers, RequestOutput, SamplingParams
 
 
@@ -55,12 +64,41 @@ class ReleaseSession(msgspec.Struct, tag=True):
     key: str
 
 
-class Call(msgspec.Struct, tag=True):
-    """A query answered by `Reply` with the same id: session_state, adapter_in_use, evict_adapter."""
+class SessionStateQuery(msgspec.Struct, tag=True):
+    """Where a session's KV is; answered by `SessionState`."""
 
     call_id: int
-    method: str
-    arg: str
+    key: str
+
+
+class AdapterInUseQuery(msgspec.Struct, tag=True):
+    """Does a queued or running request use the adapter? Answered by `AdapterInUse`."""
+
+    call_id: int
+    adapter_id: str
+
+
+class EvictAdapter(msgspec.Struct, tag=True):
+    """Drop the adapter from the slots and the host cache (it was deleted); answered by `Done`."""
+
+    call_id: int
+    adapter_id: str
+
+
+class AttachAdapters(msgspec.Struct, tag=True):
+    """Serve adapters from `source` (an `AdapterSourceCodec`'s text) from now on, replacing the engine's
+    earlier source; `handle` (the client's number) names it for `DetachAdapters`. Answered by `Done`."""
+
+    call_id: int
+    handle: int
+    source: str
+    limits: AdapterLimits
+
+
+class DetachAdapters(msgspec.Struct, tag=True):
+    """Stop serving the source attached under `handle` (nothing, if a later attach replaced it)."""
+
+    handle: int
 
 
 class Ping(msgspec.Struct, tag=True):
@@ -71,7 +109,8 @@ class Shutdown(msgspec.Struct, tag=True):
     """Abort everything and exit (sent by the process that started the core)."""
 
 
-ToCore = Hello | Add | Abort | ReleaseSession | Call | Ping | Shutdown
+ToCore = (Hello | Add | Abort | ReleaseSession | SessionStateQuery | AdapterInUseQuery | EvictAdapter | AttachAdapters
+          | DetachAdapters | Ping | Shutdown)
 
 
 # ---- engine core -> API server ----------------------------------------------------------------------
@@ -108,13 +147,48 @@ class Stats(msgspec.Struct, tag=True):
     stats: dict[str, Any]
 
 
-class Reply(msgspec.Struct, tag=True):
+class SessionState(msgspec.Struct, tag=True):
     call_id: int
-    value: str | bool | None
-    error: str | None = None
+    state: str  # pinned / offloaded / dropped
 
 
-ToClient = Ready | Outputs | Stats | Reply
+class AdapterInUse(msgspec.Struct, tag=True):
+    call_id: int
+    in_use: bool
+
+
+class Done(msgspec.Struct, tag=True):
+    """A query that answers nothing but that it was carried out."""
+
+    call_id: int
+
+
+class CallFailed(msgspec.Struct, tag=True):
+    call_id: int
+    error: str
+
+
+Reply = SessionState | AdapterInUse | Done | CallFailed
+ToClient = Ready | Outputs | Stats | SessionState | AdapterInUse | Done | CallFailed
+
+
+# ---- in-process only (never encoded) ----------------------------------------------------------------
+
+@dataclass(slots=True)
+class LocalAdd:
+    """`Add` within one process: the request as it is, its grammar compiled already."""
+
+    request: EngineRequest
+
+
+@dataclass(slots=True)
+class LocalAttachAdapters:
+    """`AttachAdapters` within one process: the source object itself."""
+
+    call_id: int
+    handle: int
+    source: AdapterSource
+    limits: AdapterLimits
 
 
 def to_wire(request: EngineRequest, grammar: str | None) -> WireRequest:

@@ -130,7 +130,7 @@ class AdapterModelResolver:
 @dataclass(slots=True)
 class AdaptersDomain:
     service: AdapterService
-    manager: Any  # the in-process engine's LoRAManager (tests inspect it); None when the engine is another process
+    handle: Any  # what engine.attach_adapters returned; None where the engine-core process serves its own source
 
 
 def install_adapters(
@@ -152,7 +152,9 @@ def install_adapters(
     else:
         dispatcher = ThreadValidationDispatcher(job=job)
     source = StoredAdapterSource(registry, store, spec, getattr(torch, dtype_name))
-    manager = engine.attach_adapters(source, adapter_limits(settings))
+    # The engine-core process built this same source from these settings at start-up (before capturing its decode
+    # graphs); its API servers share it rather than each replacing it in turn.
+    handle = None if settings.engine_core_address else engine.attach_adapters(source, adapter_limits(settings))
     hooks = EngineAdapterHooks(is_in_use=engine.adapter_in_use, evict=engine.evict_adapter)
     quota = StorageQuota(max_bytes=settings.adapter_quota_bytes_per_tenant or None,
                          max_adapters=settings.adapter_quota_count_per_tenant or None)
@@ -162,7 +164,7 @@ def install_adapters(
     sweeper = StorageSweeper(registry, store, storage / "staging", interval_s=settings.adapter_sweep_interval_s,
                              min_age_s=settings.adapter_sweep_min_age_s)
     sweeper.start()
-    domain = AdaptersDomain(service=service, manager=manager)
+    domain = AdaptersDomain(service=service, handle=handle)
     extensions.domain_state["adapters"] = domain
     extensions.model_resolver = AdapterModelResolver(service, base_model_name)
 
@@ -170,8 +172,8 @@ def install_adapters(
         await asyncio.to_thread(sweeper.stop)
         if isinstance(dispatcher, ThreadValidationDispatcher):
             await asyncio.to_thread(dispatcher.shutdown)
-        if manager is not None:
-            engine.detach_adapters(manager)
+        if handle is not None:
+            engine.detach_adapters(handle)
 
     extensions.on_shutdown.append(stop)
     return domain

@@ -25,11 +25,11 @@ class Finished:
 
 
 def make_engine(model, model_config: ModelConfig, tokenizer, folders: dict[str, Path], spec: BaseModelSpec,  # type: ignore[no-untyped-def]
-                *, max_loras: int, max_cpu_loras: int = 16, source=None, max_num_seqs: int = 32):
+                *, max_loras: int, max_cpu_loras: int = 16, source=None, max_num_seqs: int = 32, detokenize: bool = True):
     config = EngineConfig(num_blocks=256, max_num_seqs=max_num_seqs, max_num_batched_tokens=512,
                           max_model_len=512, dtype="float32", device="cpu")
     source = source or FolderAdapterSource(folders, spec, torch.float32)
-    engine = LLMEngine(model, model_config, config, tokenizer, adapters=source,
+    engine = LLMEngine(model, model_config, config, tokenizer, adapters=source, detokenize=detokenize,
                        adapter_limits=AdapterLimits(max_loras=max_loras, max_cpu_loras=max_cpu_loras, max_lora_rank=64))
     return engine, engine.lora
 

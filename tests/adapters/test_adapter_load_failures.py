@@ -82,7 +82,8 @@ def test_unloadable_adapter_fails_its_requests_and_frees_everything(ours, tokeni
 def test_engine_loop_sleeps_while_only_adapter_loads_wait(ours, tokenizer, folders, smollm_spec):
     model, config = ours
     source = GatedSource(FolderAdapterSource(folders, smollm_spec, torch.float32), {"good"})
-    llm, manager = make_engine(model, config, tokenizer, folders, smollm_spec, max_loras=2, source=source)
+    llm, manager = make_engine(model, config, tokenizer, folders, smollm_spec, max_loras=2, source=source,
+                               detokenize=False)
     engine = AsyncEngine(llm)
     prompt = chat_prompt_ids(tokenizer, "Name a fruit.")
 

@@ -106,7 +106,7 @@ def test_delete_refused_while_a_request_streams(server, trained_adapters):  # ty
 
     response = wait_until(deleted, timeout_s=60, interval_s=0.2, what="the adapter to stop serving the closed stream")
     assert response.status_code == 200
-    manager = server.services.extensions.domain_state["adapters"].manager
+    manager = server.services.engine.engine.lora  # the in-process engine's LoRAManager, the app's source attached
     assert created["id"] not in manager.host  # the host copy goes at once
     client.chat.completions.create(model=server.services.base_model_name, max_tokens=1,
                                    messages=[{"role": "user", "content": "hi"}])

@@ -10,6 +10,8 @@ import asyncio
 
 import pytest
 from enginecore_helpers import greedy, output_text, output_tokens, run_to_completion
+from loraplex.engine.config import EngineConfig
+from loraplex.engine.llm_engine import LLMEngine
 from loraplex.engine.output.text import OutputStream, RequestText, merge
 from loraplex.engine.protocol import ChoiceDelta, EngineRequest, FinishReason, RequestOutput
 from waiting import async_wait_until
@@ -75,12 +77,9 @@ def test_merge_keeps_the_first_prompt_logprobs_and_the_last_counts():
 
 
 def test_the_engine_loop_sends_token_ids_only_when_a_client_makes_the_text(smol, chat_prompt_ids):
-    engine = smol.engine()
-    engine.detokenize = False
-    try:
-        out = run_to_completion(engine, [EngineRequest("raw", chat_prompt_ids[0], greedy(8))])["raw"]
-    finally:
-        engine.detokenize = True
+    engine = LLMEngine(smol.model, smol.config, EngineConfig(kv_cache_bytes=32 << 20, max_model_len=2048),
+                       smol.tokenizer, detokenize=False)
+    out = run_to_completion(engine, [EngineRequest("raw", chat_prompt_ids[0], greedy(8))])["raw"]
     assert output_text(out) == "" and len(output_tokens(out)) == 8
 
 

@@ -12,6 +12,7 @@ import pytest
 from loraplex.engine.config import EngineConfig, ModelConfig
 from loraplex.engine.core.engine_core import EngineCore
 from loraplex.engine.core.mp_client import MultiProcessEngineClient
+from loraplex.engine.core.zmq_core_transport import ZmqCoreTransport
 from loraplex.engine.interfaces import CompiledGrammar
 from loraplex.engine.llm_engine import LLMEngine
 from loraplex.engine.protocol import EngineRequest, FinishReason, ReasoningMarkers, SamplingParams
@@ -45,11 +46,12 @@ async def test_a_compiling_grammar_does_not_hold_up_other_requests(smollm_path: 
         "model_type": "llama", "vocab_size": 49152, "hidden_size": 64, "intermediate_size": 128,
         "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 512,
         "eos_token_id": 2})
-    engine = LLMEngine.from_random(model_config, EngineConfig(num_blocks=128, max_model_len=512), tokenizer)
+    engine = LLMEngine.from_random(model_config, EngineConfig(num_blocks=128, max_model_len=512), tokenizer,
+                                   detokenize=False)
     compiler = GrammarCompilerService(tokenizer, model_config.vocab_size)
     codec = GatedCodec(compiler)
     address = f"ipc://{tempfile.mkdtemp()}/core.sock"
-    core = EngineCore(engine, address, grammar_codec=codec)
+    core = EngineCore(engine, ZmqCoreTransport(address), grammar_codec=codec)
     thread = threading.Thread(target=core.run, daemon=True)
     thread.start()
     client = await MultiProcessEngineClient.connect(address, tokenizer=tokenizer, model_config=model_config,
