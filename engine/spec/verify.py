@@ -50,16 +50,29 @@ def verify_drafts(seq: Sequence, logits: torch.Tensor, sampler: Sampler,
     returning whether the choice finished."""
     drafts = seq.spec_token_ids
     first = len(seq.token_ids)  # the position row 0 scores
+    argmax = logits.argmax(dim=-1).tolist() if _is_plain_greedy(seq) else None
     row = 0
     while True:
-        draft = drafts[row] if row < len(drafts) else None
-        token, logprob = sampler.verify_token(logits[row : row + 1], seq, draft)
+        if argmax is not None and not seq.forced_token_ids:  # a reasoning budget may force tokens mid-walk
+            token, logprob = argmax[row], None
+        else:
+            token, logprob = sampler.verify_token(logits[row : row + 1], seq, drafts[row] if row < len(drafts) else None)
         if add_token(token, logprob) or jump_forward():
             return True
         produced = seq.token_ids[first:]
         if len(produced) > len(drafts) or produced != drafts[: len(produced)]:
             return False
         row = len(produced)
+
+
+def _is_plain_greedy(seq: Sequence) -> bool:
+    """Greedy with nothing that depends on the tokens before the position (grammar, penalties, a min_tokens ban,
+    forced tokens) and no logprobs: every row's token is its argmax, taken for all rows at once."""
+    sampling = seq.sampling
+    return (seq.matcher is None and (sampling.temperature <= 0 or sampling.top_k == 1) and sampling.logprobs is None
+            and not sampling.logit_bias and not seq.forced_token_ids and sampling.repetition_penalty == 1.0
+            and not sampling.presence_penalty and not sampling.frequency_penalty
+            and (not seq.min_tokens_ban_ids or seq.num_output_tokens >= sampling.min_tokens))
 
 
 def num_accepted(seq: Sequence, first: int) -> int:
