@@ -3,9 +3,11 @@
 The schema pass (`schema.unique_items`) compiled the grammar without the
 `uniqueItems` it can check and left a plan of the arrays they apply to. Each
 matcher follows the JSON text it accepts; a token that would close a string
-item, or an item object, equal to an earlier item of the same array is refused
-(and masked). Objects are compared as JSON values (keys in any order, 1 and
-1.0 one number).
+item, an item object, or an integer item, equal to an earlier item of the same
+array is refused (and masked). Objects are compared as JSON values (keys in any
+order, 1 and 1.0 one number); an integer is closed by the `,` or `]` after it,
+and a leading `0` (the integer 0, signed or not) is refused at once when 0 was
+an item already, since nothing can follow it.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ class _Frame:
     awaiting: bool = False       # arrays: a comma was read, an item must follow
     objects: bool = False        # unique arrays of open objects: each item object is compared whole
     start: int = -1              # objects that are such an item: where their text starts
+    integers: bool = False       # unique arrays of integers: each item compared once the byte after it comes
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,9 +45,11 @@ class _State:
     role: str = ""               # "key", "item" (of a unique array) or "" (other strings)
     expect_key: bool = False
     offset: int = 0              # bytes read so far
+    number: bytes = b""          # the integer item being read (its sign and digits so far)
 
 
 _QUOTE, _BACKSLASH = ord('"'), ord("\\")
+_INTEGER_BYTES = frozenset(b"-0123456789")
 
 
 def _decode(raw: bytes) -> str | None:
@@ -59,6 +64,7 @@ def scan(state: _State, data: bytes, plan: UniqueItemsPlan, before: bytes | byte
     earlier one of its array."""
     stack, in_string, escape, raw, role, expect_key = (state.stack, state.in_string, state.escape, state.raw,
                                                        state.role, state.expect_key)
+    number = state.number
     i, n = 0, len(data)
     while i < n:
         if in_string:
@@ -99,6 +105,18 @@ def scan(state: _State, data: bytes, plan: UniqueItemsPlan, before: bytes | byte
             continue
         byte = data[i]
         i += 1
+        top = stack[-1] if stack else None
+        if top is not None and top.integers:
+            if byte in _INTEGER_BYTES:
+                if byte == 0x30 and number in (b"", b"-") and 0 in top.seen:
+                    return None  # the integer 0 again: no digit may follow a leading 0
+                number += data[i - 1:i]
+                continue
+            if number:
+                value = int(number)
+                if value in top.seen:
+                    return None
+                stack, number = (*stack[:-1], replace(top, seen=top.seen | {value})), b""
         if byte == _QUOTE:
             in_string, escape, raw = True, False, b""
             top = stack[-1] if stack else None
@@ -120,7 +138,8 @@ def scan(state: _State, data: bytes, plan: UniqueItemsPlan, before: bytes | byte
             else:
                 unique = plan.unique_at(path)
                 stack = (*stack, _Frame(False, path, unique, members=plan.members_at(path),
-                                        objects=unique and plan.objects_at(path)))
+                                        objects=unique and plan.objects_at(path),
+                                        integers=unique and plan.integers_at(path)))
                 expect_key = False
         elif byte == 0x7D or byte == 0x5D:  # } ]
             closed, stack = stack[-1] if stack else None, stack[:-1]
@@ -141,7 +160,7 @@ def scan(state: _State, data: bytes, plan: UniqueItemsPlan, before: bytes | byte
                 expect_key = True
             else:
                 stack = (*stack[:-1], replace(top, index=top.index + 1, awaiting=True))
-    return _State(stack, in_string, escape, raw, role, expect_key, state.offset + n)
+    return _State(stack, in_string, escape, raw, role, expect_key, state.offset + n, number)
 
 
 def _canonical_text(text: bytes | bytearray) -> Any:
@@ -184,6 +203,13 @@ def can_finish(state: _State) -> bool:
     return True
 
 
+def in_integer_set(state: _State) -> bool:
+    """Whether the text is at an item of a unique integer array that already holds one (a `,` or `]` may close a
+    duplicate, a `0` may begin one)."""
+    top = state.stack[-1] if state.stack else None
+    return not state.in_string and top is not None and top.integers and bool(top.seen)
+
+
 def closes_item_object(state: _State) -> bool:
     """Whether a `}` could close an item object of a unique array that already holds one (the whole item is
     compared then)."""
@@ -214,13 +240,15 @@ class UniqueItemsGrammar:
 
 
 class TokenBytes:
-    """The bytes of every token, and the tokens that hold a quote or a `}` (the only ones that can close a string
-    or an object)."""
+    """The bytes of every token, and the tokens that hold a quote, a `}`, or one of `,`, `]`, `0` (the only ones
+    that can close a string, an object, or an integer, or begin the integer 0)."""
 
     def __init__(self, token_bytes: list[bytes]) -> None:
         self.data = token_bytes
         self.quoted = torch.tensor([i for i, b in enumerate(token_bytes) if b'"' in b], dtype=torch.int64)
         self.braced = torch.tensor([i for i, b in enumerate(token_bytes) if b"}" in b], dtype=torch.int64)
+        self.numeric = torch.tensor([i for i, b in enumerate(token_bytes) if b"," in b or b"]" in b or b"0" in b],
+                                    dtype=torch.int64)
 
 
 class UniqueItemsMatcher:
@@ -259,8 +287,9 @@ class UniqueItemsMatcher:
         top = state.stack[-1] if state.stack else None
         if top is not None and not top.is_object and top.members is not None and top.seen:
             candidates = _allowed(bitmask[row], len(self._tokens.data))  # finite values: any token may matter
-        elif may_close_duplicate(state) or closes_item_object(state):
-            closers = self._tokens.quoted if may_close_duplicate(state) else self._tokens.braced
+        elif may_close_duplicate(state) or closes_item_object(state) or in_integer_set(state):
+            closers = (self._tokens.quoted if may_close_duplicate(state) else self._tokens.numeric
+                       if in_integer_set(state) else self._tokens.braced)
             candidates = closers[closers < bitmask.shape[1] * 32]
             words = bitmask[row]
             allowed = (((words[candidates // 32].to(torch.int64) & 0xFFFFFFFF) >> (candidates % 32)) & 1)

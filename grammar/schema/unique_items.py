@@ -18,6 +18,12 @@ would close a string item equal to an earlier item of the same array is refused
 - or they are open objects (`type: object`, any further key allowed, no
   `maxProperties`): a duplicate is refused at its closing `}` (compared as a
   JSON value), and the model can always add a key instead;
+- or they are integers that may always grow (`type: integer`, no maximum,
+  any minimum at least 0, any `multipleOf`): a duplicate is refused at the
+  `,` or `]` after it, and the model can always append a `0` instead (10n
+  is as much a multiple, no smaller, and new); a leading `0` when 0 is
+  taken is refused at once (nothing may follow it), and a non-zero
+  multiple is always there to write;
 - every way from the root to the `uniqueItems` node is one that must hold for
   an array there: `properties`, `patternProperties`, `additionalProperties`,
   `items`, `prefixItems`, `allOf` and `$ref`, or an `anyOf` branch whose
@@ -217,12 +223,27 @@ def open_object(items: Any) -> bool:
     return extra is True or extra == {}
 
 
+def growing_integers(items: Any) -> bool:
+    """Integers with no upper bound and none below 0 when bounded below: appending a `0` to any of them gives
+    another valid one (see the module docstring)."""
+    if not isinstance(items, dict) or items.get("type") != "integer":
+        return False
+    if not set(items) & VALIDATION_KEYWORDS <= {"type", "minimum", "exclusiveMinimum", "multipleOf"}:
+        return False
+    for key, least in (("minimum", 0), ("exclusiveMinimum", -1)):
+        bound = items.get(key, least)
+        if isinstance(bound, bool) or not isinstance(bound, int | float) or bound < least:
+            return False
+    step = items.get("multipleOf", 1)
+    return not isinstance(step, bool) and isinstance(step, int | float) and step > 0
+
+
 def _unique_string_items(node: dict, root: Any) -> bool:
     """Whether `node`'s `uniqueItems` can be checked by the matcher exactly (see the module docstring)."""
     if {"prefixItems", "contains", "minContains", "maxContains", "unevaluatedItems", "additionalItems"} & node.keys():
         return False
     items = _items_of(node, root)
-    if open_object(items):
+    if open_object(items) or growing_integers(items):
         return True
     members = finite_strings(items)
     if members is not None:
@@ -285,6 +306,11 @@ class UniqueItemsPlan:
     def objects_at(self, path: tuple) -> bool:
         """Whether the unique array at `path` holds open objects (each compared whole once closed)."""
         return any(isinstance(n, dict) and n.get("uniqueItems") is True and open_object(_items_of(n, self.root))
+                   for n in self._nodes_at(path))
+
+    def integers_at(self, path: tuple) -> bool:
+        """Whether the unique array at `path` holds integers that may always grow (each compared once closed)."""
+        return any(isinstance(n, dict) and n.get("uniqueItems") is True and growing_integers(_items_of(n, self.root))
                    for n in self._nodes_at(path))
 
     def members_at(self, path: tuple) -> frozenset | None:

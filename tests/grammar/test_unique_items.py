@@ -132,6 +132,8 @@ def test_rollback_restores_what_was_seen(compiler, tokenizer):
     {"type": "array", "items": {"type": "string", "pattern": "^a$"}, "uniqueItems": True},
     {"type": "array", "items": {"type": "object", "additionalProperties": False}, "uniqueItems": True},
     {"type": "object", "if": {"required": ["a"]}, "then": {"properties": {"b": TAGS}}},
+    {"type": "array", "items": {"type": "integer", "maximum": 9}, "uniqueItems": True},   # could run out
+    {"type": "array", "items": {"type": "integer", "minimum": -5}, "uniqueItems": True},  # -5 cannot grow
 ])
 def test_what_the_matcher_cannot_check_exactly_stays_refused(compiler, schema):
     assert without_checked_unique_items(schema)[1] is None
@@ -209,3 +211,38 @@ def test_a_duplicate_object_cannot_close_but_can_go_on(compiler, tokenizer):
     texts = {grammar.closing_tokens.token_bytes[i] for i in allowed}
     assert not any(t.startswith(b"}") for t in texts)  # the duplicate's close is masked
     assert any(t.startswith(b",") for t in texts)  # another key is not
+
+
+INTEGERS = {"type": "object", "properties": {"ids": {"type": "array", "items": {"type": "integer", "multipleOf": 3},
+                                                     "uniqueItems": True}}}
+
+
+@pytest.mark.parametrize("text", [
+    '{"ids": [3, 6]}', '{"ids": [3, 3]}', '{"ids": [3, 6, 3]}', '{"ids": [0, -0]}', '{"ids": [-3, 3]}',
+    '{"ids": [30, 3, 300]}', '{"ids": [33, 3, 33]}', '{"ids": [0, 9, 0]}', '{"ids": [4]}', '{"ids": []}',
+])
+def test_integers_are_compared_once_closed(compiler, tokenizer, text):
+    grammar = compiler.compile_blocking(GrammarSpec(GrammarKind.JSON_SCHEMA, INTEGERS, strict=True))
+    assert accepted(grammar, tokenizer, text) == jsonschema.Draft202012Validator(INTEGERS).is_valid(json.loads(text))
+
+
+def test_a_duplicate_integer_cannot_close_but_can_grow(compiler, tokenizer):
+    grammar = compiler.compile_blocking(GrammarSpec(GrammarKind.JSON_SCHEMA, INTEGERS, strict=True))
+    token_bytes = grammar.closing_tokens.token_bytes
+
+    def allowed_after(text: str) -> set[bytes]:
+        matcher = grammar.new_matcher()
+        assert all(matcher.accept_token(t) for t in tokenizer.encode(text, add_special_tokens=False))
+        mask = torch.zeros((1, (SMOLLM2_VOCAB + 31) // 32), dtype=torch.int32)
+        matcher.fill_bitmask(mask, 0)
+        bits = (mask[0].to(torch.int64).unsqueeze(1) >> torch.arange(32)) & 1
+        return {token_bytes[i] for i in bits.flatten().nonzero().flatten().tolist() if i < len(token_bytes)}
+
+    after_duplicate = allowed_after('{"ids": [6, 3, 6')
+    assert not any(t[:1] in (b",", b"]") for t in after_duplicate)  # 6 is taken
+    assert b"0" in after_duplicate  # 60 is not
+    after_new = allowed_after('{"ids": [6, 3')
+    assert any(t[:1] == b"," for t in after_new) and any(t[:1] == b"]" for t in after_new)
+    after_zero = allowed_after('{"ids": [0, ')
+    assert not any(t.startswith((b"0", b"-0")) for t in after_zero)  # 0 is taken, and nothing follows a 0
+    assert any(t[:1] == b"3" for t in after_zero)
