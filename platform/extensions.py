@@ -108,6 +108,7 @@ class PreparedRequest:
     priority: int = 0              # within the tenant, lower runs first (the request's `priority`)
     tenant_weight: float = 1.0     # the tenant's weight in the engine's fair sharing
     background: bool = False       # batch work: runs on capacity interactive requests leave
+    batch_id: str | None = None    # the Batch API batch it is a line of (its usage is billed at the batch price)
     parser_factory: Callable[[], MessageParser] = PlainTextParser
     after_finish: list[Callable[[RequestRecord], Awaitable[None]]] = field(default_factory=list)
     metadata: dict[str, Any] = field(default_factory=dict)

@@ -51,6 +51,18 @@ class TenantInflightLimitError(RateLimitedError):
         )
 
 
+
+class UnslottedTicket:
+    """What a request admitted by other means holds (a batch line, bounded by its batch's own concurrency):
+    no in-flight slot to give back, no per-minute charge."""
+
+    async def charge_prompt(self, num_prompt_tokens: int) -> None:
+        return None
+
+    def release(self) -> None:
+        return None
+
+
 @dataclass(slots=True)
 class AdmissionTicket:
     """One admitted request's hold on the in-flight slots; `release` gives them back exactly once."""

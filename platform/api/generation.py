@@ -208,7 +208,18 @@ class Generation:
     def mark_aborted(self) -> None:
         self._aborted = True
 
-    def _status(self, error: BaseException | None) -> RequestStatus:
+    @property
+    def admitted(self) -> bool:
+        """Past every admission check: closing it records usage."""
+        return self._admitted
+
+    async def discard(self) -> None:
+        """Abort whatever still runs and record no usage: for work that will run again from the start (a batch
+        line interrupted before its result was stored), whose one usage record that later run makes."""
+        self._admitted = False
+        await self.close(ClientDisconnected())
+
+    def status(self, error: BaseException | None) -> RequestStatus:
         if self._aborted or isinstance(error, ClientDisconnected | asyncio.CancelledError | GeneratorExit):
             return RequestStatus.ABORTED
         if error is not None or any(c.finish_reason in (FinishReason.ERROR, None) for c in self.choices):
@@ -287,7 +298,7 @@ class Generation:
             model=prepared.model.id,
             adapter_id=prepared.model.adapter_id,
             session_id=prepared.session_id,
-            status=self._status(error),
+            status=self.status(error),
             num_prompt_tokens=usage["prompt_tokens"],
             num_cached_tokens=usage["prompt_tokens_details"]["cached_tokens"],
             num_output_tokens=usage["completion_tokens"],
@@ -297,6 +308,7 @@ class Generation:
             time_to_first_token_s=self._timer.time_to_first_token_s,
             error=None if error is None or isinstance(error, ClientDisconnected) else repr(error),
             user=getattr(prepared.body, "user", None),
+            batch_id=prepared.batch_id,
         )
 
 

@@ -14,7 +14,7 @@ from typing import Any
 import jinja2
 from loraplex.engine.errors import InvalidRequestError, PromptTooLongError
 from loraplex.engine.protocol import SamplingParams
-from loraplex.platform.api.admission import AdmissionTicket, admit_early
+from loraplex.platform.api.admission import AdmissionTicket, UnslottedTicket, admit_early
 from loraplex.platform.api.schemas import ChatCompletionRequest, ChatMessage, CompletionRequest
 from loraplex.platform.api.vllm_compat import apply_sampling_extensions, chat_template_options
 from loraplex.platform.deps import Principal
@@ -96,7 +96,7 @@ def chat_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
 
 
 async def prepare_chat(services: Services, key: Principal, body: ChatCompletionRequest, request_id: str, *,
-                       ticket: AdmissionTicket | None = None) -> PreparedRequest:
+                       ticket: AdmissionTicket | UnslottedTicket | None = None) -> PreparedRequest:
     """Admission first (nothing costly is done for a refused request), then the preparation. A caller that
     admitted the request itself (to prepare it more than once) passes its ticket, and releases it on error."""
     if ticket is not None:
@@ -111,8 +111,14 @@ async def prepare_chat(services: Services, key: Principal, body: ChatCompletionR
 
 
 async def prepare_completion(
-    services: Services, key: Principal, body: CompletionRequest, request_id: str
+    services: Services, key: Principal, body: CompletionRequest, request_id: str, *,
+    ticket: AdmissionTicket | UnslottedTicket | None = None
 ) -> PreparedRequest:
+    """As `prepare_chat`; a caller passing its own ticket (batch work) is not admitted here."""
+    if ticket is not None:
+        prepared = await _prepare_completion(services, key, body, request_id)
+        prepared.admission = ticket
+        return prepared
     ticket = await admit_early(services, key, num_requests=_num_prompts(body.prompt))
     with _released_on_error(ticket):
         prepared = await _prepare_completion(services, key, body, request_id)

@@ -12,7 +12,7 @@ response, and metered by the same Generation, under the line's request id
   limits (the batch's own concurrency bounds it); the tenant's budget is
   reserved per line as for any request, and a spent budget is the line's 429;
 - its usage is recorded only after its result is stored (`meter`), or never
-  (`drop`) when it was interrupted: a line is billed once, with the answer the
+  (`discard`) when it was interrupted: a line is billed once, with the answer the
   output file holds, whoever ran it and however often it was started.
 """
 
@@ -26,11 +26,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from loraplex.billing.quotas import QuotaExceededError
-from loraplex.engine.errors import EngineError, PromptTooLongError
+from loraplex.engine.errors import DomainError
+from loraplex.platform.api.admission import UnslottedTicket
 from loraplex.platform.api.chat_response import collect_chat
 from loraplex.platform.api.completion_response import collect_completion
-from loraplex.platform.api.generation import ClientDisconnected, Generation
-from loraplex.platform.api.preparation import _prepare_chat, _prepare_completion
+from loraplex.platform.api.generation import Generation
+from loraplex.platform.api.preparation import prepare_chat, prepare_completion
 from loraplex.platform.api.request_limits import check_request_limits
 from loraplex.platform.api.schemas import ChatCompletionRequest, CompletionRequest
 from loraplex.platform.batches.models import BatchLineRow, BatchRow
@@ -42,6 +43,8 @@ from loraplex.platform.errors import ApiError, error_body, status_for, validatio
 from loraplex.platform.extensions import PreparedRequest, RequestRecord, RequestStatus
 from loraplex.platform.ratelimit.limiter import Limits
 from loraplex.platform.responses.answer import collect_response
+from loraplex.platform.responses.items import ItemLimits
+from loraplex.platform.responses.preparation import prepare_response
 from loraplex.platform.responses.schemas import ResponseCreate
 from loraplex.platform.responses.turn import ResponseTurn
 from loraplex.platform.services import Services
@@ -62,50 +65,10 @@ class RetryLater(Exception):
         self.cause = cause
 
 
-class _BatchTicket:
-    """What `PreparedRequest.admission` holds for a batch line: no in-flight slot, no per-minute charge."""
-
-    async def charge_prompt(self, num_prompt_tokens: int) -> None:
-        return None
-
-    def release(self) -> None:
-        return None
-
-
-class BatchGeneration(Generation):
-    """A Generation whose engine requests are background work and whose usage names its batch."""
-
-    def __init__(self, services: Services, key: Principal, prepared: PreparedRequest, *, batch_id: str) -> None:
-        super().__init__(services, key, prepared)
-        self.batch_id = batch_id
-
-    def _engine_request(self, index: int) -> Any:
-        request = super()._engine_request(index)
-        request.background = True
-        return request
-
-    def _record(self, error: BaseException | None) -> RequestRecord:
-        record = super()._record(error)
-        record.batch_id = self.batch_id
-        return record
-
-    @property
-    def admitted(self) -> bool:
-        return self._admitted
-
-    def usage_status(self, error: BaseException | None) -> str:
-        return str(self._status(error))
-
-    async def drop(self) -> None:
-        """Abort whatever still runs and record no usage: the line will run again (or another worker ran it)."""
-        self._admitted = False
-        await self.close(ClientDisconnected())
-
-
 @dataclass(slots=True)
 class LineOutcome:
     result: LineResult
-    generation: BatchGeneration | None = None   # to `close` (meter) once the result is stored, or `drop`
+    generation: Generation | None = None   # to `close` (meter) once the result is stored, or `drop`
     error: BaseException | None = None          # what ended it, for its usage record
     budget_spent: bool = False                  # the tenant's budget refused it: the rest will fail alike
 
@@ -115,7 +78,7 @@ class LineOutcome:
 
     async def drop(self) -> None:
         if self.generation is not None:
-            await self.generation.drop()
+            await self.generation.discard()
 
 
 def batch_principal(batch: BatchRow) -> Principal:
@@ -127,16 +90,17 @@ async def execute_line(services: Services, batch: BatchRow, line: BatchLineRow, 
     """Run one line to its result; raises RetryLater for a passing refusal (nothing recorded for it)."""
     request_id = request_id_for(batch.id, line.custom_id)
     key = batch_principal(batch)
-    gen: BatchGeneration | None = None
+    gen: Generation | None = None
     try:
         body = parse_body(batch.endpoint, json.loads(raw)["body"])
         prepared, collect = await _prepare(services, key, batch, body, request_id)
-        gen = BatchGeneration(services, key, prepared, batch_id=batch.id)
+        prepared.background, prepared.batch_id = True, batch.id
+        gen = Generation(services, key, prepared)
         await gen.admit()
         answer = await collect(gen)
     except asyncio.CancelledError:
         if gen is not None:
-            await gen.drop()
+            await gen.discard()
         raise
     except Exception as exc:
         return await _failed(services, request_id, line, exc, gen)
@@ -147,14 +111,12 @@ async def execute_line(services: Services, batch: BatchRow, line: BatchLineRow, 
 async def _prepare(services: Services, key: Principal, batch: BatchRow, body: Any, request_id: str) -> tuple[Any, Any]:
     if isinstance(body, ChatCompletionRequest):
         check_request_limits(body, services.request_limits)
-        prepared = await _prepare_chat(services, key, body, request_id)
+        prepared = await prepare_chat(services, key, body, request_id, ticket=UnslottedTicket())
         created = int(time.time())
-        prepared.admission = _BatchTicket()
         return prepared, lambda gen: collect_chat(gen, texts=services.token_texts, created=created)
     if isinstance(body, CompletionRequest):
         check_request_limits(body, services.request_limits)
-        prepared = await _prepare_completion(services, key, body, request_id)
-        prepared.admission = _BatchTicket()
+        prepared = await prepare_completion(services, key, body, request_id, ticket=UnslottedTicket())
         return prepared, lambda gen: collect_completion(gen, texts=services.token_texts, tokenizer=services.tokenizer)
     return await _prepare_response(services, key, body, request_id)
 
@@ -166,29 +128,19 @@ async def _prepare_response(services: Services, key: Principal, body: ResponseCr
     parent = None
     if body.previous_response_id is not None:
         parent = await chains.get(key.tenant_id, body.previous_response_id, param="previous_response_id")
-    turn = ResponseTurn.build("resp_" + request_id, body, parent, created_at=int(time.time()))
-    while True:
-        chat = turn.chat_request()
-        check_request_limits(chat, services.request_limits)
-        try:
-            prepared = await _prepare_chat(services, key, chat, request_id)
-            break
-        except PromptTooLongError:
-            if not turn.can_truncate():
-                raise
-            turn.truncate()
-    prepared.kind = "response"
-    prepared.admission = _BatchTicket()
+    turn = ResponseTurn.build("resp_" + request_id, body, parent, created_at=int(time.time()),
+                              limits=ItemLimits.from_settings(services.settings))
+    prepared = await prepare_response(services, key, turn, request_id, UnslottedTicket(), pin=False)
     return prepared, lambda gen: collect_response(gen, turn=turn, chains=chains)
 
 
 async def _failed(services: Services, request_id: str, line: BatchLineRow, exc: BaseException,
-                  gen: BatchGeneration | None) -> LineOutcome:
+                  gen: Generation | None) -> LineOutcome:
     """The line's error answer (what the online route would have sent), or RetryLater for a passing refusal."""
     if isinstance(exc, ValidationError):
         param, message = validation_param(list(exc.errors()))
         status, body = 400, error_body(400, message, param=param, code="invalid_value")
-    elif isinstance(exc, ApiError | EngineError):
+    elif isinstance(exc, ApiError | DomainError):
         status = status_for(exc)
         body = error_body(status, exc.message, param=exc.param, code=exc.code)
     else:
@@ -197,7 +149,7 @@ async def _failed(services: Services, request_id: str, line: BatchLineRow, exc: 
     budget_spent = isinstance(exc, QuotaExceededError)
     if status == 503 or (status == 429 and body["error"]["code"] in _PASSING_429_CODES):
         if gen is not None:
-            await gen.drop()
+            await gen.discard()
         raise RetryLater(exc)
     ran = gen if gen is not None and gen.admitted else None
     if gen is not None and ran is None:
@@ -222,13 +174,13 @@ def usage_record(batch: BatchRow, line: BatchLineRow, *, user: str | None) -> Re
     )
 
 
-def _result(line: BatchLineRow, status: str, text: str, gen: BatchGeneration | None,
+def _result(line: BatchLineRow, status: str, text: str, gen: Generation | None,
             error: BaseException | None) -> LineResult:
     result = LineResult(index=line.line_index, status=status, result=text)
     if gen is not None:
         usage = gen.usage()
         result.adapter_id = gen.prepared.model.adapter_id
-        result.usage_status = gen.usage_status(error)
+        result.usage_status = str(gen.status(error))
         result.started_at = gen.started_at
         result.input_tokens = usage["prompt_tokens"]
         result.cached_input_tokens = usage["prompt_tokens_details"]["cached_tokens"]

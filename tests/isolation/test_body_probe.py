@@ -10,6 +10,8 @@ import pytest
 from loraplex.platform.api.body_probe import PROBE_MIN_BYTES, probe_counts
 from loraplex.platform.api.request_limits import RequestLimits
 
+pytestmark = pytest.mark.timing  # wall-clock bounds: run alone (make test)
+
 LIMITS = RequestLimits()
 CHAT = {"model": "SmolLM2-135M-Instruct", "messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 2}
 

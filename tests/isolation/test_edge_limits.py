@@ -12,6 +12,8 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
+pytestmark = pytest.mark.timing  # wall-clock bounds: run alone (make test)
+
 BIG = 80 * 1024 * 1024
 SMALL_LIMIT = 64 * 1024
 UPLOAD_LIMIT = 256 * 1024

@@ -76,6 +76,7 @@ def test_expired_records_leave_the_tenants_totals(store: Any) -> None:
     assert store.alive(["resp_old", "resp_live"]) == {"resp_live"}
 
 
+@pytest.mark.timing  # a per-save time bound: run alone (make test)
 def test_memory_store_saves_without_walking_its_records() -> None:
     clock = [1000.0]
     store = MemoryResponseStore(clock=lambda: clock[0])
