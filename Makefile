@@ -68,18 +68,26 @@ services:
 	@test -x /usr/bin/chromium || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; }
 	@test -x /usr/sbin/haproxy || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq haproxy; }
 
-# The suite is three pytest processes, each with its own summary: the folders that load models and compile
-# grammars, everything else (the servers), and the browser tests, whose Playwright sync API leaves an asyncio
-# loop running in the main thread that async tests must never see. Each stays well under 4 GB of RSS; every
-# group runs even after one fails, and the target fails if any did.
+# The suite is `make lint` (ruff and mypy), then four pytest processes, each with its own summary. First, side by side (most of their time is
+# spent waiting on servers, subprocesses and the network, so two cores serve both): the folders that load models
+# and compile grammars, and everything else (the servers); the first one's output is printed when both are done.
+# Then, alone, the tests that bound wall-clock time (marker `timing`: the benchmarks' quick modes and a few
+# latency checks), so that the other group's load cannot skew them; last, the browser tests, whose Playwright sync
+# API leaves an asyncio loop running in the main thread that async tests must never see. Each stays well under
+# 4 GB of RSS; every group runs even after one fails, and the target fails if any did.
 MODEL_TESTS := tests/engine tests/adapters tests/grammar
 PYTEST := $(VENV)/bin/pytest --timeout=900
+TEST_LOGS := build/test-logs
 
 test: $(TEST_STAMP) services model docs
-	@failed=0; \
-	$(PYTEST) -m "not gpu and not browser" $(PYTEST_ARGS) $(MODEL_TESTS) || failed=1; \
-	$(PYTEST) -m "not gpu and not browser" $(PYTEST_ARGS) $(addprefix --ignore=,$(MODEL_TESTS) tests/browser) \
-		|| failed=1; \
+	@failed=0; mkdir -p $(TEST_LOGS); \
+	$(MAKE) --no-print-directory lint || failed=1; \
+	( $(PYTEST) -m "not gpu and not browser and not timing" $(PYTEST_ARGS) $(MODEL_TESTS) \
+		> $(TEST_LOGS)/models.log 2>&1; echo $$? > $(TEST_LOGS)/models.rc ) & \
+	$(PYTEST) -m "not gpu and not browser and not timing" $(PYTEST_ARGS) \
+		$(addprefix --ignore=,$(MODEL_TESTS) tests/browser) || failed=1; \
+	wait; cat $(TEST_LOGS)/models.log; test "$$(cat $(TEST_LOGS)/models.rc)" = 0 || failed=1; \
+	$(PYTEST) -m "timing and not gpu and not browser" $(PYTEST_ARGS) --ignore=tests/browser tests || failed=1; \
 	$(PYTEST) -m "browser and not gpu" $(PYTEST_ARGS) tests/browser || failed=1; \
 	exit $$failed
 
