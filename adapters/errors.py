@@ -1,26 +1,24 @@
-"""Typed refusals for adapter uploads; each carries the HTTP status the API returns."""
+"""Typed refusals of adapter uploads and lookups. No HTTP statuses here: the platform's error table
+(platform/errors.py) maps each class to one."""
 
 from __future__ import annotations
 
-from loraplex.engine.errors import EngineError, InvalidRequestError
+from loraplex.engine.errors import DomainError, InvalidRequestError
 
 
 class AdapterRejectedError(InvalidRequestError):
     """The adapter's files are not a servable LoRA adapter for our base model (the reason says why)."""
 
-    status = 422
     code = "adapter_invalid"
 
 
 class UnsafeUploadError(InvalidRequestError):
     """The upload is hostile or malformed: pickles, path traversal, links, bombs, lying headers."""
 
-    status = 400
     code = "unsafe_upload"
 
 
 class UploadTooLargeError(InvalidRequestError):
-    status = 413
     code = "upload_too_large"
 
 
@@ -31,27 +29,22 @@ class StorageQuotaExceededError(UploadTooLargeError):
 
 
 class UnsupportedMediaError(InvalidRequestError):
-    status = 415
     code = "unsupported_media_type"
 
 
-class AdapterNotFoundError(EngineError):
-    status = 404
+class AdapterNotFoundError(DomainError):
     code = "adapter_not_found"
 
 
 class AdapterNameTakenError(InvalidRequestError):
-    status = 409
     code = "adapter_name_taken"
 
 
-class AdapterInUseError(EngineError):
-    status = 409
+class AdapterInUseError(DomainError):
     code = "adapter_in_use"
 
 
-class TooManyUploadsError(EngineError):
+class TooManyUploadsError(DomainError):
     """The tenant already has as many uploads in progress as it may (one finishing frees a place)."""
 
-    status = 429
     code = "too_many_uploads"

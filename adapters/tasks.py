@@ -27,7 +27,7 @@ from loraplex.adapters.base_model import BaseModelSpec
 from loraplex.adapters.registry import AdapterInfo, AdapterRegistry, SqlAdapterRegistry
 from loraplex.adapters.store import BlobStore, LocalBlobStore, drop_unreferenced_blobs, link_adapter_files
 from loraplex.adapters.validation import validate_adapter
-from loraplex.engine.errors import EngineError
+from loraplex.engine.errors import DomainError
 
 VALIDATE_TASK_NAME = "loraplex.adapters.validate"
 log = logging.getLogger(__name__)
@@ -93,7 +93,7 @@ def run_validation(adapter_id: str, context: ValidationContext) -> str:
                 folder, adapter_id, context.spec, max_rank=context.max_rank, dtype=context.dtype,
                 limits=context.limits,
             )
-    except EngineError as exc:
+    except DomainError as exc:
         _fail(context, info, exc.message)
         return "failed"
     except KeyError:

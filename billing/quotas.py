@@ -38,7 +38,7 @@ from loraplex.billing.ledger import UNAVAILABLE_ERRORS
 from loraplex.billing.models import BudgetRow, UsageEventRow
 from loraplex.billing.pricing import parse_usd, picousd_to_usd, usd_to_picousd
 from loraplex.billing.spend_counters import MemorySpendCounter, RedisSpendCounter
-from loraplex.engine.errors import EngineError, InvalidRequestError
+from loraplex.engine.errors import DomainError, InvalidRequestError
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -51,8 +51,9 @@ __all__ = [  # the counters and values are re-exported: callers name them from h
 ]
 
 
-class QuotaExceededError(EngineError):
-    status = 429
+class QuotaExceededError(DomainError):
+    """The tenant's or key's monthly budget is spent (the platform answers 429, as OpenAI does)."""
+
     code = "insufficient_quota"
 
 

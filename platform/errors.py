@@ -1,10 +1,12 @@
 """Every failure leaves the API as an OpenAI error body with the right status.
 
 `{"error": {"message", "type", "param", "code"}}`. The domains' errors
-(engine, sessions, adapters, billing) carry no HTTP status: `ERROR_TABLE`
-below is the one place that maps each class to a status code, most specific
-class first. The platform's own errors (`ApiError`) are HTTP errors by
-nature and carry theirs. Request validation becomes a 400 naming the field.
+(engine, sessions, adapters, billing, grammar: every `DomainError`) carry no
+HTTP status, only their message, parameter and stable code: `ERROR_TABLE`
+below is the one place that maps each class to a status code (the body's
+`type` follows from the status), most specific class first. The platform's
+own errors (`ApiError`) are HTTP errors by nature and carry theirs. Request
+validation becomes a 400 naming the field.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from fastapi.responses import JSONResponse
 from loraplex.adapters import errors as adapter_errors
 from loraplex.billing.quotas import QuotaExceededError
 from loraplex.engine import errors as engine_errors
-from loraplex.engine.errors import EngineError
+from loraplex.engine.errors import DomainError
 from loraplex.platform.api.retry_hints import retry_headers
 from loraplex.platform.request_context import REQUEST_ID_HEADER
 from loraplex.sessions.errors import (
@@ -29,6 +31,7 @@ from loraplex.sessions.errors import (
     SessionNotFoundError,
     StoredStateLimitError,
 )
+from loraplex.sessions.responses import ResponseNotFoundError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 log = logging.getLogger(__name__)
@@ -51,7 +54,7 @@ _TYPE_BY_STATUS = {
 ERROR_TABLE: dict[type[Exception], int] = {
     engine_errors.PromptTooLongError: 400,  # OpenAI's: the SDK raises BadRequestError, code context_length_exceeded
     engine_errors.DuplicateRequestError: 409,
-    engine_errors.InvalidRequestError: 400,
+    engine_errors.InvalidRequestError: 400,  # any domain's refusal of its input
     engine_errors.EngineOverloadedError: 503,
     engine_errors.EngineDeadError: 503,
     engine_errors.EngineError: 500,
@@ -69,6 +72,8 @@ ERROR_TABLE: dict[type[Exception], int] = {
     adapter_errors.AdapterInUseError: 409,
     adapter_errors.TooManyUploadsError: 429,
     QuotaExceededError: 429,
+    ResponseNotFoundError: 404,
+    DomainError: 500,  # a domain's failure with no row of its own
 }
 
 
@@ -173,7 +178,7 @@ def response_for(exc: Exception) -> JSONResponse:
     """The response for any exception raised while serving a request (also used mid-stream)."""
     if isinstance(exc, ApiError):
         return error_response(exc.status, exc.message, param=exc.param, code=exc.code, headers=exc.headers())
-    if isinstance(exc, EngineError):
+    if isinstance(exc, DomainError):
         status = status_for(exc)
         headers = {"Retry-After": "5"} if isinstance(exc, engine_errors.EngineDeadError) else retry_headers(exc.code)
         return error_response(status, exc.message, param=exc.param, code=exc.code, headers=headers)
@@ -216,7 +221,7 @@ def install_error_handlers(app: FastAPI) -> None:
         return error_response(exc.status_code, str(exc.detail), headers=getattr(exc, "headers", None))
 
     app.add_exception_handler(ApiError, on_api_error)
-    app.add_exception_handler(EngineError, on_api_error)
+    app.add_exception_handler(DomainError, on_api_error)
     app.add_exception_handler(RequestValidationError, on_validation_error)  # type: ignore[arg-type]
     app.add_exception_handler(StarletteHTTPException, on_http_error)  # type: ignore[arg-type]
     async def on_unhandled_error(request: Request, exc: Exception) -> JSONResponse:

@@ -57,7 +57,7 @@ class StageAdditions:
 
 
 class Stage(Protocol):
-    """One named step of preparation; may raise an ApiError/EngineError to refuse the request."""
+    """One named step of preparation; may raise an ApiError or a DomainError to refuse the request."""
 
     async def __call__(self, prepared: PreparedRequest) -> StageAdditions | None: ...
 

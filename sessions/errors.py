@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from loraplex.engine.errors import EngineError, InvalidRequestError
+from loraplex.engine.errors import DomainError, InvalidRequestError
 
 
-class SessionNotFoundError(EngineError):
+class SessionNotFoundError(DomainError):
     """Unknown, expired, deleted, or another tenant's session (never say which)."""
 
     code = "session_not_found"
@@ -19,7 +19,7 @@ class SessionNotFoundError(EngineError):
         self.session_id = session_id
 
 
-class SessionBusyError(EngineError):
+class SessionBusyError(DomainError):
     """Another turn of this session is running; turns are one at a time."""
 
     code = "session_busy"
@@ -31,7 +31,7 @@ class SessionBusyError(EngineError):
         )
 
 
-class SessionLimitError(EngineError):
+class SessionLimitError(DomainError):
     """The tenant already holds as many live sessions as it may; deleting one (or letting one expire) frees room."""
 
     code = "session_limit_exceeded"
@@ -43,7 +43,7 @@ class SessionLimitError(EngineError):
         )
 
 
-class SessionConflictError(EngineError):
+class SessionConflictError(DomainError):
     """The turn's lease was lost (it ran past the lease time) and the session moved on without it."""
 
     code = "session_conflict"
@@ -55,7 +55,7 @@ class SessionConflictError(EngineError):
         )
 
 
-class StoredStateLimitError(EngineError):
+class StoredStateLimitError(DomainError):
     """A tenant's stored responses or sessions are at a per-tenant count or bytes cap (the message names the
     setting); deleting some, or letting them expire, frees room."""
 

@@ -23,11 +23,11 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Protocol
 
-from loraplex.engine.errors import EngineError
+from loraplex.engine.errors import DomainError
 from loraplex.sessions.quota import NO_QUOTA, StoreQuota
 
 
-class ResponseNotFoundError(EngineError):
+class ResponseNotFoundError(DomainError):
     """Unknown, expired, deleted, not stored, or another tenant's response (never say which)."""
 
     code = "response_not_found"

@@ -119,7 +119,7 @@ class Failure(msgspec.Struct, array_like=True):
     """A request the core refused or lost; the client raises it as the engine error it names."""
 
     request_id: str
-    error: str       # an EngineError class name from engine.errors (others become EngineError)
+    error: str       # an error class name from engine.errors (others become EngineError)
     message: str
     param: str | None
 
@@ -205,14 +205,14 @@ def from_wire(wire: WireRequest, grammar: Any) -> EngineRequest:
 
 
 def failure(request_id: str, exc: BaseException) -> Failure:
-    if isinstance(exc, engine_errors.EngineError):
+    if isinstance(exc, engine_errors.DomainError):
         return Failure(request_id, type(exc).__name__, exc.message, exc.param)
     return Failure(request_id, "EngineError", f"{type(exc).__name__}: {exc}", None)
 
 
-def error_of(item: Failure) -> engine_errors.EngineError:
+def error_of(item: Failure) -> engine_errors.DomainError:
     cls = getattr(engine_errors, item.error, None)
-    if not (isinstance(cls, type) and issubclass(cls, engine_errors.EngineError)):
+    if not (isinstance(cls, type) and issubclass(cls, engine_errors.DomainError)):
         cls = engine_errors.EngineError
     return cls(item.message, param=item.param)
 

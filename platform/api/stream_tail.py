@@ -18,7 +18,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import AsyncIterator, Callable
 
-from loraplex.engine.errors import EngineError
+from loraplex.engine.errors import DomainError, EngineError
 from loraplex.engine.protocol import RequestOutput
 from loraplex.platform.api.generation import Generation
 from loraplex.platform.api.keepalive import PrimedOutputs
@@ -53,7 +53,7 @@ async def finish_stream(
         if usage_chunk is not None:
             tail += usage_chunk()
         yield tail + DONE
-    except (ApiError, EngineError) as exc:
+    except (ApiError, DomainError) as exc:
         error = exc
         yield tail + sse_error(status_for(exc), exc.message, code=exc.code)
     except BaseException as exc:

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from loraplex.engine.errors import EngineError
+from loraplex.engine.errors import DomainError
 from loraplex.platform.api.schemas import ChatCompletionRequest, CompletionRequest
 from loraplex.platform.batches.objects import batch_error
 from loraplex.platform.errors import ApiError, validation_param
@@ -131,7 +131,7 @@ def _check_line(raw: bytes, number: int, *, endpoint: str, max_custom_id_chars: 
         param, message = validation_param(list(exc.errors()))
         result.refuse("invalid_request", message, line=number, param=f"body.{param}" if param else "body")
         return None
-    except (EngineError, ApiError) as exc:
+    except (DomainError, ApiError) as exc:
         result.refuse("invalid_request", exc.message, line=number,
                       param=f"body.{exc.param}" if exc.param else "body")
         return None

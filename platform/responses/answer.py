@@ -11,7 +11,7 @@ import json
 from collections.abc import AsyncIterator
 from typing import Any
 
-from loraplex.engine.errors import EngineError
+from loraplex.engine.errors import DomainError
 from loraplex.engine.protocol import FinishReason, RequestOutput
 from loraplex.platform.affinity import chain_key
 from loraplex.platform.api.generation import Generation
@@ -120,7 +120,7 @@ async def stream_response(gen: Generation, outputs: PrimedOutputs[tuple[int, Req
         await _store(turn, chains, gen, body)
         final = "response.incomplete" if body["status"] == "incomplete" else "response.completed"
         yield emit({"type": final, "response": body})
-    except (ApiError, EngineError) as exc:
+    except (ApiError, DomainError) as exc:
         error = exc
         yield emit({"type": "error", "code": exc.code or "server_error", "message": exc.message,
                     "param": exc.param, "status": status_for(exc)})

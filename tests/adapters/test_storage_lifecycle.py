@@ -17,6 +17,7 @@ from loraplex.adapters.service import AdapterService, StorageQuota
 from loraplex.adapters.store import LocalBlobStore
 from loraplex.adapters.sweep import StorageSweeper, sweep_storage
 from loraplex.adapters.tasks import ThreadValidationDispatcher, ValidationContext
+from loraplex.platform.errors import status_for
 from random_adapters import write_random_adapter
 from waiting import wait_until
 
@@ -49,7 +50,7 @@ def test_quota_on_adapter_count_and_bytes_names_the_limit(service, tmp_path, spe
     service.quota = StorageQuota(max_bytes=2 * size + size // 2)
     with pytest.raises(StorageQuotaExceededError, match=f"storage quota is {2 * size + size // 2} bytes") as caught:
         _upload(service, write_random_adapter(tmp_path / "d", spec, r=2, seed=3), "four")
-    assert caught.value.status == 413 and caught.value.code == "storage_quota_exceeded"
+    assert status_for(caught.value) == 413 and caught.value.code == "storage_quota_exceeded"
 
 
 def test_failed_validation_frees_its_blobs_but_keeps_its_reason(service, tmp_path, spec):

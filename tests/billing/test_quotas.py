@@ -14,6 +14,7 @@ from loraplex.billing.quotas import (
     RedisSpendCounter,
     set_budget,
 )
+from loraplex.platform.errors import status_for
 
 NOV = datetime(2026, 11, 20, 12, tzinfo=UTC)
 DEC = datetime(2026, 12, 1, 0, 0, 1, tzinfo=UTC)
@@ -38,7 +39,7 @@ def test_tenant_token_budget_refuses_with_429_and_resets_next_month(session_fact
     guard.check(tenant_id="ten_a", api_key_id="key_a1", estimated_tokens=100, now=NOV)
     with pytest.raises(QuotaExceededError) as raised:
         guard.check(tenant_id="ten_a", api_key_id="key_a1", estimated_tokens=101, now=NOV)
-    assert raised.value.status == 429
+    assert status_for(raised.value) == 429  # the platform's error table; billing knows no HTTP
     assert "900 of 1,000 tokens" in raised.value.message and "2026-12-01" in raised.value.message
     _spend(session_factory, guard, [make_event("r6", created_at=NOV, input_tokens=50, cached_input_tokens=0,
                                                output_tokens=50, thinking_tokens=0)])  # exactly 1,000: spent
