@@ -10,7 +10,7 @@ with this protocol and calls nothing else.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -34,7 +34,7 @@ class EngineClient(Protocol):
     model_config: ModelConfig
     max_model_len: int
 
-    def generate(self, request: EngineRequest, *, whole: bool = False) -> AsyncIterator[RequestOutput]:
+    def generate(self, request: EngineRequest, *, whole: bool = False) -> AsyncGenerator[RequestOutput, None]:
         """The request's outputs (deltas), the last with `finished=True`; a typed EngineError before
         anything is queued for bad input. Stopping early (or cancelling) aborts the request. `whole`: the
         caller reads only the finished output (a non-streaming response): the steps' outputs may come as

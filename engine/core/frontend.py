@@ -22,7 +22,7 @@ import itertools
 import logging
 import threading
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from concurrent.futures import Future
 from typing import Any, Protocol
 
@@ -106,7 +106,7 @@ class EngineFrontend:
         transport.start(self._receive, self._fail_all)
 
     # ---- requests -------------------------------------------------------------------------
-    async def generate(self, request: EngineRequest, *, whole: bool = False) -> AsyncIterator[RequestOutput]:
+    async def generate(self, request: EngineRequest, *, whole: bool = False) -> AsyncGenerator[RequestOutput, None]:
         """Stream the request's outputs (deltas); the last one has `finished=True`. `whole`: the caller
         reads only the finished output, so the steps are held and handed over merged (`OutputStream`).
 

@@ -29,8 +29,8 @@ try:
     from re import _constants as sre_constants  # type: ignore[attr-defined]
     from re import _parser as sre_parse  # type: ignore[attr-defined]
 except ImportError:  # pragma: no cover
-    import sre_constants  # type: ignore[no-redef]
-    import sre_parse  # type: ignore[no-redef]
+    import sre_constants
+    import sre_parse
 
 _MAX_LENGTH = 4096  # a rewritten pattern longer than this is not made
 _CATEGORIES = {

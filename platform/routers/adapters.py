@@ -27,8 +27,8 @@ from loraplex.adapters.store import LocalBlobStore
 from loraplex.adapters.sweep import StorageSweeper
 from loraplex.adapters.tasks import CeleryValidationDispatcher, ThreadValidationDispatcher, make_job
 from loraplex.adapters.upload_slots import TenantUploads
-from loraplex.engine.config import ModelConfig
-from loraplex.engine.core.client import AdapterLimits, EngineClient
+from loraplex.engine.config import AdapterLimits, ModelConfig
+from loraplex.engine.core.client import EngineClient
 from loraplex.platform.deps import AdaptersKey, AppServices
 from loraplex.platform.errors import NotFoundError
 from loraplex.platform.extensions import Extensions, ServedModel
