@@ -66,6 +66,11 @@ def _apply_token_bitmask_unpacked(logits: torch.Tensor, bitmask: torch.Tensor) -
     logits.masked_fill_(~allowed, float("-inf"))
 
 
+def draws_at_random(seq: Sequence) -> bool:
+    """The row's token is a draw (temperature > 0 and more than one candidate), not the argmax."""
+    return seq.sampling.temperature > 0 and seq.sampling.top_k != 1
+
+
 def _uniform(seq: Sequence) -> float:
     """The row's one uniform for this position, drawn once: a step retried after a batch mate's failure
     (engine/step_isolation.py) reuses it, so the retry samples the same token."""
@@ -118,7 +123,7 @@ class Sampler:
         self._apply_min_tokens(logits, seqs)
         self._apply_penalties(logits, seqs)
         self._apply_logit_bias(logits, seqs)
-        tokens = self._draw(logits, seqs)
+        tokens = self.draw(logits, seqs)
         for i, seq in enumerate(seqs):
             token = seq.forced_token_ids[0] if seq.forced_token_ids else tokens[i]
             result.sampled[seq.seq_id] = token
@@ -202,36 +207,42 @@ class Sampler:
             logits.index_put_((torch.tensor(rows), torch.tensor(columns)), torch.tensor(biases), accumulate=True)
 
     # ---- drawing --------------------------------------------------------------------------
-    def _draw(self, logits: torch.Tensor, seqs: list[Sequence]) -> list[int]:
-        tokens = logits.argmax(dim=-1).tolist()
-        random_rows = [i for i, s in enumerate(seqs) if s.sampling.temperature > 0 and s.sampling.top_k != 1]
+    def draw(self, logits: torch.Tensor, seqs: list[Sequence]) -> list[int]:
+        """Each row's token from its (masked, penalised) logits: the argmax, or for a random row a draw from
+        its temperature/top-k/top-p/min-p distribution. Runs where `logits` are: the CUDA runner draws on
+        the GPU (copying a batch's logits to the host cost more than the step), with the same uniforms."""
+        device = logits.device
+        tokens: list[int] = logits.argmax(dim=-1).tolist()
+        random_rows = [i for i, s in enumerate(seqs) if draws_at_random(s)]
         if not random_rows:
             return tokens
-        index = torch.tensor(random_rows, dtype=torch.long)
+        index = torch.tensor(random_rows, dtype=torch.long, device=device)
         probs = self._random_probs(logits[index], [seqs[i] for i in random_rows])
         # Inverse-CDF draw with one uniform per row from that row's own generator: cheap,
         # and a row's token never depends on the other rows of the batch.
-        uniforms = torch.tensor([_uniform(seqs[i]) for i in random_rows])
+        uniforms = torch.tensor([_uniform(seqs[i]) for i in random_rows], device=device)
         cdf = probs.cumsum(dim=-1)
         targets = (uniforms * cdf[:, -1]).unsqueeze(1)
         picked = torch.searchsorted(cdf, targets, right=True).squeeze(1).clamp_(max=probs.shape[-1] - 1)
-        for j, i in enumerate(random_rows):
-            tokens[i] = int(picked[j])
+        for i, token in zip(random_rows, picked.tolist(), strict=True):
+            tokens[i] = token
         return tokens
 
     @staticmethod
     def _random_probs(sub: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
         """The distribution a random row draws from: temperature, then top-k, top-p and min-p."""
-        temps = torch.tensor([s.sampling.temperature for s in seqs]).unsqueeze(1)
+        device = sub.device  # every tensor made here goes where the logits are (the GPU's, on CUDA)
+        temps = torch.tensor([s.sampling.temperature for s in seqs], device=device).unsqueeze(1)
         sub = sub / temps
         top_ks = [s.sampling.top_k for s in seqs]
         if any(k > 0 for k in top_ks):
-            k_tensor = torch.tensor([k if k > 0 else sub.shape[-1] for k in top_ks]).clamp_(max=sub.shape[-1])
+            k_tensor = torch.tensor([k if k > 0 else sub.shape[-1] for k in top_ks], device=device)
+            k_tensor.clamp_(max=sub.shape[-1])
             sorted_desc = sub.sort(dim=-1, descending=True).values
             kth = sorted_desc.gather(1, (k_tensor - 1).unsqueeze(1))
             sub = sub.masked_fill(sub < kth, float("-inf"))
-        top_ps = torch.tensor([s.sampling.top_p for s in seqs]).unsqueeze(1)
-        if bool((top_ps < 1.0).any()):
+        if any(s.sampling.top_p < 1.0 for s in seqs):
+            top_ps = torch.tensor([s.sampling.top_p for s in seqs], device=device).unsqueeze(1)
             sorted_logits, order = sub.sort(dim=-1, descending=True)
             probs_sorted = sorted_logits.softmax(dim=-1)
             before = probs_sorted.cumsum(dim=-1) - probs_sorted  # mass strictly above each token
@@ -239,8 +250,8 @@ class Sampler:
             drop = torch.zeros_like(drop_sorted).scatter_(1, order, drop_sorted)
             sub = sub.masked_fill(drop, float("-inf"))
         probs = sub.softmax(dim=-1)
-        min_ps = torch.tensor([s.sampling.min_p for s in seqs]).unsqueeze(1)
-        if bool((min_ps > 0).any()):
+        if any(s.sampling.min_p > 0 for s in seqs):
+            min_ps = torch.tensor([s.sampling.min_p for s in seqs], device=device).unsqueeze(1)
             probs = probs.masked_fill(probs < min_ps * probs.max(dim=-1, keepdim=True).values, 0.0)
         return probs
 
@@ -264,7 +275,7 @@ class Sampler:
         self._apply_logit_bias(logits, [seq])
         if seq.forced_token_ids:
             token = seq.forced_token_ids[0]
-        elif seq.sampling.temperature <= 0 or seq.sampling.top_k == 1:
+        elif not draws_at_random(seq):
             token = int(logits[0].argmax())
         else:
             token = draw_with_draft(self._random_probs(logits, [seq])[0], draft, _uniform(seq))

@@ -30,6 +30,7 @@ from loraplex.engine.kernels.paged_attention_decode import choose_num_splits
 from loraplex.engine.kernels.token_bitmask import apply_token_bitmask
 from loraplex.engine.model.llama import LlamaForCausalLM
 from loraplex.engine.runner import ForwardOutput, ModelRunner, PendingStep, StepResult, TensorParallelWorkers
+from loraplex.engine.sampler import draws_at_random
 from loraplex.engine.scheduler import SchedulerOutput
 from loraplex.engine.sequence import Sequence
 from loraplex.engine.spec.verify import split_verified_logits
@@ -52,8 +53,7 @@ def _padded(rows: list[Sequence], size: int) -> list[AdapterRow]:
 def needs_host_sampler(seq: Sequence) -> bool:
     sampling = seq.sampling
     return (
-        (sampling.temperature > 0 and sampling.top_k != 1)
-        or sampling.logprobs is not None
+        sampling.logprobs is not None
         or bool(sampling.presence_penalty or sampling.frequency_penalty)
         or sampling.repetition_penalty != 1.0
         or bool(sampling.logit_bias)
@@ -147,12 +147,13 @@ class CudaModelRunner(ModelRunner):
 
     # ---- overlapped steps (engine/step_overlap.py) ----------------------------------------
     def can_launch(self, step: SchedulerOutput) -> bool:
-        """A decode-graph step whose every row samples greedily on the GPU without a grammar."""
+        """A decode-graph step whose every row samples greedily on the GPU without a grammar (the graph
+        samples the argmax: random rows draw after the step, from the host's uniforms)."""
         if not self.use_graphs or step.blocks_to_copy:
             return False
         rows = StepRows.of(step)
         return (rows.is_plain_decode and len(rows.decodes) <= self.ladder[-1]
-                and not any(needs_host_sampler(s) or s.matcher is not None or s.forced_token_ids
+                and not any(needs_host_sampler(s) or draws_at_random(s) or s.matcher is not None or s.forced_token_ids
                             for s in rows.decodes))
 
     @torch.inference_mode()
@@ -211,18 +212,21 @@ class CudaModelRunner(ModelRunner):
 
     def _sample(self, logits: torch.Tensor, seqs: list[Sequence], result: StepResult,
                 graph: DecodeGraph | None) -> None:
-        """Greedy rows on the GPU with the grammar mask filled meanwhile; else the host sampler."""
+        """On the GPU, with the grammar mask filled meanwhile: the argmax, or for random rows (temperature,
+        top-k, top-p, min-p, seeds) the sampler's draw run on the GPU, from the same per-sequence uniforms.
+        Rows that need penalties, biases, min_tokens bans or logprobs take the host sampler."""
         if any(needs_host_sampler(s) for s in seqs):
             self.sampler.sample(logits.float().cpu(), seqs, result)
             return
         count = self.masks.fill(seqs, result.errors)  # overlaps the forward still running
         self.masks.upload(count)
-        if graph is not None:
+        random = any(draws_at_random(s) for s in seqs)
+        if graph is not None and not random:
             graph.sample.replay()
             tokens = graph.tokens[: len(seqs)].tolist()
         else:
             apply_token_bitmask(logits, self.masks.bitmask[: len(seqs)], self.masks.indices[: len(seqs)])
-            tokens = logits.argmax(dim=-1).tolist()
+            tokens = self.sampler.draw(logits.float(), seqs) if random else logits.argmax(dim=-1).tolist()
         for seq, token in zip(seqs, tokens, strict=True):
             result.sampled[seq.seq_id] = seq.forced_token_ids[0] if seq.forced_token_ids else token
 

@@ -111,6 +111,26 @@ def test_min_tokens_rows_take_the_host_sampler_and_equal_the_cpu_engine() -> Non
     assert engine.runner.num_graph_steps > 0
 
 
+def test_seeded_random_rows_draw_on_the_gpu_and_equal_the_cpu_engine() -> None:
+    """Temperature, top-k, top-p and min-p rows (seeded) beside greedy ones: drawn on the GPU from the same
+    per-sequence uniforms as the host sampler, so float32 gives the CPU engine's tokens, and no row takes the
+    host sampler (whose copy of a batch's logits cost more than the step)."""
+    def requests() -> list[EngineRequest]:
+        filters = [{}, {"top_k": 20}, {"top_p": 0.9}, {"min_p": 0.05}]
+        return [EngineRequest(f"r{i}", prompt, SamplingParams(max_tokens=10, temperature=0.0 if i == 0 else 0.7,
+                                                              seed=100 + i, ignore_eos=True, **filters[i % 4]))
+                for i, prompt in enumerate(prompts(8))]
+
+    expected = generate(make_engine("cpu"), requests())
+    engine = make_engine(GPU_DEVICE)
+    host_calls: list[int] = []
+    sample = engine.runner.sampler.sample
+    engine.runner.sampler.sample = lambda logits, seqs, result: (host_calls.append(len(seqs)),  # type: ignore[method-assign]
+                                                                 sample(logits, seqs, result))
+    assert generate(engine, requests()) == expected
+    assert host_calls == []
+
+
 def test_graphs_on_and_off_give_the_same_tokens_bf16() -> None:
     on = make_engine(GPU_DEVICE, "bfloat16")
     assert on.runner.capture_decode_graphs() == len(on.runner.ladder)  # start-up capture of every size
