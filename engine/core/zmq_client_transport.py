@@ -57,7 +57,7 @@ def handshake(address: str, timeout_s: float, still_starting: Callable[[], bool]
     the core was started with (a core that has one ignores clients without it).
     """
     codec = Codec()
-    context = zmq.Context.instance()
+    context: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
     socket = context.socket(zmq.DEALER)
     socket.setsockopt(zmq.LINGER, 0)
     socket.connect(address)

@@ -43,7 +43,7 @@ class ZmqCoreTransport:
         socket = self._require_socket()
         if not socket.poll(int(timeout_s * 1000)):
             return []
-        messages = []
+        messages: list[tuple[bytes, Any]] = []
         while True:
             try:
                 identity, payload = socket.recv_multipart(zmq.NOBLOCK)

@@ -9,6 +9,7 @@ import json
 import tempfile
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -36,7 +37,7 @@ class FolderSourceCodec:
     def __init__(self, spec: BaseModelSpec) -> None:
         self.spec = spec
 
-    def encode(self, source: FolderAdapterSource) -> str:  # type: ignore[override]
+    def encode(self, source: Any) -> str:  # a FolderAdapterSource
         return json.dumps({adapter_id: str(folder) for adapter_id, folder in source.folders.items()})
 
     def decode(self, text: str) -> FolderAdapterSource:
