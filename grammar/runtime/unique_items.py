@@ -3,17 +3,18 @@
 The schema pass (`schema.unique_items`) compiled the grammar without the
 `uniqueItems` it can check and left a plan of the arrays they apply to. Each
 matcher follows the JSON text it accepts; a token that would close a string
-item, an item object, or an integer item, equal to an earlier item of the same
+item, an item object, or a number item, equal to an earlier item of the same
 array is refused (and masked). Objects are compared as JSON values (keys in any
-order, 1 and 1.0 one number); an integer is closed by the `,` or `]` after it,
-and a leading `0` (the integer 0, signed or not) is refused at once when 0 was
-an item already, since nothing can follow it.
+order, 1 and 1.0 one number); a number is closed by the `,` or `]` after it,
+and in an array of integers a leading `0` (the integer 0, signed or not) is
+refused at once when 0 was an item already, since nothing can follow it.
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass, replace
+from decimal import Decimal, InvalidOperation
 from typing import Any
 
 import torch
@@ -33,7 +34,8 @@ class _Frame:
     awaiting: bool = False       # arrays: a comma was read, an item must follow
     objects: bool = False        # unique arrays of open objects: each item object is compared whole
     start: int = -1              # objects that are such an item: where their text starts
-    integers: bool = False       # unique arrays of integers: each item compared once the byte after it comes
+    numbers: str = ""            # unique arrays of "integer" or "number" items: each compared once the byte after
+                                 # it comes
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,11 +47,11 @@ class _State:
     role: str = ""               # "key", "item" (of a unique array) or "" (other strings)
     expect_key: bool = False
     offset: int = 0              # bytes read so far
-    number: bytes = b""          # the integer item being read (its sign and digits so far)
+    number: bytes = b""          # the number item being read (its text so far)
 
 
 _QUOTE, _BACKSLASH = ord('"'), ord("\\")
-_INTEGER_BYTES = frozenset(b"-0123456789")
+_NUMBER_BYTES = frozenset(b"-+.eE0123456789")
 
 
 def _decode(raw: bytes) -> str | None:
@@ -106,14 +108,14 @@ def scan(state: _State, data: bytes, plan: UniqueItemsPlan, before: bytes | byte
         byte = data[i]
         i += 1
         top = stack[-1] if stack else None
-        if top is not None and top.integers:
-            if byte in _INTEGER_BYTES:
-                if byte == 0x30 and number in (b"", b"-") and 0 in top.seen:
+        if top is not None and top.numbers:
+            if byte in _NUMBER_BYTES:
+                if top.numbers == "integer" and byte == 0x30 and number in (b"", b"-") and 0 in top.seen:
                     return None  # the integer 0 again: no digit may follow a leading 0
                 number += data[i - 1:i]
                 continue
             if number:
-                value = int(number)
+                value = _number_value(number)
                 if value in top.seen:
                     return None
                 stack, number = (*stack[:-1], replace(top, seen=top.seen | {value})), b""
@@ -139,7 +141,7 @@ def scan(state: _State, data: bytes, plan: UniqueItemsPlan, before: bytes | byte
                 unique = plan.unique_at(path)
                 stack = (*stack, _Frame(False, path, unique, members=plan.members_at(path),
                                         objects=unique and plan.objects_at(path),
-                                        integers=unique and plan.integers_at(path)))
+                                        numbers=plan.numbers_at(path) if unique else ""))
                 expect_key = False
         elif byte == 0x7D or byte == 0x5D:  # } ]
             closed, stack = stack[-1] if stack else None, stack[:-1]
@@ -161,6 +163,15 @@ def scan(state: _State, data: bytes, plan: UniqueItemsPlan, before: bytes | byte
             else:
                 stack = (*stack[:-1], replace(top, index=top.index + 1, awaiting=True))
     return _State(stack, in_string, escape, raw, role, expect_key, state.offset + n, number)
+
+
+def _number_value(text: bytes) -> Any:
+    """The exact value of a JSON number (1 and 1.0 one value; 1e400 and 1e500 two, as JSON Schema has it and as
+    floats would not: a digit appended always makes a new value, which is what keeps generation going)."""
+    try:
+        return Decimal(text.decode("ascii"))
+    except (InvalidOperation, UnicodeDecodeError):
+        return ("unread", text)
 
 
 def _canonical_text(text: bytes | bytearray) -> Any:
@@ -203,11 +214,11 @@ def can_finish(state: _State) -> bool:
     return True
 
 
-def in_integer_set(state: _State) -> bool:
-    """Whether the text is at an item of a unique integer array that already holds one (a `,` or `]` may close a
-    duplicate, a `0` may begin one)."""
+def in_number_set(state: _State) -> bool:
+    """Whether the text is at an item of a unique number array that already holds one (a `,` or `]` may close a
+    duplicate, a `0` may begin the integer 0)."""
     top = state.stack[-1] if state.stack else None
-    return not state.in_string and top is not None and top.integers and bool(top.seen)
+    return not state.in_string and top is not None and bool(top.numbers) and bool(top.seen)
 
 
 def closes_item_object(state: _State) -> bool:
@@ -241,7 +252,7 @@ class UniqueItemsGrammar:
 
 class TokenBytes:
     """The bytes of every token, and the tokens that hold a quote, a `}`, or one of `,`, `]`, `0` (the only ones
-    that can close a string, an object, or an integer, or begin the integer 0)."""
+    that can close a string, an object, or a number, or begin the integer 0)."""
 
     def __init__(self, token_bytes: list[bytes]) -> None:
         self.data = token_bytes
@@ -287,9 +298,9 @@ class UniqueItemsMatcher:
         top = state.stack[-1] if state.stack else None
         if top is not None and not top.is_object and top.members is not None and top.seen:
             candidates = _allowed(bitmask[row], len(self._tokens.data))  # finite values: any token may matter
-        elif may_close_duplicate(state) or closes_item_object(state) or in_integer_set(state):
+        elif may_close_duplicate(state) or closes_item_object(state) or in_number_set(state):
             closers = (self._tokens.quoted if may_close_duplicate(state) else self._tokens.numeric
-                       if in_integer_set(state) else self._tokens.braced)
+                       if in_number_set(state) else self._tokens.braced)
             candidates = closers[closers < bitmask.shape[1] * 32]
             words = bitmask[row]
             allowed = (((words[candidates // 32].to(torch.int64) & 0xFFFFFFFF) >> (candidates % 32)) & 1)

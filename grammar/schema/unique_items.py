@@ -24,6 +24,9 @@ would close a string item equal to an earlier item of the same array is refused
   is as much a multiple, no smaller, and new); a leading `0` when 0 is
   taken is refused at once (nothing may follow it), and a non-zero
   multiple is always there to write;
+- or they are numbers without bounds (`type: number` alone): a duplicate is
+  refused at the `,` or `]` after it, and a digit (after a `.` where the
+  integer part is 0) always makes a new one;
 - every way from the root to the `uniqueItems` node is one that must hold for
   an array there: `properties`, `patternProperties`, `additionalProperties`,
   `items`, `prefixItems`, `allOf` and `$ref`, or an `anyOf` branch whose
@@ -223,19 +226,22 @@ def open_object(items: Any) -> bool:
     return extra is True or extra == {}
 
 
-def growing_integers(items: Any) -> bool:
-    """Integers with no upper bound and none below 0 when bounded below: appending a `0` to any of them gives
-    another valid one (see the module docstring)."""
-    if not isinstance(items, dict) or items.get("type") != "integer":
-        return False
+def growing_numbers(items: Any) -> str:
+    """"integer" for integers with no upper bound and none below 0 when bounded below (appending a `0` to any
+    gives another valid one), "number" for numbers without bounds, "" for anything else (see the module
+    docstring)."""
+    if not isinstance(items, dict) or items.get("type") not in ("integer", "number"):
+        return ""
+    if items["type"] == "number":
+        return "number" if set(items) & VALIDATION_KEYWORDS == {"type"} else ""
     if not set(items) & VALIDATION_KEYWORDS <= {"type", "minimum", "exclusiveMinimum", "multipleOf"}:
-        return False
+        return ""
     for key, least in (("minimum", 0), ("exclusiveMinimum", -1)):
         bound = items.get(key, least)
         if isinstance(bound, bool) or not isinstance(bound, int | float) or bound < least:
-            return False
+            return ""
     step = items.get("multipleOf", 1)
-    return not isinstance(step, bool) and isinstance(step, int | float) and step > 0
+    return "integer" if not isinstance(step, bool) and isinstance(step, int | float) and step > 0 else ""
 
 
 def _unique_string_items(node: dict, root: Any) -> bool:
@@ -243,7 +249,7 @@ def _unique_string_items(node: dict, root: Any) -> bool:
     if {"prefixItems", "contains", "minContains", "maxContains", "unevaluatedItems", "additionalItems"} & node.keys():
         return False
     items = _items_of(node, root)
-    if open_object(items) or growing_integers(items):
+    if open_object(items) or growing_numbers(items):
         return True
     members = finite_strings(items)
     if members is not None:
@@ -308,10 +314,12 @@ class UniqueItemsPlan:
         return any(isinstance(n, dict) and n.get("uniqueItems") is True and open_object(_items_of(n, self.root))
                    for n in self._nodes_at(path))
 
-    def integers_at(self, path: tuple) -> bool:
-        """Whether the unique array at `path` holds integers that may always grow (each compared once closed)."""
-        return any(isinstance(n, dict) and n.get("uniqueItems") is True and growing_integers(_items_of(n, self.root))
-                   for n in self._nodes_at(path))
+    def numbers_at(self, path: tuple) -> str:
+        """"integer" or "number" where the unique array at `path` holds numbers that may always grow (each
+        compared once closed), "" elsewhere."""
+        kinds = {growing_numbers(_items_of(n, self.root)) for n in self._nodes_at(path)
+                 if isinstance(n, dict) and n.get("uniqueItems") is True}
+        return "integer" if "integer" in kinds else "number" if "number" in kinds else ""
 
     def members_at(self, path: tuple) -> frozenset | None:
         """For a unique array over a finite set of strings: (UTF-8 text, value) of each value its items may take

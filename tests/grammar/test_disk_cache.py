@@ -58,7 +58,7 @@ def test_keys_separate_their_parts():
 
 def test_strict_crosses_to_the_engine_core(compiler):
     codec = SpecGrammarCodec(compiler)
-    schema = {"type": "array", "items": {"type": "integer"}, "uniqueItems": True}
+    schema = {"type": "array", "items": {"type": "integer", "maximum": 9}, "uniqueItems": True}
     relaxed = compiler.compile_blocking(GrammarSpec(GrammarKind.JSON_SCHEMA, schema, strict=False))
     decoded = codec.decode(codec.encode(relaxed), None)
     assert decoded.spec.strict is False and decoded.relaxed and "uniqueItems" in decoded.relaxed

@@ -125,7 +125,10 @@ def test_unique_items_to_matchers():
     stripped, plan = without_checked_unique_items(schema)
     assert "uniqueItems" not in stripped and plan.unique_at(())
     numbers = {"type": "array", "items": {"type": "integer"}, "uniqueItems": True}
-    assert without_checked_unique_items(numbers) == (numbers, None)
+    stripped, plan = without_checked_unique_items(numbers)
+    assert "uniqueItems" not in stripped and plan.numbers_at(()) == "integer"
+    bounded = {"type": "array", "items": {"type": "integer", "maximum": 9}, "uniqueItems": True}  # could run out
+    assert without_checked_unique_items(bounded) == (bounded, None)
 
 
 # ---- the subschema rewrites of `with_exact_identities`, in their declared order ------------------------------

@@ -134,6 +134,7 @@ def test_rollback_restores_what_was_seen(compiler, tokenizer):
     {"type": "object", "if": {"required": ["a"]}, "then": {"properties": {"b": TAGS}}},
     {"type": "array", "items": {"type": "integer", "maximum": 9}, "uniqueItems": True},   # could run out
     {"type": "array", "items": {"type": "integer", "minimum": -5}, "uniqueItems": True},  # -5 cannot grow
+    {"type": "array", "items": {"type": "number", "maximum": 1}, "uniqueItems": True},    # 1 cannot grow
 ])
 def test_what_the_matcher_cannot_check_exactly_stays_refused(compiler, schema):
     assert without_checked_unique_items(schema)[1] is None
@@ -246,3 +247,26 @@ def test_a_duplicate_integer_cannot_close_but_can_grow(compiler, tokenizer):
     after_zero = allowed_after('{"ids": [0, ')
     assert not any(t.startswith((b"0", b"-0")) for t in after_zero)  # 0 is taken, and nothing follows a 0
     assert any(t[:1] == b"3" for t in after_zero)
+
+
+NUMBERS = {"type": "array", "items": {"type": "number"}, "uniqueItems": True}
+
+
+@pytest.mark.parametrize("text", [
+    "[1, 1.0]", "[1, 1.5]", "[0, -0.0]", "[0.5, 5e-1]", "[1e2, 100]", "[1e2, 10]", "[-1, 1]", "[2.5, 3, 2.5]",
+])
+def test_numbers_are_compared_as_values(compiler, tokenizer, text):
+    grammar = compiler.compile_blocking(GrammarSpec(GrammarKind.JSON_SCHEMA, NUMBERS, strict=True))
+    assert accepted(grammar, tokenizer, text) == jsonschema.Draft202012Validator(NUMBERS).is_valid(json.loads(text))
+
+
+def test_a_duplicate_zero_number_can_grow_a_fraction(compiler, tokenizer):
+    grammar = compiler.compile_blocking(GrammarSpec(GrammarKind.JSON_SCHEMA, NUMBERS, strict=True))
+    matcher = grammar.new_matcher()
+    assert all(matcher.accept_token(t) for t in tokenizer.encode("[0, 0", add_special_tokens=False))
+    mask = torch.zeros((1, (SMOLLM2_VOCAB + 31) // 32), dtype=torch.int32)
+    matcher.fill_bitmask(mask, 0)
+    bits = (mask[0].to(torch.int64).unsqueeze(1) >> torch.arange(32)) & 1
+    token_bytes = grammar.closing_tokens.token_bytes
+    allowed = {token_bytes[i] for i in bits.flatten().nonzero().flatten().tolist() if i < len(token_bytes)}
+    assert not any(t[:1] in (b",", b"]") for t in allowed) and b"." in allowed

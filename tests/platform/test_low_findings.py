@@ -54,7 +54,7 @@ def test_a_session_id_reaching_the_lease_key_is_unknown_while_a_turn_runs(server
 
 def test_a_relaxed_property_name_with_cr_lf_cannot_split_the_response_headers(server: Any) -> None:
     name = "a\r\nx-injected: 1"
-    schema = {"type": "object", "properties": {name: {"type": "array", "items": {"type": "integer"},
+    schema = {"type": "object", "properties": {name: {"type": "array", "items": {"type": "integer", "maximum": 9},
                                                       "uniqueItems": True}}}
     body = {"model": MODEL, "messages": [{"role": "user", "content": "numbers"}], "max_tokens": 8,
             "response_format": {"type": "json_schema", "json_schema": {"name": "n", "schema": schema, "strict": False}}}
