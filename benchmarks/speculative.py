@@ -147,7 +147,7 @@ def main() -> None:
     if args.quick:
         sizes = {"max_tokens": 16, "repeats": 1, "modes": ["off", "ngram"]}
     else:
-        sizes = {"max_tokens": 128, "repeats": 3, "modes": ["off", "ngram", "auto"]}
+        sizes = {"max_tokens": 64, "repeats": 2, "modes": ["off", "ngram", "auto"]}
     run(loaded, "ngram", prompts(loaded[2], "grounded", 1), 4)  # warm-up: allocator, kernels
     cases = []
     for kind in ("grounded", "open"):
