@@ -64,18 +64,9 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> 
     HEAP.after_test(last_of_module=nextitem is None or nextitem.path != item.path)
 
 
-# Benchmarks' quick modes measure latency and throughput: `make test` runs them (marker `timing`) after the
-# groups that run side by side, so that the other group's load cannot skew what they measure.
-_TIMED_MODULE_SUFFIXES = ("_benchmark_quick.py", "_probe_quick.py", "_benchmark.py")
-
-
-@pytest.hookimpl(tryfirst=True)  # before the -m selection reads the markers
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     import torch
 
-    for item in items:
-        if item.path.name.endswith(_TIMED_MODULE_SUFFIXES):
-            item.add_marker(pytest.mark.timing)
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU (run them on a machine with one)")

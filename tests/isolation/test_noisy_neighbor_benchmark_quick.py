@@ -10,6 +10,7 @@ from benchmark_quick import run_quick
 
 
 @pytest.mark.slow
+@pytest.mark.timing  # the victim's latency bound: run alone (make test)
 def test_noisy_neighbor_benchmark_quick():
     stdout = run_quick("noisy_neighbor.py")
     for attack in ("stop_strings", "plain_generation", "big_body", "upload_bomb", "prompt_list", "many_tools",
