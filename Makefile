@@ -1,6 +1,6 @@
 # Two commands for a fresh machine:
 #   make serve   install, convert the bundled model, migrate, create a demo tenant (key printed once), serve on :8000
-#   make test    install with the test tools, start PostgreSQL and Redis if they are not running, run the suite (CPU)
+#   make test    install with the test tools, start PostgreSQL and Redis if they are not running, lint, run the suite (CPU)
 # and one for a GPU server:
 #   make serve-gpu   the CUDA build of torch in .venv-gpu, then serve on the GPU (LORAPLEX_MODEL_PATH: your model)
 
@@ -82,8 +82,8 @@ UNTIMED := -m "not gpu and not browser and not timing" $(PYTEST_ARGS)
 TEST_LOGS := build/test-logs
 
 test: $(TEST_STAMP) services model docs
-	@failed=0; mkdir -p $(TEST_LOGS); \
-	$(MAKE) --no-print-directory lint || failed=1; \
+	@failed=0; mkdir -p $(TEST_LOGS); rm -f $(TEST_LOGS)/*.rc; \
+	( $(LINT) ) || failed=1; \
 	for group in models platform; do \
 		case $$group in models) paths="$(MODEL_TESTS)";; platform) paths="$(PLATFORM_TESTS)";; esac; \
 		( $(PYTEST) $(UNTIMED) $$paths > $(TEST_LOGS)/$$group.log 2>&1; echo $$? > $(TEST_LOGS)/$$group.rc ) & \
@@ -112,11 +112,12 @@ docs: $(DOCS_STAMP)
 MYPY_LINKS := build/mypy/loraplex
 MYPY_PACKAGES := platform engine adapters grammar sessions billing migrations
 
+# One command line, so that `make test` runs it too (never through $(MAKE): `make -n test` would run that).
+LINT := $(VENV)/bin/ruff check . && mkdir -p $(MYPY_LINKS) \
+	&& for p in $(MYPY_PACKAGES); do ln -sfn ../../../$$p $(MYPY_LINKS)/$$p; done && $(VENV)/bin/mypy
+
 lint: $(TEST_STAMP)
-	$(VENV)/bin/ruff check .
-	@mkdir -p $(MYPY_LINKS)
-	@for p in $(MYPY_PACKAGES); do ln -sfn ../../../$$p $(MYPY_LINKS)/$$p; done
-	$(VENV)/bin/mypy
+	$(LINT)
 
 clean-venv:
 	rm -rf $(VENV)

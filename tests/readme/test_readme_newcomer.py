@@ -24,8 +24,10 @@ def test_make_serve_and_make_test_are_the_two_commands(example: Example, make_se
     assert make_serve.process is not None and make_serve.process.poll() is None
     dry_run = subprocess.run(["make", "-n", "-o", INSTALL_STAMP, "test"], cwd=REPO_ROOT, capture_output=True,
                              text=True, check=True).stdout
-    assert '-m "not gpu and not browser"' in dry_run, dry_run   # the whole suite on the CPU...
+    assert '-m "not gpu and not browser and not timing"' in dry_run, dry_run  # the whole suite on the CPU...
+    assert '-m "timing and not gpu and not browser"' in dry_run  # ...the wall-clock bounds alone...
     assert '-m "browser and not gpu"' in dry_run                # ...and the browser tests in their own process
+    assert "ruff check ." in dry_run and "bin/mypy" in dry_run   # lints
     assert "redis-server" in dry_run and "pg_ctlcluster" in dry_run  # starts PostgreSQL and Redis if not running
     assert "mkdocs build --strict" in dry_run                    # builds the docs
 
