@@ -406,6 +406,37 @@ def never_read_streams_attack(url: str, key: str, stopped: threading.Event, quic
     return len(sockets)
 
 
+def batch_job_attack(url: str, key: str, stopped: threading.Event, quick: bool, *,
+                     under_way: threading.Event | None = None) -> int:
+    """A Batch API job of long lines running while the victim is timed: batch work is the engine's lowest class,
+    run on what interactive requests leave. `under_way` is set once its first line is done (the batch then runs
+    at its full concurrency); cancelled once the attack ends; answers the lines it finished."""
+    num_lines = 40 if quick else 400
+    lines = [{"custom_id": f"line-{i}", "method": "POST", "url": "/v1/chat/completions",
+              "body": {"model": MODEL, "max_tokens": stream_tokens(quick), "ignore_eos": True, "temperature": 0.8,
+                       "messages": [{"role": "user", "content": f"Write a long story about lighthouse {i}."}]}}
+             for i in range(num_lines)]
+    jsonl = "".join(json.dumps(line) + "\n" for line in lines).encode()
+    with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {key}"}, timeout=120) as client:
+        uploaded = client.post("/v1/files", data={"purpose": "batch"}, files={"file": ("lines.jsonl", jsonl)})
+        if uploaded.status_code != 200:
+            raise RuntimeError(f"batch file refused: {uploaded.status_code} {uploaded.text[:300]}")
+        created = client.post("/v1/batches", json={"input_file_id": uploaded.json()["id"], "completion_window": "24h",
+                                                   "endpoint": "/v1/chat/completions"})
+        if created.status_code != 200:
+            raise RuntimeError(f"batch refused: {created.status_code} {created.text[:300]}")
+        batch_id = created.json()["id"]
+        while not stopped.wait(0.2):
+            if client.get(f"/v1/batches/{batch_id}").json()["request_counts"]["completed"] >= 1:
+                break
+        if under_way is not None:
+            under_way.set()
+        stopped.wait()
+        client.post(f"/v1/batches/{batch_id}/cancel")
+        counts = client.get(f"/v1/batches/{batch_id}").json()["request_counts"]
+    return int(counts["completed"])
+
+
 def refused_attack(name: str) -> Callable[..., int]:
     def attack(url: str, key: str, stopped: threading.Event, _quick: bool) -> int:
         path, body, param = refused_bodies()[name]
@@ -436,7 +467,12 @@ ATTACKS: dict[str, tuple[Callable[..., int], int, str]] = {
     "poison_parameters": (poison_attack, 2, "numbers past what the engine represents, each a 400 naming it"),
     "flood_long_streams": (flood_long_streams_attack, 1, "100 concurrent 400-token streams, read normally"),
     "never_read_streams": (never_read_streams_attack, 1, "280 400-token streams never read, held open"),
+    "batch_job": (batch_job_attack, 1, "a Batch API job of 400 lines of 400 tokens running"),
 }
+
+
+# Attacks that take a while to get going say when they are (the victim is timed from then on).
+SIGNALS_UNDER_WAY = frozenset({"batch_job"})
 
 
 # ---- client processes ----------------------------------------------------------------------------
@@ -471,15 +507,23 @@ def run_attack(conn: Connection, name: str, url: str, key: str, quick: bool) -> 
     counts: list[int] = []
     errors: list[BaseException] = []
 
+    under_way = threading.Event()
+    signals = name in SIGNALS_UNDER_WAY
+
     def run() -> None:
         try:
-            counts.append(attack(url, key, stopped, quick))
+            counts.append(attack(url, key, stopped, quick, under_way=under_way) if signals
+                          else attack(url, key, stopped, quick))
         except BaseException as exc:
             errors.append(exc)
+        finally:
+            under_way.set()
 
     threads = [threading.Thread(target=run, daemon=True) for _ in range(num_clients)]
     for thread in threads:
         thread.start()
+    if signals:
+        under_way.wait(timeout=600)
     conn.send("started")
     conn.recv()  # "stop"
     stopped.set()

@@ -47,6 +47,7 @@ from loraplex.engine.spec.verify import num_accepted
 SERVICE_DECAY = 0.9  # per step: "recent" service fades, so a tenant's past burst is forgotten
 DECODE_YIELD_PERIOD = 3  # a yielding decode runs in one step of this many (more when many yield together)
 MAX_DECODE_YIELD_PERIOD = 12
+CPU_BATCH_STEP_TOKENS = 256  # the token budget of a CPU step that runs batch work alone (see _has_interactive_work)
 FLOOD_MIN_SEQS, FLOOD_RATIO = 4, 4  # a tenant running this many sequences, this many times another's, floods
 
 
@@ -174,6 +175,11 @@ class Scheduler:
         num_sitting_out = len(yielding | {s.seq_id for s in self.running if s.tenant_id in flooding})
         if self.num_steps % yield_period(num_sitting_out) == 0:
             yielding, flooding = set(), set()  # the long decodes' step
+        batch_waits = False
+        if self.decode_yield_min_tokens:  # the CPU: batch work must never lengthen an interactive request's steps
+            batch_waits = self._has_interactive_work()
+            if not batch_waits:
+                budget = min(budget, CPU_BATCH_STEP_TOKENS)
         # Decodes first, then prefill chunks, each group in admission order.
         order = sorted(self.running, key=lambda s: s.num_uncomputed_tokens > 1)
         caps = self._prefill_caps(order, budget, yielding)
@@ -184,7 +190,7 @@ class Scheduler:
                 break
             if seq.status is not SequenceStatus.RUNNING:
                 continue  # preempted earlier in this loop
-            if seq.seq_id in yielding or seq.tenant_id in flooding:
+            if seq.seq_id in yielding or seq.tenant_id in flooding or (batch_waits and seq.background):
                 self.num_yielded_decodes += 1
                 continue
             num_new = min(seq.num_uncomputed_tokens, budget)
@@ -199,8 +205,18 @@ class Scheduler:
                 continue
             budget -= self._schedule_seq(seq, num_new, out)
         if out.num_preempted == 0:
-            self._admit(budget, out, skip_tenants=flooding)
+            self._admit(budget, out, skip_tenants=flooding, skip_background=batch_waits)
         return out
+
+    def _has_interactive_work(self) -> bool:
+        """Whether interactive (not batch) work runs or waits. On the CPU (decode yielding on) batch work sits
+        out every step that has some: there a step costs in proportion to its rows, so batch rows beside an
+        interactive request would slow it (a 40-line batch made a short chat request 3-4x slower), and a
+        step of batch work alone is kept short (CPU_BATCH_STEP_TOKENS), so an interactive request arriving
+        meanwhile waits for little. On a GPU the extra rows of a decode step are nearly free: batch work runs
+        beside interactive work there, preempted first."""
+        return (any(not s.background for s in self.running)
+                or any(not s.background for queue in self.waiting.values() for s in queue))
 
     # ---- fair sharing -----------------------------------------------------------------------
     def _demand_tenants(self) -> set[str]:
@@ -390,9 +406,10 @@ class Scheduler:
             i = out.seqs.index(seq)
             del out.seqs[i], out.num_new_tokens[i]
 
-    def _admit(self, budget: int, out: SchedulerOutput, skip_tenants: set[str] | None = None) -> None:
+    def _admit(self, budget: int, out: SchedulerOutput, skip_tenants: set[str] | None = None,
+               skip_background: bool = False) -> None:
         while budget > 0 and len(self.running) < self.max_num_seqs:
-            seq = self._next_waiting(skip_tenants)
+            seq = self._next_waiting(skip_tenants, skip_background)
             if seq is None:
                 return
             first_time = seq.num_cached_tokens < 0
@@ -414,7 +431,7 @@ class Scheduler:
             self.running.append(seq)
             budget -= self._schedule_seq(seq, num_new, out)
 
-    def _next_waiting(self, skip_tenants: set[str] | None = None) -> Sequence | None:
+    def _next_waiting(self, skip_tenants: set[str] | None = None, skip_background: bool = False) -> Sequence | None:
         """Interactive work first; then the tenant furthest under its slot share (running over weight), then
         the one with the least recent service per weight; within a tenant by `admission_key`."""
         best: Sequence | None = None
@@ -428,7 +445,8 @@ class Scheduler:
                 continue
             # In admission order, stopping at the first ready one: asking readiness may start an adapter's load
             # (and evict another's slot), so only the one that would be admitted is asked.
-            candidate = next((s for s in sorted(queue, key=admission_key) if self._is_ready(s)), None)
+            candidate = next((s for s in sorted(queue, key=admission_key)
+                              if not (skip_background and s.background) and self._is_ready(s)), None)
             if candidate is None:
                 continue
             weight = self.fair.weight(tenant)

@@ -213,3 +213,36 @@ def test_on_the_cpu_a_flooding_tenant_sits_out_with_its_long_decodes_but_still_a
     assert all(victim in out.seqs for out in outs), "the quiet request runs every step"
     assert 1 <= len(flood_steps) <= 14 // 3, "the flood runs in few of the steps, never none"
     assert all(s.tenant_id == "quiet" for out in outs if out not in flood_steps for s in out.seqs)
+
+
+def test_on_the_cpu_batch_work_sits_out_every_step_interactive_work_has_and_runs_short_steps_alone():
+    """CPU scheduling (decode yielding on): a step costs in proportion to its rows, so batch rows never share
+    a step with interactive work, and a step of batch work alone stays within CPU_BATCH_STEP_TOKENS, so an
+    interactive request arriving meanwhile waits for little."""
+    from loraplex.engine.scheduler import CPU_BATCH_STEP_TOKENS
+
+    bm = BlockManager(1000, 16)
+    sched = Scheduler(bm, max_num_batched_tokens=2048, max_num_seqs=16, decode_yield_min_tokens=16)
+    batch = [seq(100, "acme", background=True) for _ in range(8)]
+    for s in batch:
+        sched.add(s)
+    alone = run(sched, bm, 6)
+    assert all(sum(out.num_new_tokens) <= CPU_BATCH_STEP_TOKENS for out in alone)
+    assert sum(sum(out.num_new_tokens) for out in alone) > 0, "batch work runs when nothing else does"
+    victim = seq(12, "globex")
+    sched.add(victim)
+    shared = run(sched, bm, 4)
+    assert all(out.seqs == [victim] for out in shared), [[s.tenant_id for s in out.seqs] for out in shared]
+    sched.running.remove(victim)  # the victim finished: batch work resumes
+    assert any(s.background for s in sched.schedule().seqs)
+
+
+def test_on_a_gpu_batch_work_runs_beside_interactive_work():
+    bm = BlockManager(1000, 16)
+    sched = Scheduler(bm, max_num_batched_tokens=2048, max_num_seqs=16)
+    for s in [seq(100, "acme", background=True) for _ in range(8)]:
+        sched.add(s)
+    run(sched, bm, 2)
+    sched.add(seq(12, "globex"))
+    out = sched.schedule()
+    assert {s.tenant_id for s in out.seqs} == {"acme", "globex"}
