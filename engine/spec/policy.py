@@ -81,9 +81,13 @@ class Speculation:
 
     def _eligible(self, seq: Sequence) -> bool:
         """A decode on its own blocks with nothing forced: a fork child still shares its parent's last block,
-        prompt logprobs want prefill rows, and a forced reasoning end leaves nothing to guess."""
+        prompt logprobs want prefill rows, and a forced reasoning end leaves nothing to guess. Not a seeded
+        random row: whether it gets drafts depends on its batch mates (the step's budget, free blocks), and a
+        draft changes which token its uniform picks, so its tokens would no longer depend on its seed alone."""
+        sampling = seq.sampling
+        seeded_random = sampling.seed is not None and sampling.temperature > 0 and sampling.top_k != 1
         return (seq.num_uncomputed_tokens == 1 and seq.parent is None and not seq.wants_prompt_logprobs
-                and not seq.forced_token_ids and seq.num_output_tokens >= seq.spec_resume_at)
+                and not seq.forced_token_ids and seq.num_output_tokens >= seq.spec_resume_at and not seeded_random)
 
     # ---- after verification ---------------------------------------------------------------
     def record(self, seq: Sequence, num_drafts: int, num_accepted: int) -> None:

@@ -179,6 +179,9 @@ def test_auto_drafts_nothing_in_a_compute_bound_step_and_drafts_respect_the_limi
     child = _decoding([1, 2, 1, 2])
     child.parent = seq  # a fork child still shares its parent's last block
     assert fixed.propose(child, 16) == []
+    seeded = _decoding([1, 2, 1, 2])
+    seeded.sampling = SamplingParams(temperature=0.8, seed=7)  # its tokens must depend on its seed alone
+    assert fixed.propose(seeded, 16) == []
     assert Speculation.from_config(SpeculationConfig(mode="off")) is None
     with pytest.raises(ValueError):
         Speculation.from_config(SpeculationConfig(mode="sometimes"))
