@@ -27,7 +27,7 @@ from train_adapters import chat_prompt_ids
 from transformers import AutoTokenizer
 from waiting import async_wait_until
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = pytest.mark.timeout(600)
 LIMITS = AdapterLimits(max_loras=2, max_cpu_loras=16, max_lora_rank=64)
 
 
