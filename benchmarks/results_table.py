@@ -43,6 +43,10 @@ HEADLINE_KEYS: dict[str, list[str]] = {
                        "victim_p95_ratio_deep_schema", "victim_p95_ratio_logit_bias"],
     "responses": ["turn10_ttft_speedup_vs_stateless", "turn10_ttft_speedup_vs_prefix_cached",
                   "turn10_ttft_speedup_vs_prefix_cached_quiet"],
+    "speculative": ["greedy_identical"] + [f"speedup_{task}_b{b}" for b in (1, 8, 64)
+                                           for task in ("extraction", "json_schema", "code_edit", "chat")]
+                   + [f"{figure}_{task}" for figure in ("acceptance_rate", "mean_accepted_length")
+                      for task in ("extraction", "json_schema", "code_edit", "chat")],
 }
 OPS = {">=": lambda a, b: a >= b, "<=": lambda a, b: a <= b, "==": lambda a, b: a == b,
        ">": lambda a, b: a > b, "<": lambda a, b: a < b}
