@@ -55,3 +55,13 @@ async def async_wait_until(condition: Callable[[], T | Awaitable[T]], *, timeout
         if time.monotonic() > deadline:
             raise _timeout(what, timeout_s)
         await asyncio.sleep(interval_s)
+
+
+RATE_WINDOW_S = 60  # platform/ratelimit/limiter.py counts requests and tokens in fixed one-minute windows
+
+
+def wait_for_fresh_rate_window(margin_s: float = 20.0) -> None:
+    """Wait, when needed, until the current rate-limit window has at least `margin_s` left, so that the
+    requests a test counts on all fall in one window (one crossing a boundary starts from zero again)."""
+    wait_until(lambda: RATE_WINDOW_S - time.time() % RATE_WINDOW_S >= margin_s, timeout_s=RATE_WINDOW_S + 1,
+               interval_s=0.25, what=f"a rate-limit window with {margin_s:g} s left")

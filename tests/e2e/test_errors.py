@@ -6,7 +6,7 @@ import httpx
 import openai
 import pytest
 from e2e_helpers import MODEL, assert_openai_error, auth, chat_body, post
-from waiting import wait_until
+from waiting import wait_for_fresh_rate_window, wait_until
 
 
 def test_wrong_type_is_400_naming_the_field(api_server) -> None:  # type: ignore[no-untyped-def]
@@ -67,6 +67,7 @@ def _key_with_limits(server, **limits: int) -> str:  # type: ignore[no-untyped-d
 def test_requests_per_minute_is_429_with_retry_after(api_server) -> None:  # type: ignore[no-untyped-def]
     key = _key_with_limits(api_server, rpm_limit=2)
     body = {"model": MODEL, "prompt": "hi", "max_tokens": 1}
+    wait_for_fresh_rate_window()
     assert post(api_server, "/v1/completions", body, key).status_code == 200
     assert post(api_server, "/v1/completions", body, key).status_code == 200
     r = post(api_server, "/v1/completions", body, key)
@@ -79,6 +80,7 @@ def test_tokens_per_minute_is_429(api_server) -> None:  # type: ignore[no-untype
     # Prompt (5) and completion (20) tokens count; the next prompt would take the minute to 30 > 28.
     key = _key_with_limits(api_server, tpm_limit=28)
     body = {"model": MODEL, "prompt": "one two three four five", "max_tokens": 20, "temperature": 0, "ignore_eos": True}
+    wait_for_fresh_rate_window()
     first = post(api_server, "/v1/completions", body, key)
     assert first.status_code == 200 and first.json()["usage"]["total_tokens"] == 25
     r = post(api_server, "/v1/completions", body, key)

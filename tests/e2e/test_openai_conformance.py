@@ -17,6 +17,7 @@ import httpx
 import openai
 import pytest
 from e2e_helpers import HELLO, MODEL, auth
+from waiting import wait_for_fresh_rate_window
 
 ORIGIN = "https://app.example"
 
@@ -166,6 +167,7 @@ def test_rate_limit_429_still_invites_a_retry(server) -> None:  # type: ignore[n
                          headers=auth(server.keys["admin"]))
     key = created.json()["key"]
     body = {"model": MODEL, "prompt": "hi", "max_tokens": 1}
+    wait_for_fresh_rate_window()
     assert httpx.post(f"{server.base_url}/v1/completions", json=body, headers=auth(key), timeout=60).status_code == 200
     limited = httpx.post(f"{server.base_url}/v1/completions", json=body, headers=auth(key), timeout=60)
     assert limited.status_code == 429 and limited.json()["error"]["code"] == "rate_limit_exceeded"

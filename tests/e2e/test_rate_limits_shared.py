@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from contextlib import ExitStack
 from pathlib import Path
@@ -15,6 +14,7 @@ from loraplex.platform.auth.scopes import Scope
 from loraplex.platform.db import migrate
 from loraplex.platform.db.session import make_db_engine, make_session_factory
 from server_process import ServerProcess, server_env
+from waiting import wait_for_fresh_rate_window
 
 RPM = 3
 
@@ -49,16 +49,9 @@ def two_servers(postgres_url: str, redis_url: str, redis_prefix: str, smollm_pat
                 server.print_log()
 
 
-def _wait_for_fresh_window(margin_s: float = 15) -> None:
-    """Counts live in one-minute windows; start far enough from a boundary that one window holds the test."""
-    into_minute = time.time() % 60
-    if into_minute > 60 - margin_s:
-        time.sleep(60 - into_minute + 0.5)
-
-
 def test_requests_per_minute_shared_by_two_processes(two_servers: list[str], shared_key: str) -> None:
     body = {"model": MODEL, "prompt": "hi", "max_tokens": 1}
-    _wait_for_fresh_window()
+    wait_for_fresh_rate_window()
     statuses = []
     for i in range(RPM + 2):
         url = two_servers[i % 2]

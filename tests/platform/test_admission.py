@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import json
 import socket
-import time
 from typing import Any
 
 import httpx
 import pytest
-from waiting import wait_until
+from waiting import wait_for_fresh_rate_window, wait_until
 
 MODEL = "SmolLM2-135M-Instruct"
 LONG = {"model": MODEL, "prompt": "Count:", "max_tokens": 1500, "ignore_eos": True, "stream": True}
@@ -30,12 +29,6 @@ def _post(server: Any, path: str, body: dict[str, Any], key: str) -> httpx.Respo
     return httpx.post(server.base_url + path, json=body, headers=_auth(key), timeout=120)
 
 
-def _wait_fresh_minute(margin_s: float = 10) -> None:
-    into_minute = time.time() % 60
-    if into_minute > 60 - margin_s:
-        time.sleep(60 - into_minute + 0.5)
-
-
 @pytest.fixture(scope="module")
 def server(start_server: Any) -> Any:
     with start_server(max_inflight_per_tenant=2, stream_send_timeout_s=1) as running:
@@ -44,7 +37,7 @@ def server(start_server: Any) -> Any:
 
 def test_each_prompt_of_a_list_counts_for_requests_per_minute(server: Any) -> None:
     key = _key(server, rpm_limit=3)
-    _wait_fresh_minute()
+    wait_for_fresh_rate_window()
     two = {"model": MODEL, "prompt": ["a", "b"], "max_tokens": 1}
     assert _post(server, "/v1/completions", two, key).status_code == 200
     refused = _post(server, "/v1/completions", two, key)  # 2 + 2 > 3
@@ -54,7 +47,7 @@ def test_each_prompt_of_a_list_counts_for_requests_per_minute(server: Any) -> No
 
 def test_rate_limit_refuses_before_any_preparation(server: Any) -> None:
     key = _key(server, rpm_limit=1)
-    _wait_fresh_minute()
+    wait_for_fresh_rate_window()
     chat = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
     assert _post(server, "/v1/chat/completions", chat, key).status_code == 200
     # An unknown model and an unknown session would be 404s, found only by preparing the request:

@@ -17,7 +17,7 @@ from loraplex.sessions.errors import StoredStateLimitError, StoredStateTooLargeE
 from loraplex.sessions.quota import StoreQuota
 from loraplex.sessions.response_redis_store import RedisResponseStore
 from loraplex.sessions.responses import MemoryResponseStore, ResponseNotFoundError, StoredResponse
-from waiting import wait_until
+from waiting import wait_for_fresh_rate_window, wait_until
 
 MODEL = "SmolLM2-135M-Instruct"
 QUOTA = StoreQuota(what="stored responses", max_count=3, max_bytes=4000, max_record_bytes=2500,
@@ -232,8 +232,7 @@ def test_truncation_tokenizes_a_long_chain_once_and_counts_it(server: Any) -> No
     key = _new_key(server, tpm_limit=20_000)  # above one request's prompt and what it leaves out, not two
     body = {"model": MODEL, "input": "and the sea?", "previous_response_id": parent.id, "truncation": "auto",
             "max_output_tokens": 2, "store": False}
-    if time.time() % 60 > 30:  # both requests in one rate-limit window
-        time.sleep(60 - time.time() % 60 + 0.5)
+    wait_for_fresh_rate_window(margin_s=30)  # both requests in one rate-limit window
     started = time.process_time()  # CPU time, whatever else loads the machine
     answer = _post(server, body, key=key)
     cpu_s = time.process_time() - started
