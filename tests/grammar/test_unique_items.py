@@ -42,6 +42,22 @@ def accepted(grammar, tokenizer, text: str) -> bool:
         matcher.is_completed()
 
 
+def allowed_ids_after(grammar, tokenizer, text: str) -> set[int]:
+    """The token ids the grammar's mask allows once `text` is written."""
+    matcher = grammar.new_matcher()
+    assert all(matcher.accept_token(t) for t in tokenizer.encode(text, add_special_tokens=False)), text
+    mask = torch.zeros((1, (SMOLLM2_VOCAB + 31) // 32), dtype=torch.int32)
+    matcher.fill_bitmask(mask, 0)
+    bits = (mask[0].to(torch.int64).unsqueeze(1) >> torch.arange(32)) & 1
+    return set(bits.flatten().nonzero().flatten().tolist())
+
+
+def allowed_bytes_after(grammar, tokenizer, text: str) -> set[bytes]:
+    """The bytes of the tokens the grammar's mask allows once `text` is written."""
+    token_bytes = grammar.closing_tokens.token_bytes
+    return {token_bytes[i] for i in allowed_ids_after(grammar, tokenizer, text) if i < len(token_bytes)}
+
+
 @pytest.mark.parametrize("schema", SCHEMAS, ids=range(len(SCHEMAS)))
 def test_the_grammar_accepts_exactly_the_schemas_language(compiler, tokenizer, schema):
     grammar = compiler.compile_blocking(GrammarSpec(GrammarKind.JSON_SCHEMA, schema, strict=True))
@@ -62,11 +78,8 @@ def test_the_mask_never_offers_the_close_of_a_duplicate(compiler, tokenizer):
     ids = [tokenizer.encode(t, add_special_tokens=False)[0] for t in closers]
 
     def allowed_after(text: str) -> list[bool]:
-        matcher = grammar.new_matcher()
-        assert all(matcher.accept_token(t) for t in tokenizer.encode(text, add_special_tokens=False))
-        mask = torch.zeros((1, (SMOLLM2_VOCAB + 31) // 32), dtype=torch.int32)
-        matcher.fill_bitmask(mask, 0)
-        return [bool((int(mask[0, i // 32]) >> (i % 32)) & 1) for i in ids]
+        allowed = allowed_ids_after(grammar, tokenizer, text)
+        return [i in allowed for i in ids]
 
     assert not any(allowed_after('["ab", "cd", "ab'))
     assert all(allowed_after('["ab", "cd", "ac'))
@@ -204,12 +217,7 @@ def test_open_objects_are_compared_whole(compiler, tokenizer, text, valid):
 
 def test_a_duplicate_object_cannot_close_but_can_go_on(compiler, tokenizer):
     grammar = compiler.compile_blocking(GrammarSpec(GrammarKind.JSON_SCHEMA, OBJECTS, strict=True))
-    matcher = grammar.new_matcher()
-    assert all(matcher.accept_token(t) for t in tokenizer.encode('[{"a": 1}, {"a": 1', add_special_tokens=False))
-    mask = torch.zeros((1, (SMOLLM2_VOCAB + 31) // 32), dtype=torch.int32)
-    matcher.fill_bitmask(mask, 0)
-    allowed = [i for i in range(len(grammar.closing_tokens.token_bytes)) if (int(mask[0, i // 32]) >> (i % 32)) & 1]
-    texts = {grammar.closing_tokens.token_bytes[i] for i in allowed}
+    texts = allowed_bytes_after(grammar, tokenizer, '[{"a": 1}, {"a": 1')
     assert not any(t.startswith(b"}") for t in texts)  # the duplicate's close is masked
     assert any(t.startswith(b",") for t in texts)  # another key is not
 
@@ -229,15 +237,9 @@ def test_integers_are_compared_once_closed(compiler, tokenizer, text):
 
 def test_a_duplicate_integer_cannot_close_but_can_grow(compiler, tokenizer):
     grammar = compiler.compile_blocking(GrammarSpec(GrammarKind.JSON_SCHEMA, INTEGERS, strict=True))
-    token_bytes = grammar.closing_tokens.token_bytes
 
     def allowed_after(text: str) -> set[bytes]:
-        matcher = grammar.new_matcher()
-        assert all(matcher.accept_token(t) for t in tokenizer.encode(text, add_special_tokens=False))
-        mask = torch.zeros((1, (SMOLLM2_VOCAB + 31) // 32), dtype=torch.int32)
-        matcher.fill_bitmask(mask, 0)
-        bits = (mask[0].to(torch.int64).unsqueeze(1) >> torch.arange(32)) & 1
-        return {token_bytes[i] for i in bits.flatten().nonzero().flatten().tolist() if i < len(token_bytes)}
+        return allowed_bytes_after(grammar, tokenizer, text)
 
     after_duplicate = allowed_after('{"ids": [6, 3, 6')
     assert not any(t[:1] in (b",", b"]") for t in after_duplicate)  # 6 is taken
@@ -262,11 +264,5 @@ def test_numbers_are_compared_as_values(compiler, tokenizer, text):
 
 def test_a_duplicate_zero_number_can_grow_a_fraction(compiler, tokenizer):
     grammar = compiler.compile_blocking(GrammarSpec(GrammarKind.JSON_SCHEMA, NUMBERS, strict=True))
-    matcher = grammar.new_matcher()
-    assert all(matcher.accept_token(t) for t in tokenizer.encode("[0, 0", add_special_tokens=False))
-    mask = torch.zeros((1, (SMOLLM2_VOCAB + 31) // 32), dtype=torch.int32)
-    matcher.fill_bitmask(mask, 0)
-    bits = (mask[0].to(torch.int64).unsqueeze(1) >> torch.arange(32)) & 1
-    token_bytes = grammar.closing_tokens.token_bytes
-    allowed = {token_bytes[i] for i in bits.flatten().nonzero().flatten().tolist() if i < len(token_bytes)}
+    allowed = allowed_bytes_after(grammar, tokenizer, "[0, 0")
     assert not any(t[:1] in (b",", b"]") for t in allowed) and b"." in allowed
