@@ -14,7 +14,9 @@ router) and vLLM's Grafana dashboards read these names:
 - counters `vllm:prompt_tokens_total`, `vllm:generation_tokens_total`,
   `vllm:num_preemptions_total`, `vllm:prefix_cache_queries_total`,
   `vllm:prefix_cache_hits_total`, `vllm:spec_decode_num_draft_tokens_total`,
-  `vllm:spec_decode_num_accepted_tokens_total` (speculative decoding);
+  `vllm:spec_decode_num_accepted_tokens_total` (speculative decoding) and
+  `vllm:spec_decode_num_accepted_tokens_per_pos_total{position}` (accepted drafts
+  at each draft position, 0 the first, as vLLM labels them);
 - histograms `vllm:time_to_first_token_seconds`, `vllm:inter_token_latency_seconds`,
   `vllm:e2e_request_latency_seconds`: our own histograms (platform/metrics.py,
   summed over every API server) under a second name.
@@ -134,6 +136,19 @@ class VllmEngineCollector(Collector):
                 counter = CounterMetricFamily(name, help_text, labels=["model_name"])
                 counter.add_metric(model, float(value))
                 yield counter
+        yield from self._accepted_per_position(stats)
+
+    def _accepted_per_position(self, stats: dict[str, Any]) -> Iterator[Metric]:
+        """vLLM's per-position acceptance counter; absent while speculation is off (no positions)."""
+        counts = stats.get("spec_decode_num_accepted_tokens_per_pos") or []
+        if not counts:
+            return
+        counter = CounterMetricFamily("vllm:spec_decode_num_accepted_tokens_per_pos",
+                                      "Draft tokens the output kept, per draft position (0: the first)",
+                                      labels=["model_name", "position"])
+        for position, count in enumerate(counts):
+            counter.add_metric([self._model, str(position)], float(count))
+        yield counter
 
     def _lora_info(self, stats: dict[str, Any]) -> GaugeMetricFamily:
         family = GaugeMetricFamily("vllm:lora_requests_info", "Running stats on LoRA requests",

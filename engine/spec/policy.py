@@ -54,6 +54,10 @@ class Speculation:
         self.num_accepted_tokens = 0   # of those, the ones the output kept
         self.num_verified_rows = 0
         self.num_skipped_steps = 0     # steps that drafted nothing because they were compute-bound
+        # Per draft position (0: the first draft): drafts verified there, and those the output kept. vLLM's
+        # acceptance per position divides the latter by verified rows; ours may draft fewer than k tokens.
+        self.num_draft_tokens_per_pos = [0] * config.num_tokens
+        self.num_accepted_tokens_per_pos = [0] * config.num_tokens
 
     @classmethod
     def from_config(cls, config: SpeculationConfig) -> Speculation | None:
@@ -94,6 +98,10 @@ class Speculation:
         self.num_draft_tokens += num_drafts
         self.num_accepted_tokens += num_accepted
         self.num_verified_rows += 1
+        for pos in range(num_drafts):
+            self.num_draft_tokens_per_pos[pos] += 1
+        for pos in range(num_accepted):  # accepted drafts are a prefix of the drafts
+            self.num_accepted_tokens_per_pos[pos] += 1
         if not self.adaptive:
             return
         rate = num_accepted / num_drafts
@@ -103,13 +111,16 @@ class Speculation:
             seq.spec_resume_at = seq.num_output_tokens + seq.spec_cooldown
             seq.spec_acceptance = 2 * MIN_ACCEPTANCE  # the retry starts from a fair chance, not the old average
 
-    def stats(self) -> dict[str, int]:
+    def stats(self) -> dict[str, int | list[int]]:
         return {"spec_decode_num_draft_tokens_total": self.num_draft_tokens,
                 "spec_decode_num_accepted_tokens_total": self.num_accepted_tokens,
-                "spec_decode_num_verified_rows_total": self.num_verified_rows}
+                "spec_decode_num_verified_rows_total": self.num_verified_rows,
+                "spec_decode_num_draft_tokens_per_pos": list(self.num_draft_tokens_per_pos),
+                "spec_decode_num_accepted_tokens_per_pos": list(self.num_accepted_tokens_per_pos)}
 
     @staticmethod
-    def empty_stats() -> dict[str, int]:
-        """The same counters where speculation is off."""
+    def empty_stats() -> dict[str, int | list[int]]:
+        """The same counters where speculation is off (no draft positions)."""
         return {"spec_decode_num_draft_tokens_total": 0, "spec_decode_num_accepted_tokens_total": 0,
-                "spec_decode_num_verified_rows_total": 0}
+                "spec_decode_num_verified_rows_total": 0, "spec_decode_num_draft_tokens_per_pos": [],
+                "spec_decode_num_accepted_tokens_per_pos": []}
