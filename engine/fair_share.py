@@ -69,6 +69,19 @@ def loads(running: list[Sequence], pinned_blocks_by_tenant: dict[str, int]) -> d
     return by_tenant
 
 
+def flooding_tenants(counts: dict[str, int], min_seqs: int, ratio: float) -> set[str]:
+    """Tenants running at least `min_seqs` sequences and `ratio` times as many as the tenant with the fewest
+    (`counts`: sequences per tenant, running or waiting); none while only one tenant has work."""
+    if len(counts) < 2:
+        return set()
+    flooding = set()
+    for tenant, count in counts.items():
+        fewest_other = min(c for t, c in counts.items() if t != tenant)
+        if count >= min_seqs and count >= ratio * fewest_other:
+            flooding.add(tenant)
+    return flooding
+
+
 def pick_victim(running: list[Sequence], candidate: Sequence, load: dict[str, TenantLoad],
                 slot_share: dict[str, float], block_share: dict[str, float], by_blocks: bool,
                 step: int) -> Sequence | None:

@@ -49,6 +49,8 @@ DECODE_YIELD_PERIOD = 3  # a yielding decode runs in one step of this many (more
 MAX_DECODE_YIELD_PERIOD = 12
 CPU_BATCH_STEP_TOKENS = 256  # the token budget of a CPU step that runs batch work alone (see _has_interactive_work)
 FLOOD_MIN_SEQS, FLOOD_RATIO = 4, 4  # a tenant running this many sequences, this many times another's, floods
+MAX_FLOOD_SIT_OUT_STEPS = 4  # GPU: a flood sits out at most this many steps in a row for others' prefills
+BATCH_ADMISSION_WAVE = 0.125  # GPU, interactive work running: batch work is admitted once this share of slots is free
 
 
 def yield_period(num_yielding: int) -> int:
@@ -102,6 +104,7 @@ class Scheduler:
         self.fair = FairShare()
         self.num_fairness_preemptions = 0
         self.num_swapped_out = 0  # preempted sequences whose blocks went to the host tier
+        self._flood_sit_out_streak = 0  # steps in a row the flooding tenants sat out for others' prefills
         # Waiting sequences whose adapter_ready raised: the engine fails their requests.
         self.failed: dict[int, tuple[Sequence, Exception]] = {}
         self.speculation: Speculation | None = None  # drafts for decodes (engine/spec); None: off
@@ -175,11 +178,14 @@ class Scheduler:
         num_sitting_out = len(yielding | {s.seq_id for s in self.running if s.tenant_id in flooding})
         if self.num_steps % yield_period(num_sitting_out) == 0:
             yielding, flooding = set(), set()  # the long decodes' step
-        batch_waits = False
+        flooding = flooding or self._floods_sitting_out_for_a_prefill()
+        batch_waits = batch_trickles = False
         if self.decode_yield_min_tokens:  # the CPU: batch work must never lengthen an interactive request's steps
             batch_waits = self._has_interactive_work()
             if not batch_waits:
                 budget = min(budget, CPU_BATCH_STEP_TOKENS)
+        else:
+            batch_trickles = self._batch_admission_waits_for_a_wave()
         # Decodes first, then prefill chunks, each group in admission order.
         order = sorted(self.running, key=lambda s: s.num_uncomputed_tokens > 1)
         caps = self._prefill_caps(order, budget, yielding)
@@ -205,8 +211,19 @@ class Scheduler:
                 continue
             budget -= self._schedule_seq(seq, num_new, out)
         if out.num_preempted == 0:
-            self._admit(budget, out, skip_tenants=flooding, skip_background=batch_waits)
+            self._admit(budget, out, skip_tenants=flooding, skip_background=batch_waits or batch_trickles)
         return out
+
+    def _batch_admission_waits_for_a_wave(self) -> bool:
+        """On a GPU, while interactive work runs, batch work is admitted in waves: only once a
+        `BATCH_ADMISSION_WAVE` fraction of the slots is free. Admitted one by one as batch lines finish, nearly
+        every step carried a batch prefill and ran eagerly instead of replaying the decode graphs (an H200 step
+        of 64 SmolLM2 rows: ~15 ms eager, ~3 ms graph), and the interactive requests decoding beside them
+        paid for it; in waves one eager step admits many lines."""
+        if not self._has_interactive_work():
+            return False
+        wave = max(1, int(self.max_num_seqs * BATCH_ADMISSION_WAVE))
+        return self.max_num_seqs - len(self.running) < wave
 
     def _has_interactive_work(self) -> bool:
         """Whether interactive (not batch) work runs or waits. On the CPU (decode yielding on) batch work sits
@@ -326,20 +343,45 @@ class Scheduler:
         cost alone; the flood still runs one step in `yield_period`."""
         if not self.decode_yield_min_tokens or not self.running:
             return set()
+        return self._floods()
+
+    def _floods(self) -> set[str]:
         counts: dict[str, int] = {}
         for seq in self.running:
             counts[seq.tenant_id] = counts.get(seq.tenant_id, 0) + 1
         for tenant, queue in self.waiting.items():
             if queue and tenant not in counts:
                 counts[tenant] = 1  # a tenant whose request waits counts as running one
-        if len(counts) < 2:
+        return fair_share.flooding_tenants(counts, FLOOD_MIN_SEQS, FLOOD_RATIO)
+
+    def _floods_sitting_out_for_a_prefill(self) -> set[str]:
+        """On a GPU (decode yielding off), the flooding tenants' rows sit out a step that runs another tenant's
+        interactive prefill. A step with a prefill cannot replay the decode graphs: mixed with a flood's 63
+        decodes it ran eagerly in ~15 ms (H200, SmolLM2 shapes) against ~3 ms for the flood's graph step, and
+        that step is the other tenant's time to first token. Alone, the prefill's step costs what it costs on
+        a quiet server, and the flood loses one graph step. A flood sits out at most
+        `MAX_FLOOD_SIT_OUT_STEPS` steps in a row, so others' long prompts cannot starve it."""
+        if self.decode_yield_min_tokens or not self.fair_sharing or not self.running:
             return set()
-        flooding = set()
-        for tenant, count in counts.items():
-            fewest_other = min(c for t, c in counts.items() if t != tenant)
-            if count >= FLOOD_MIN_SEQS and count >= FLOOD_RATIO * fewest_other:
-                flooding.add(tenant)
-        return flooding
+        if self._flood_sit_out_streak >= MAX_FLOOD_SIT_OUT_STEPS:
+            self._flood_sit_out_streak = 0
+            return set()
+        floods = self._floods()
+        if floods and self._others_want_prefill(floods):
+            self._flood_sit_out_streak += 1
+            return floods
+        self._flood_sit_out_streak = 0
+        return set()
+
+    def _others_want_prefill(self, floods: set[str]) -> bool:
+        """Whether a tenant outside `floods` has an interactive prefill chunk to run now: a running one, or
+        the request admission would take next (a free slot needed)."""
+        if any(s.num_uncomputed_tokens > 1 and not s.background and s.tenant_id not in floods for s in self.running):
+            return True
+        if len(self.running) >= self.max_num_seqs:
+            return False
+        candidate = self._next_waiting(skip_tenants=floods, skip_background=True)
+        return candidate is not None
 
     def _make_room(self, seq: Sequence, num_new: int, out: SchedulerOutput) -> bool:
         """Free blocks for `seq`: drop session pins first (oldest first), then preempt the newest."""

@@ -60,6 +60,22 @@ def run_api_server(settings: Settings, sock: socket.socket) -> None:
     DrainingServer(config, app).run(sockets=[sock])
 
 
+def run_batch_worker(settings: Settings, socket_path: str) -> None:
+    """The batch-worker process: the same app, listening only on a private Unix socket, so that its lifespan
+    runs the batch worker (claiming, running and metering batches) on an event loop no client request shares."""
+    die_with_parent()
+    ignore_ctrl_c()
+    keep_the_loop_responsive()
+    from loraplex.platform.app import create_app
+    from loraplex.platform.request_context import configure_logging
+
+    configure_logging(settings.log_level)
+    app = create_app(settings)
+    config = uvicorn.Config(app, uds=socket_path, log_config=None, access_log=False,
+                            timeout_graceful_shutdown=int(settings.drain_timeout_s) or None)
+    DrainingServer(config, app).run()
+
+
 def keep_the_loop_responsive() -> None:
     """An API server's event loop must not wait behind its own background threads (meter, database, upload pool).
 
@@ -144,8 +160,8 @@ class Supervisor:
                 self._stop_api_servers(2)
                 self.core.stop()
                 return 0 if ready is False else 1
-            log.info("engine core pid %d ready; %d API server(s): %s", self.core.pid, len(self.api_servers),
-                     ", ".join(str(p.pid) for p in self.api_servers))
+            log.info("engine core pid %d ready; %s", self.core.pid,
+                     ", ".join(f"{p.name} pid {p.pid}" for p in self.api_servers))
             return self._watch()
         finally:
             sock.close()
@@ -160,11 +176,19 @@ class Supervisor:
                                                         "migrate_on_start": False,
                                                         "metrics_multiprocess_dir": metrics_dir})
         context = multiprocessing.get_context("spawn")
+        batch_process = self.settings.batch_workers_enabled and self.settings.batch_worker_process
+        route_settings = api_settings.model_copy(update={"batch_workers_enabled": False}) if batch_process \
+            else api_settings
         for index in range(self.settings.num_api_servers):
-            process = context.Process(target=run_api_server, args=(api_settings, sock),
+            process = context.Process(target=run_api_server, args=(route_settings, sock),
                                       name=f"loraplex-api-{index}")
             process.start()
             self.api_servers.append(process)
+        if batch_process:
+            process = context.Process(target=run_batch_worker, name="loraplex-batch-worker",
+                                      args=(api_settings, os.path.join(metrics_dir, "batch-worker.sock")))
+            process.start()
+            self.api_servers.append(process)  # watched and drained as the API servers are
 
     def _watch(self) -> int:
         assert self.core is not None

@@ -237,12 +237,73 @@ def test_on_the_cpu_batch_work_sits_out_every_step_interactive_work_has_and_runs
     assert any(s.background for s in sched.schedule().seqs)
 
 
-def test_on_a_gpu_batch_work_runs_beside_interactive_work():
+def test_on_a_gpu_batch_work_sits_out_the_interactive_prefill_step_then_runs_beside_the_decodes():
+    """GPU scheduling (decode yielding off): a step with a prefill cannot replay the decode graphs, so the
+    many batch rows sit out the interactive request's prefill step; its decodes then share steps with them."""
     bm = BlockManager(1000, 16)
     sched = Scheduler(bm, max_num_batched_tokens=2048, max_num_seqs=16)
     for s in [seq(100, "acme", background=True) for _ in range(8)]:
         sched.add(s)
     run(sched, bm, 2)
-    sched.add(seq(12, "globex"))
-    out = sched.schedule()
-    assert {s.tenant_id for s in out.seqs} == {"acme", "globex"}
+    victim = seq(12, "globex")
+    sched.add(victim)
+    (prefill,) = run(sched, bm, 1)
+    assert prefill.seqs == [victim] and prefill.num_new_tokens == [12]
+    (decode,) = run(sched, bm, 1)
+    assert {s.tenant_id for s in decode.seqs} == {"acme", "globex"}
+    assert all(n == 1 for n in decode.num_new_tokens)
+
+
+def test_on_a_gpu_a_flood_sits_out_another_tenants_prefill_steps_but_never_more_than_a_few_in_a_row():
+    from loraplex.engine.scheduler import MAX_FLOOD_SIT_OUT_STEPS
+
+    bm = BlockManager(4000, 16)
+    sched = Scheduler(bm, max_num_batched_tokens=64, max_num_seqs=32)
+    flood = [seq(20, "flood") for _ in range(16)]
+    for s in flood:
+        sched.add(s)
+    run(sched, bm, 8)  # the flood alone: admitted and decoding
+    assert all(s.num_computed_tokens >= 20 for s in flood)
+    short = seq(10, "quiet")
+    sched.add(short)
+    (alone,) = run(sched, bm, 1)
+    assert alone.seqs == [short], "the short prompt's step runs without the flood"
+    (together,) = run(sched, bm, 1)
+    assert short in together.seqs and len(together.seqs) == 17, "then it decodes beside the flood"
+    long_prompt = seq(64 * 12, "other")  # twelve chunks: the flood may not wait for all of them
+    sched.add(long_prompt)
+    outs = run(sched, bm, 12)
+    flood_ran = [any(s.tenant_id == "flood" for s in out.seqs) for out in outs]
+    streak = longest = 0
+    for ran in flood_ran:
+        streak = 0 if ran else streak + 1
+        longest = max(longest, streak)
+    assert longest == MAX_FLOOD_SIT_OUT_STEPS, flood_ran
+    assert any(flood_ran)
+
+
+def test_on_a_gpu_batch_work_is_admitted_in_waves_while_interactive_work_runs():
+    from loraplex.engine.scheduler import BATCH_ADMISSION_WAVE
+
+    bm = BlockManager(4000, 16)
+    sched = Scheduler(bm, max_num_batched_tokens=2048, max_num_seqs=16)
+    wave = int(16 * BATCH_ADMISSION_WAVE)
+    interactive = seq(8, "globex")
+    sched.add(interactive)
+    batch = [seq(8, "acme", background=True) for _ in range(15 + 2 * wave)]
+    for s in batch:
+        sched.add(s)
+    run(sched, bm, 2)
+    running_batch = [s for s in sched.running if s.background]
+    assert len(running_batch) == 15
+    sched.running.remove(running_batch[0])  # one line finished: one slot is free, less than a wave
+    assert not any(s.background and s.num_computed_tokens == 0 for s in sched.schedule().seqs)
+    for done in running_batch[1:wave]:
+        sched.running.remove(done)  # now a wave's worth of slots is free
+    sched.schedule()
+    admitted = [s for s in sched.running if s.background and s not in running_batch]
+    assert len(admitted) == wave
+    sched.running.remove(interactive)  # no interactive work: batch work is admitted as slots free
+    sched.running.remove(admitted[0])
+    sched.schedule()
+    assert len([s for s in sched.running if s.background]) == 16
