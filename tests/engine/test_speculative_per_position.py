@@ -32,3 +32,9 @@ def test_speculation_off_has_no_positions() -> None:
     stats = Speculation.empty_stats()
     assert stats["spec_decode_num_accepted_tokens_per_pos"] == []
     assert stats["spec_decode_num_draft_tokens_per_pos"] == []
+
+
+def test_auto_never_drafts_on_a_gpu_where_drafting_steps_leave_the_decode_graphs() -> None:
+    assert Speculation.from_config(SpeculationConfig(mode="auto", device_type="cuda")) is None
+    assert Speculation.from_config(SpeculationConfig(mode="ngram", device_type="cuda")) is not None
+    assert Speculation.from_config(SpeculationConfig(mode="auto", device_type="cpu")) is not None
