@@ -351,7 +351,7 @@ def run_gpu(args: argparse.Namespace, sizes: dict[str, Any]) -> dict[str, Any]:
     compiler = GrammarCompilerService(loaded[2], model_config.vocab_size)
     engines = gpu_engines(loaded, sizes["modes"], max(64, *sizes["batches"]))
     cases = []
-    for task in TASKS:
+    for task in args.tasks:
         for batch in sizes["batches"]:
             result = gpu_case(engines, compiler, loaded[2], task, batch, sizes["max_tokens"], sizes["repeats"])
             cases.append(result)
@@ -446,6 +446,7 @@ def main() -> None:
                         "quick: [1, 8])")
     parser.add_argument("--max-tokens", type=int, help="tokens per request (default: CPU 64, GPU 128, quick 16)")
     parser.add_argument("--repeats", type=int, help="timed runs per mode (default: CPU 2 (best), GPU 3 (median))")
+    parser.add_argument("--tasks", nargs="+", choices=TASKS, default=list(TASKS), help="GPU: the tasks to run")
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (1: the box is shared)")
     args = parser.parse_args()
     if args.device == "cuda" and not torch.cuda.is_available():

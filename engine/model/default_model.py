@@ -12,11 +12,13 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from loraplex.engine.model.tokenizer_repair import repair_byte_level_tokenizer
 from tqdm import tqdm
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 GGUF_FILE_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 _COMPLETE_MARKER = ".complete"
+_TOKENIZER_CHECKED_MARKER = ".tokenizer-checked"  # a folder converted before the repair existed is checked once
 
 
 def find_default_gguf() -> Path:
@@ -39,6 +41,9 @@ def ensure_default_model(cache_dir: str | os.PathLike[str]) -> Path:
     """
     target = Path(cache_dir) / DEFAULT_MODEL_NAME
     if (target / _COMPLETE_MARKER).is_file():
+        if not (target / _TOKENIZER_CHECKED_MARKER).is_file():
+            repair_byte_level_tokenizer(target / "tokenizer.json")
+            (target / _TOKENIZER_CHECKED_MARKER).write_text("ok\n")
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     gguf_path = find_default_gguf()
@@ -69,6 +74,8 @@ def _convert(gguf_path: Path, out_dir: Path) -> None:
         bar.set_postfix_str(steps[0])
         tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
         tokenizer.save_pretrained(out_dir)
+        repair_byte_level_tokenizer(out_dir / "tokenizer.json")
+        (out_dir / _TOKENIZER_CHECKED_MARKER).write_text("ok\n")
         bar.update(1)
         bar.set_postfix_str(steps[1])
         quantized = AutoModelForCausalLM.from_pretrained(
