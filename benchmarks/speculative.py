@@ -43,7 +43,7 @@ position (first draft first), from the engine's per-position counters.
 
     python benchmarks/speculative.py                 # full run, writes benchmarks/results/speculative.json
     python benchmarks/speculative.py --batches 1 8   # the full run at fewer batch sizes (said in its config)
-    python benchmarks/speculative.py --quick         # B in 1, 8, few tokens, same code paths; prints the JSON
+    python benchmarks/speculative.py --quick         # B in 1, 2, few tokens, same code paths; prints the JSON
     python benchmarks/speculative.py --device cuda   # the GPU run (B in 1, 8, 64; off, ngram, auto)
 """
 
@@ -428,7 +428,7 @@ def run_cpu(args: argparse.Namespace, sizes: dict[str, Any]) -> dict[str, Any]:
 
 def run_sizes(args: argparse.Namespace) -> dict[str, Any]:
     if args.quick:
-        sizes = {"max_tokens": 16, "repeats": 1, "modes": ["off", "ngram"], "batches": args.batches or [1, 8]}
+        sizes = {"max_tokens": 16, "repeats": 1, "modes": ["off", "ngram"], "batches": args.batches or [1, 2]}
     elif args.device == "cuda":
         sizes = {"max_tokens": 128, "repeats": 3, "modes": ["off", "ngram", "auto"],
                  "batches": args.batches or list(FULL_BATCHES)}
@@ -440,10 +440,10 @@ def run_sizes(args: argparse.Namespace) -> dict[str, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="B in 1, 8, few tokens; prints, writes nothing")
+    parser.add_argument("--quick", action="store_true", help="B in 1, 2, few tokens; prints, writes nothing")
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     parser.add_argument("--batches", type=int, nargs="+", help=f"batch sizes (default {list(FULL_BATCHES)}; "
-                        "quick: [1, 8])")
+                        "quick: [1, 2])")
     parser.add_argument("--max-tokens", type=int, help="tokens per request (default: CPU 64, GPU 128, quick 16)")
     parser.add_argument("--repeats", type=int, help="timed runs per mode (default: CPU 2 (best), GPU 3 (median))")
     parser.add_argument("--tasks", nargs="+", choices=TASKS, default=list(TASKS), help="GPU: the tasks to run")

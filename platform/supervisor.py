@@ -122,7 +122,8 @@ class Supervisor:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.core: EngineCoreProcess | None = None
-        self.api_servers: list[BaseProcess] = []
+        self.api_servers: list[BaseProcess] = []  # and the batch worker, once started
+        self._api_settings = settings
         self._stopping = False
 
     def run(self) -> int:
@@ -160,6 +161,7 @@ class Supervisor:
                 self._stop_api_servers(2)
                 self.core.stop()
                 return 0 if ready is False else 1
+            self._start_batch_worker(metrics_dir)
             log.info("engine core pid %d ready; %s", self.core.pid,
                      ", ".join(f"{p.name} pid {p.pid}" for p in self.api_servers))
             return self._watch()
@@ -176,19 +178,28 @@ class Supervisor:
                                                         "migrate_on_start": False,
                                                         "metrics_multiprocess_dir": metrics_dir})
         context = multiprocessing.get_context("spawn")
-        batch_process = self.settings.batch_workers_enabled and self.settings.batch_worker_process
-        route_settings = api_settings.model_copy(update={"batch_workers_enabled": False}) if batch_process \
-            else api_settings
+        route_settings = api_settings.model_copy(update={"batch_workers_enabled": False}) \
+            if self._runs_a_batch_worker() else api_settings
         for index in range(self.settings.num_api_servers):
             process = context.Process(target=run_api_server, args=(route_settings, sock),
                                       name=f"loraplex-api-{index}")
             process.start()
             self.api_servers.append(process)
-        if batch_process:
-            process = context.Process(target=run_batch_worker, name="loraplex-batch-worker",
-                                      args=(api_settings, os.path.join(metrics_dir, "batch-worker.sock")))
-            process.start()
-            self.api_servers.append(process)  # watched and drained as the API servers are
+        self._api_settings = api_settings
+
+    def _runs_a_batch_worker(self) -> bool:
+        return self.settings.batch_workers_enabled and self.settings.batch_worker_process
+
+    def _start_batch_worker(self, metrics_dir: str) -> None:
+        """Once the core is ready: started with the API servers, a process still importing Python's own
+        modules when Ctrl-C came printed a KeyboardInterrupt traceback over the quiet stop."""
+        if not self._runs_a_batch_worker():
+            return
+        process = multiprocessing.get_context("spawn").Process(
+            target=run_batch_worker, name="loraplex-batch-worker",
+            args=(self._api_settings, os.path.join(metrics_dir, "batch-worker.sock")))
+        process.start()
+        self.api_servers.append(process)  # watched and drained as the API servers are
 
     def _watch(self) -> int:
         assert self.core is not None

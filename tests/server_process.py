@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -26,6 +27,12 @@ import httpx
 from local_serving import free_port
 from loraplex.platform.engine_process import die_with_parent
 from waiting import wait_until
+
+
+def _accepts_connections(port: int) -> bool:
+    with socket.socket() as probe:
+        probe.settimeout(1)
+        return probe.connect_ex(("127.0.0.1", port)) == 0
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SERVE_COMMAND = [sys.executable, "-m", "loraplex.platform.cli.main", "serve"]
@@ -129,6 +136,9 @@ class ServerProcess:
             os.killpg(self.process.pid, signal.SIGKILL)
         self.process.wait(timeout=30)
         self.process = None
+        # The children sharing the listening socket die a moment after the supervisor; until the last has, the
+        # kernel still accepts connections that then end with no response (a balancer's 502, not a retry).
+        wait_until(lambda: not _accepts_connections(self.port), what=f"{self.name}'s port to close", timeout_s=30)
 
     def engine_core_pid(self) -> int:
         return int(self.health()["engine"]["pid"])
