@@ -82,7 +82,7 @@ def shown_keys(name: str, metrics: dict[str, Any], targets: dict[str, Any]) -> l
 
 
 def verdict(value: object, target: dict[str, Any] | None) -> str:
-    if not target or not is_figure(value):
+    if not target or not (is_figure(value) or isinstance(value, bool)):  # a check (true/false) has a target too
         return ""
     met = OPS[target["op"]](value, target["value"])
     return f"{target['op']} {fmt(target['value'])}: {'met' if met else '**missed**'}"
