@@ -258,11 +258,11 @@ def check_affinity(sessions: list[list[dict[str, float]]], block_size: int) -> N
                 raise SystemExit(f"a session turn was not served from its pinned KV: {turns}")
 
 
-def greedy_answer(url: str, key: str, model: str) -> str:
+def greedy_answer(url: str, key: str, model: str, max_tokens: int) -> str:
     import httpx
 
     response = httpx.post(url + "/v1/chat/completions", headers={"Authorization": f"Bearer {key}"}, timeout=600,
-                          json={**chat_body(PROMPT, 32), "model": model})
+                          json={**chat_body(PROMPT, max_tokens), "model": model})
     response.raise_for_status()
     return response.json()["choices"][0]["message"]["content"]
 
@@ -312,12 +312,17 @@ def main() -> None:
     parser.add_argument("--duration", type=float, default=40.0, help="seconds of each throughput phase")
     parser.add_argument("--sessions", type=int, default=16, help="sessions per replica")
     parser.add_argument("--turns", type=int, default=10)
+    parser.add_argument("--session-max-tokens", type=int, default=16, help="tokens generated per session turn")
+    parser.add_argument("--check-max-tokens", type=int, default=32, help="tokens of the greedy answer compared")
+    parser.add_argument("--warmup", type=float, default=5.0, help="seconds of load before the throughput phases")
     parser.add_argument("--out", type=Path, default=RESULT)
     parser.add_argument("--log-dir", type=Path, help="copy the replicas' and HAProxy's logs here at the end")
     args = parser.parse_args()
     if args.quick:
-        args.device, args.clients, args.max_tokens, args.duration, args.client_processes = "cpu", 2, 8, 6.0, 1
-        args.sessions, args.turns = 1, 3
+        # The quick run checks that every phase runs, not the figures: short phases, few tokens, and no warm-up
+        # (the greedy check has already sent a request to each replica and through the balancer).
+        args.device, args.clients, args.max_tokens, args.duration, args.client_processes = "cpu", 2, 8, 3.0, 1
+        args.sessions, args.turns, args.session_max_tokens, args.check_max_tokens, args.warmup = 1, 3, 4, 8, 0.0
     if args.device == "cuda":
         import torch
 
@@ -337,6 +342,9 @@ def main() -> None:
                     "LORAPLEX_MAX_NUM_SEQS": str(max(8, 2 * args.clients)), "LORAPLEX_MAX_PENDING_REQUESTS": "4096",
                     "LORAPLEX_MAX_MODEL_LEN": "4096", "LORAPLEX_API_SERVERS": "1",
                     "LORAPLEX_KV_CACHE_MEMORY_MB": "64" if args.device == "cpu" else "8192"})
+        if args.quick:
+            # No batch work is sent: on two CPU cores each replica's idle batch-worker process costs ~8 CPU-seconds
+            env["LORAPLEX_BATCH_WORKERS_ENABLED"] = "false"
         replicas = [Replica(f"replica-{i + 1}", env, i if args.device == "cuda" else None, work) for i in range(2)]
         balancer = None
         try:
@@ -363,18 +371,19 @@ def main() -> None:
 
 def run(args: argparse.Namespace, replicas: list[Replica], lb: str, key: str, model: str) -> dict[str, Any]:
     one = replicas[0]
-    answers = {url: greedy_answer(url, key, model) for url in (one.url, replicas[1].url, lb)}
+    answers = {url: greedy_answer(url, key, model, args.check_max_tokens) for url in (one.url, replicas[1].url, lb)}
     if len(set(answers.values())) != 1:
         raise SystemExit(f"the replicas answer differently: {answers}")
     # warm-up, then one replica alone, then both through the balancer (each replica sees `clients`)
     procs = args.client_processes
-    closed_loop(lb, key, model, 2 * args.clients, args.max_tokens, min(5.0, args.duration), 2 * procs)
+    if args.warmup > 0:
+        closed_loop(lb, key, model, 2 * args.clients, args.max_tokens, min(args.warmup, args.duration), 2 * procs)
     single = closed_loop(one.url, key, model, args.clients, args.max_tokens, args.duration, procs)
     double = closed_loop(lb, key, model, 2 * args.clients, args.max_tokens, args.duration, 2 * procs)
     print(f"throughput: one replica {single['tokens_per_s']:.0f} tok/s, two {double['tokens_per_s']:.0f} tok/s")
 
-    alone = spread_sessions(one.url, key, model, args.sessions, args.turns, 16, procs)
-    spread = spread_sessions(lb, key, model, 2 * args.sessions, args.turns, 16, 2 * procs)
+    alone = spread_sessions(one.url, key, model, args.sessions, args.turns, args.session_max_tokens, procs)
+    spread = spread_sessions(lb, key, model, 2 * args.sessions, args.turns, args.session_max_tokens, 2 * procs)
     for sessions in (alone, spread):
         check_affinity(sessions, block_size=16)
     last_alone = statistics.median(s[-1]["ttft_s"] for s in alone)
