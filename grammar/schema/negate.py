@@ -10,8 +10,9 @@ set of keys, `items` beside a small `maxItems` (position by position, with
 (for each set of them present, more keys than that), `type`, finite
 `enum`/`const` sets (strings by a regex of every string outside the set,
 numbers by open intervals) and the combinators (De Morgan; `oneOf` fails when
-no branch or two branches match). A keyword whose complement no backend can
-express (`pattern`, `multipleOf`, `items`, any other `additionalProperties`,
+no branch or two branches match). A `pattern` is complemented as a
+regular language (`regular_dfa`). A keyword whose complement no backend can
+express (`multipleOf`, `items`, any other `additionalProperties`,
 ...) makes `negate` return None: the caller keeps the schema as it is, and the
 backend refuses the `not` (never a looser grammar).
 """
@@ -23,6 +24,8 @@ from collections.abc import Sequence
 from itertools import combinations, pairwise
 from typing import Any
 
+from loraplex.grammar.schema.regular import Unregular
+from loraplex.grammar.schema.regular_dfa import pattern_complement
 from loraplex.grammar.schema.walk import DEFINED_FORMATS, VALIDATION_KEYWORDS, json_type, resolve_ref
 
 try:
@@ -148,6 +151,8 @@ def _negate_keyword(key: str, value: Any, schema: dict, root: Any, depth: int) -
         if names.get("type", "string") != "string":
             return None
         return _union([{"type": "object", "required": [name]} for name in present])
+    if key == "pattern" and isinstance(value, str):
+        return _strings_not_matching(value)
     if key == "enum" and isinstance(value, list):
         return _negate_values(value)
     if key == "const":
@@ -172,6 +177,15 @@ def _negate_keyword(key: str, value: Any, schema: dict, root: Any, depth: int) -
         pairs = [{"allOf": [a, b]} for i, a in enumerate(value) for b in value[i + 1:]]
         return _union([none, *pairs])
     return None
+
+
+def _strings_not_matching(pattern: str) -> Any | None:
+    """The strings `pattern` does not match, as the plain regex of the complement (`regular_dfa`)."""
+    try:
+        outside = pattern_complement(pattern)
+    except Unregular:
+        return None
+    return False if outside is None else {"type": "string", "pattern": outside}
 
 
 def _some_undeclared_key(properties: Any) -> Any | None:

@@ -15,6 +15,7 @@ from typing import Any
 from loraplex.grammar.schema.anchors import with_inner_end_anchors_resolved
 from loraplex.grammar.schema.formats import with_formats_enforced
 from loraplex.grammar.schema.identities import with_exact_identities
+from loraplex.grammar.schema.lookaheads import with_lookaheads_resolved
 from loraplex.grammar.schema.one_of_disjoint import with_disjoint_one_of_as_any_of
 from loraplex.grammar.schema.patterns import with_unmatchable_patterns_as_no_string
 from loraplex.grammar.schema.refs import (
@@ -58,6 +59,8 @@ SCHEMA_PASSES: tuple[SchemaPass, ...] = (
     _on_schema(with_unmatchable_patterns_as_no_string),
     # a `$` inside a pattern (`^(a($|/))*$`) written as the same language without it
     _on_schema(with_inner_end_anchors_resolved),
+    # a lookahead (`(?!.*--)`) written as the plain regex of the same strings
+    _on_schema(with_lookaheads_resolved),
     # oneOf over provably disjoint branches is anyOf
     _on_schema(with_disjoint_one_of_as_any_of),
     # not, if/then/else, dependencies, property counts and names, overlapping oneOf; finite sets as enums
