@@ -98,6 +98,7 @@ def run_engine_core(settings: Settings, address: str) -> None:
     from loraplex.platform.grammar_wire import SpecGrammarCodec
     from loraplex.platform.request_context import configure_logging
     from loraplex.platform.routers.adapters import adapter_limits, stored_adapter_source
+    from loraplex.platform.startup_heap import freeze_startup_heap
     from loraplex.platform.wiring import engine_config, served_model_name
 
     configure_logging(settings.log_level)
@@ -123,6 +124,8 @@ def run_engine_core(settings: Settings, address: str) -> None:
                            cache_dir=settings.grammar_cache_dir)
     compiler = GrammarCompilerService(engine.tokenizer, engine.model_config.vocab_size, limits)
     kv_events = start_kv_events(settings, engine.block_manager, source.registry.find)
+    if settings.freeze_startup_heap:
+        freeze_startup_heap("engine core")
     try:
         EngineCore(engine, ZmqCoreTransport(address, secret=core_secret(address)),
                    grammar_codec=SpecGrammarCodec(compiler),

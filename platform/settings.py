@@ -77,6 +77,9 @@ class Settings(BaseSettings):
     api_servers: int | None = Field(default=None, ge=1, le=64)
     engine_core_address: str | None = None  # set by `serve` for its API servers; None: the engine runs in-process
     engine_core_start_timeout_s: float = Field(default=600.0, gt=0)  # loading (and converting) the model
+    # `serve`'s processes move their start-up objects out of the garbage collector's full passes once ready
+    # (platform/startup_heap.py): a full pass over them paused the whole process for 100-300 ms.
+    freeze_startup_heap: bool = True
     drain_timeout_s: float = Field(default=30.0, ge=0)  # SIGTERM: in-flight requests get this long to finish
     # Requests one tenant may have in flight at once (each prompt of a list counts); 0: no cap. 429 beyond.
     max_inflight_per_tenant: int = Field(default=0, ge=0)

@@ -36,6 +36,7 @@ from loraplex.platform.engine_process import (
     start_engine_core,
 )
 from loraplex.platform.settings import Settings
+from loraplex.platform.startup_heap import freeze_startup_heap
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +58,7 @@ def run_api_server(settings: Settings, sock: socket.socket) -> None:
     app = create_app(settings)
     config = uvicorn.Config(app, log_config=None, access_log=True, timeout_keep_alive=settings.keep_alive_timeout_s,
                             timeout_graceful_shutdown=int(settings.drain_timeout_s) or None)
-    DrainingServer(config, app).run(sockets=[sock])
+    DrainingServer(config, app, freeze_heap=settings.freeze_startup_heap).run(sockets=[sock])
 
 
 def run_batch_worker(settings: Settings, socket_path: str) -> None:
@@ -73,7 +74,7 @@ def run_batch_worker(settings: Settings, socket_path: str) -> None:
     app = create_app(settings)
     config = uvicorn.Config(app, uds=socket_path, log_config=None, access_log=False,
                             timeout_graceful_shutdown=int(settings.drain_timeout_s) or None)
-    DrainingServer(config, app).run()
+    DrainingServer(config, app, freeze_heap=settings.freeze_startup_heap).run()
 
 
 def keep_the_loop_responsive() -> None:
@@ -98,9 +99,15 @@ class DrainingServer(uvicorn.Server):
     """uvicorn drains on SIGTERM (stops accepting, finishes in-flight requests); this also marks the app as
     draining, so /readyz turns 503 at once and load balancers stop sending to it."""
 
-    def __init__(self, config: uvicorn.Config, app: Any) -> None:
+    def __init__(self, config: uvicorn.Config, app: Any, *, freeze_heap: bool = False) -> None:
         super().__init__(config)
         self._app = app
+        self._freeze_heap = freeze_heap
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets=sockets)
+        if not self.should_exit and self._freeze_heap:  # started: the app's services are built
+            freeze_startup_heap("API server")
 
     def handle_exit(self, sig: int, frame: Any) -> None:
         services = getattr(self._app.state, "services", None)

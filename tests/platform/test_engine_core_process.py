@@ -7,6 +7,7 @@ server is started again on the same data and must serve.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import threading
 import time
@@ -89,6 +90,19 @@ def test_two_api_servers_share_one_engine_core(server: ServerProcess) -> None:
     # Either process's /metrics counts the requests both served (Prometheus multiprocess mode).
     for _ in range(4):
         assert _engine_gauge(server, 'loraplex_http_requests_total{route="/healthz",status="200"}') >= num_calls
+
+
+def test_every_serving_process_froze_its_startup_heap(server: ServerProcess) -> None:
+    """The engine core and each API server move their start-up objects out of the collector's full passes."""
+    frozen: dict[str, list[int]] = {}
+    for line in server.log_tail(1_000_000).splitlines():
+        match = re.search(r"(engine core|API server): (\d+) start-up objects frozen", line)
+        if match:
+            frozen.setdefault(match[1], []).append(int(match[2]))
+    assert len(frozen.get("engine core", [])) == 1, frozen
+    assert len(frozen.get("API server", [])) >= 2, frozen  # two API servers (and the batch worker)
+    # torch, transformers and the app: hundreds of thousands of objects each full pass no longer scans
+    assert min(count for counts in frozen.values() for count in counts) > 100_000, frozen
 
 
 def test_concurrent_requests_through_both_servers_are_correct_and_interleaved(server: ServerProcess,
