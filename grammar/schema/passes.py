@@ -17,6 +17,7 @@ from loraplex.grammar.schema.formats import with_formats_enforced
 from loraplex.grammar.schema.identities import with_exact_identities
 from loraplex.grammar.schema.lookaheads import with_lookaheads_resolved
 from loraplex.grammar.schema.one_of_disjoint import with_disjoint_one_of_as_any_of
+from loraplex.grammar.schema.pattern_regions import with_disjoint_pattern_properties
 from loraplex.grammar.schema.patterns import with_unmatchable_patterns_as_no_string
 from loraplex.grammar.schema.refs import (
     with_boolean_refs_inlined,
@@ -65,6 +66,8 @@ SCHEMA_PASSES: tuple[SchemaPass, ...] = (
     _on_schema(with_disjoint_one_of_as_any_of),
     # not, if/then/else, dependencies, property counts and names, overlapping oneOf; finite sets as enums
     _on_schema(with_exact_identities),
+    # overlapping patternProperties as disjoint regions of the keys, each owing its patterns' subschemas
+    _on_schema(with_disjoint_pattern_properties),
     # a $ref to a subschema that became true/false is that boolean
     _on_schema(with_boolean_refs_inlined),
     # uniqueItems over strings: checked by the matchers, the grammar goes without

@@ -43,18 +43,23 @@ def plain_pattern(pattern: str) -> str | None:
     return _language(lambda reader, a: reader.read(pattern))
 
 
-def patterns_region(inside: Iterable[str], outside: Iterable[str]) -> str | None:
-    """The strings that match every pattern of `inside` and none of `outside`."""
+def patterns_region(inside: Iterable[str], outside: Iterable[str], *, exact: bool = False) -> str | None:
+    """The strings that match every pattern of `inside` and none of `outside`. `exact`: the region as ECMA-262
+    reads the patterns, with no string left out (`Unregular` where a class the readers dispute is used)."""
     inside, outside = list(inside), list(outside)
     return _language(lambda reader, a: a.both([*(reader.read(p) for p in inside),
-                                               *(a.negated(reader.read(p)) for p in outside)]))
+                                               *(a.negated(reader.read(p)) for p in outside)]), exact=exact)
 
 
-def _language(build: Callable[[PatternReader, Algebra], int]) -> str | None:
+def _language(build: Callable[[PatternReader, Algebra], int], exact: bool = False) -> str | None:
     algebra = Algebra()
     reader = PatternReader(algebra)
     try:
         root = build(reader, algebra)
+        if exact:
+            if reader.disputed:
+                raise Unregular("a class the readers dispute")
+            return write_regex(algebra, root)
         agreed = [algebra.star(algebra.chars(complement(tuple(reader.disputed))))]
         if reader.end_anchored:  # Python's `$` also matches before a final newline, ECMA-262's does not
             agreed.append(algebra.negated(algebra.cat(algebra.anything, algebra.chars([(0x0A, 0x0A)]))))
