@@ -166,6 +166,10 @@ class EngineConfig:
     # Weighted fair shares of running slots, KV blocks and prefill tokens between tenants, with preemption of
     # the tenant furthest over its share when one under its share waits (engine/fair_share.py)
     fair_sharing: bool = True
+    # With fair sharing, this many of the last free running slots are kept for a tenant under its share (as if
+    # one more tenant came), so one tenant's flood never fills the engine and another's request starts without
+    # a preemption (engine/scheduler.py); None: max_num_seqs // 32 (2 of 64; 0 below 32 slots).
+    newcomer_reserved_slots: int | None = None
     # Speculative decoding (engine/spec): off | ngram (decodes draft up to speculative_num_tokens tokens by
     # prompt lookup, n-grams of speculative_ngram_min..max tokens) | auto (the same, switched off per
     # sequence where drafts are mostly rejected and per step where the batch is compute-bound)
@@ -182,6 +186,11 @@ class EngineConfig:
         if self.decode_yield_min_tokens is not None:
             return self.decode_yield_min_tokens
         return 16 if self.device == "cpu" else 0
+
+    def resolve_newcomer_reserved_slots(self) -> int:
+        if self.newcomer_reserved_slots is not None:
+            return min(self.newcomer_reserved_slots, self.max_num_seqs - 1)
+        return self.max_num_seqs // 32
 
     @property
     def torch_dtype(self) -> torch.dtype:

@@ -83,6 +83,7 @@ class LLMEngine:
             self.block_manager, engine_config.max_num_batched_tokens, engine_config.max_num_seqs,
             self._adapter_ready, decode_yield_min_tokens=engine_config.resolve_decode_yield_min_tokens(),
             fair_sharing=engine_config.fair_sharing,
+            newcomer_reserved_slots=engine_config.resolve_newcomer_reserved_slots(),
         )
         if adapters is not None:
             self.lora = self._new_lora_manager(model, workers, adapters, adapter_limits or AdapterLimits())

@@ -49,6 +49,7 @@ DECODE_YIELD_PERIOD = 3  # a yielding decode runs in one step of this many (more
 MAX_DECODE_YIELD_PERIOD = 12
 CPU_BATCH_STEP_TOKENS = 256  # the token budget of a CPU step that runs batch work alone (see _has_interactive_work)
 FLOOD_MIN_SEQS, FLOOD_RATIO = 4, 4  # a tenant running this many sequences, this many times another's, floods
+NEWCOMER = "\x00newcomer"  # the tenant that may come next, at the default weight (never a real tenant id)
 MAX_FLOOD_SIT_OUT_STEPS = 4  # GPU: a flood sits out at most this many steps in a row for others' prefills
 BATCH_ADMISSION_WAVE = 0.125  # GPU, interactive work running: batch work is admitted once this share of slots is free
 
@@ -87,6 +88,7 @@ class Scheduler:
         adapter_ready: Callable[[str], bool] | None = None,
         decode_yield_min_tokens: int = 0,
         fair_sharing: bool = True,
+        newcomer_reserved_slots: int = 0,
     ) -> None:
         self.block_manager = block_manager
         self.max_num_batched_tokens = max_num_batched_tokens
@@ -102,6 +104,7 @@ class Scheduler:
         self.num_preemptions = 0
         self.fair_sharing = fair_sharing
         self.fair = FairShare()
+        self.newcomer_reserved_slots = newcomer_reserved_slots if fair_sharing else 0
         self.num_fairness_preemptions = 0
         self.num_swapped_out = 0  # preempted sequences whose blocks went to the host tier
         self._flood_sit_out_streak = 0  # steps in a row the flooding tenants sat out for others' prefills
@@ -264,6 +267,24 @@ class Scheduler:
             if victim is None:
                 return
             self._preempt(victim, out, for_fairness=True)
+
+    def _kept_for_newcomers(self, seq: Sequence) -> bool:
+        """Whether `seq` would take one of the last `newcomer_reserved_slots` free slots without a right to it.
+
+        Those slots go only to a tenant under its share counted as if one more tenant wanted in. So a tenant
+        flooding the engine stops a few slots short of filling it, and another tenant's first request starts at
+        the next step without preempting anyone. Preempting cost the flood more than the slot: on a GPU the
+        preempted sequence's resume is a prefill chunk, so a step that replays a decode graph (~3 ms at 64
+        SmolLM2 rows on an H200) became an eager one (~15 ms), once for each short request of another tenant.
+        Batch work never takes a kept slot."""
+        if len(self.running) + self.newcomer_reserved_slots < self.max_num_seqs:
+            return False
+        if seq.background:
+            return True
+        demand = self._demand_tenants() | {seq.tenant_id, NEWCOMER}
+        share = self.fair.shares(demand, self.max_num_seqs)[seq.tenant_id]
+        running = sum(1 for s in self.running if s.tenant_id == seq.tenant_id and not s.background)
+        return running + 1 > share
 
     def _fits(self, seq: Sequence) -> bool:
         """Whether `seq`'s first chunk would find blocks now (counting its cached prefix as free to take)."""
@@ -452,8 +473,8 @@ class Scheduler:
                skip_background: bool = False) -> None:
         while budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self._next_waiting(skip_tenants, skip_background)
-            if seq is None:
-                return
+            if seq is None or self._kept_for_newcomers(seq):
+                return  # the best candidate may not take a kept slot: no other one would be allowed either
             first_time = seq.num_cached_tokens < 0
             preempt_swap.swap_in(self.block_manager, seq)
             num_new = min(seq.num_uncomputed_tokens, budget)

@@ -54,6 +54,10 @@ class Settings(BaseSettings):
     # Tenants share the engine by weighted fair shares of running slots, KV blocks and prefill tokens, and one
     # under its share that waits preempts the tenant furthest over its own; False: first come, first served
     fair_sharing: bool = True
+    # With fair sharing, this many of the last free running slots are kept for a tenant under its share, so one
+    # tenant's flood never fills the engine and another's request starts without preempting; None: 1/32 of
+    # max_num_seqs (2 of 64; none below 32)
+    newcomer_reserved_slots: int | None = Field(default=None, ge=0)
     # Speculative decoding: off | ngram (decodes draft up to speculative_num_tokens tokens by prompt lookup, with
     # n-grams of speculative_ngram_min..max tokens, verified in one forward pass) | auto (the same, switched off
     # per sequence where drafts are mostly rejected and per step where the batch is compute-bound)

@@ -307,3 +307,44 @@ def test_on_a_gpu_batch_work_is_admitted_in_waves_while_interactive_work_runs():
     sched.running.remove(admitted[0])
     sched.schedule()
     assert len([s for s in sched.running if s.background]) == 16
+
+
+def test_a_flood_stops_short_of_the_kept_slots_and_a_newcomer_starts_without_a_preemption():
+    bm = BlockManager(1000, 16)
+    sched = Scheduler(bm, max_num_batched_tokens=256, max_num_seqs=8, newcomer_reserved_slots=2)
+    for _ in range(40):
+        sched.add(seq(20, "flood"))
+    run(sched, bm, 4)
+    assert len(sched.running) == 6, "a lone tenant fills every slot but the kept ones"
+    first = seq(12, "quiet")
+    sched.add(first)
+    out = sched.schedule()
+    assert first in out.seqs and sched.num_fairness_preemptions == 0
+    complete(out, bm)
+    # A second request of the newcomer takes the last kept slot (it is under its share of 8 among 3)...
+    second = seq(12, "quiet")
+    sched.add(second)
+    out = sched.schedule()
+    assert second in out.seqs and len(sched.running) == 8 and sched.num_fairness_preemptions == 0
+    complete(out, bm)
+    # ...and when one finishes, the flood does not take the freed kept slot back.
+    sched.finish(first)
+    run(sched, bm, 3)
+    assert sum(s.tenant_id == "flood" for s in sched.running) == 6 and len(sched.running) == 7
+
+
+def test_batch_work_never_takes_a_kept_slot():
+    bm = BlockManager(1000, 16)
+    sched = Scheduler(bm, max_num_batched_tokens=256, max_num_seqs=8, newcomer_reserved_slots=2)
+    for _ in range(20):
+        sched.add(seq(20, "batchco", background=True))
+    run(sched, bm, 4)
+    assert len(sched.running) == 6 and all(s.background for s in sched.running)
+
+
+def test_the_default_keeps_one_slot_in_32_and_none_below_32():
+    from loraplex.engine.config import EngineConfig
+
+    assert EngineConfig(max_num_seqs=64).resolve_newcomer_reserved_slots() == 2
+    assert EngineConfig(max_num_seqs=16).resolve_newcomer_reserved_slots() == 0
+    assert EngineConfig(max_num_seqs=4, newcomer_reserved_slots=9).resolve_newcomer_reserved_slots() == 3
