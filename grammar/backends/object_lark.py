@@ -13,7 +13,12 @@ no complement and wants `patternProperties` disjoint; a Lark grammar can say
 it: a key is a string terminal (`&`, `~`, as in `string_lark`), a value
 `%json{...}`. Every "each key matching C has a value in V" (`properties`,
 `patternProperties`, `additionalProperties`) splits the key space in regions
-(in C or not), each with the values it owes. `anyOf` over such conditions is
+(in C or not), each with the values it owes; conditions on the same keys
+(an `allOf` repeating a pattern) are one, owing every value. A value the
+JSON compiler refuses (an object below the root that must hold some key
+matching P) is written the same way, as rules of its own beside the root's,
+its other types as JSON where they meet it; a value that recurs through
+`$ref` names its rule again. `anyOf` over such conditions is
 read in disjunctive form, one set of members per clause. Anything else
 leaves the schema to the JSON compiler (None). Like llguidance's own object
 grammars, two members are not checked for the same key text.
@@ -28,6 +33,8 @@ from typing import Any
 
 import llguidance
 from loraplex.grammar.backends.string_lark import StringTerms, Untranslatable
+from loraplex.grammar.schema.connectives import all_of
+from loraplex.grammar.schema.finite import JUDGING_ERRORS, offline_validators
 from loraplex.grammar.schema.negate import negate
 from loraplex.grammar.schema.walk import VALIDATION_KEYWORDS, conjuncts, resolve_ref
 
@@ -38,6 +45,12 @@ _MAX_EXISTS = 6       # ways of giving them to two members: 2 ** constraints
 _MAX_STATES = 512     # (members read, constraints left) of a larger object: one rule each
 _MAX_DEPTH = 16
 _JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+_MAX_NESTED = 16      # objects written as rules of their own, inside the values of others
+_NOT_OBJECT = ["array", "boolean", "null", "number", "string"]
+
+# (key schema, value schema owed there, the nodes it comes from, whether it is those nodes'
+# additionalProperties: its keys are none of the nodes' other conditions)
+_Condition = tuple[Any, Any, frozenset[int], bool]
 
 
 @dataclass(slots=True)
@@ -48,14 +61,26 @@ class _Clause:
     high: int | None = None
     keys: list[Any] = field(default_factory=list)         # string schemas every key meets
     exists: list[tuple[Any, Any]] = field(default_factory=list)  # (key schema, value schema) some member meets
-    # (key schema, value schema owed there, the node it comes from, whether it is that node's
-    # additionalProperties: its keys are none of the node's other conditions')
-    conditions: list[tuple[Any, Any, int, bool]] = field(default_factory=list)
+    conditions: list[_Condition] = field(default_factory=list)
 
     def merged(self, other: _Clause) -> _Clause:
         highs = [h for h in (self.high, other.high) if h is not None]
         return _Clause(max(self.low, other.low), min(highs) if highs else None, self.keys + other.keys,
-                       self.exists + other.exists, self.conditions + other.conditions)
+                       self.exists + other.exists, _merged_conditions(self.conditions + other.conditions))
+
+
+def _merged_conditions(conditions: list[_Condition]) -> list[_Condition]:
+    """Conditions on the same keys as one, owing every value they owe and standing for every node they come
+    from: `allOf` members often repeat a pattern (a region per copy would double the regions for nothing).
+    An additionalProperties condition stays apart (its keys depend on its node's other conditions)."""
+    merged: dict[str, _Condition] = {}
+    for key, value, groups, is_extra in conditions:
+        text = json.dumps([key, value] if is_extra else key, sort_keys=True) + str(is_extra)
+        known = merged.get(text)
+        if known is not None and known[1] != value:
+            value = all_of([known[1], value])
+        merged[text] = (key, value, groups | known[2] if known else groups, is_extra)
+    return list(merged.values())
 
 
 def object_lark(schema: Any) -> str | None:
@@ -129,13 +154,13 @@ class _Reader:
             return [self._some_member(value)]
         raise Untranslatable
 
-    def _member_conditions(self, node: dict[str, Any], extra: Any) -> list[tuple[Any, Any, int, bool]]:
+    def _member_conditions(self, node: dict[str, Any], extra: Any) -> list[_Condition]:
         properties = node.get("properties") or {}
         patterns = node.get("patternProperties") or {}
         if not isinstance(properties, dict) or not isinstance(patterns, dict):
             raise Untranslatable
-        group = id(node)
-        conditions: list[tuple[Any, Any, int, bool]] = [({"const": name}, sub, group, False)
+        group = frozenset({id(node)})
+        conditions: list[_Condition] = [({"const": name}, sub, group, False)
                                                          for name, sub in properties.items()]
         conditions += [({"pattern": pattern}, sub, group, False) for pattern, sub in patterns.items()]
         if extra is not None:
@@ -169,6 +194,7 @@ class _Writer:
         self.terms = StringTerms(root)
         self.rules: list[str] = []
         self.objects: list[str] = []
+        self.nested: dict[str, str] = {}  # a value's schema (JSON) -> the rule of its values
 
     def grammar(self, clauses: list[_Clause]) -> str | None:
         for clause in clauses:
@@ -262,46 +288,84 @@ class _Writer:
             values = [v for _, v in exists] + [c[1] for c, yes in zip(conditions, inside, strict=True) if yes]
             keys = clause.keys + [k for k, _ in exists] + [
                 c[0] if yes else {"not": c[0]} for c, yes in zip(conditions, inside, strict=True)]
-            value = {"allOf": values} if values else {}
-            embedded = {**value, "x-guidance": _JSON_OPTIONS}
-            if '"$ref"' in json.dumps(value):
-                embedded.update(self._definitions())
-            if any(v is False for v in values) or not _satisfiable(embedded):
+            value = self._value(values)
+            if value is None:
                 continue
             key = self.terms.term({"allOf": keys} if keys else True)
             if key is None:
                 continue
             number = len(self.rules)
-            self.rules.append(f'v{number}: K{number} ": " %json {json.dumps(embedded)}\nK{number}: "\\"" T{key} "\\""')
+            self.rules.append(f'v{number}: K{number} ": " {value}\nK{number}: "\\"" T{key} "\\""')
             alternatives.append(f"v{number}")
         if not alternatives:
             return None
         self.rules.append(f"m{len(self.rules)}: {' | '.join(alternatives)}")
         return f"m{len(self.rules) - 1}"
 
+    def _value(self, values: list[Any]) -> str | None:
+        """The value a member owes, in Lark: embedded JSON where llguidance's JSON compiler takes it, else an
+        object written as rules of its own (`_nested`); None when no value meets it."""
+        if any(v is False for v in values):
+            return None
+        value = {"allOf": values} if values else {}
+        embedded = {**value, "x-guidance": _JSON_OPTIONS}
+        if '"$ref"' in json.dumps(value):
+            embedded.update(self._definitions())
+        error = llguidance.LLMatcher.validate_grammar(llguidance.LLMatcher.grammar_from_json_schema(embedded))
+        if not error:
+            return f"%json {json.dumps(embedded)}"
+        if "Unsatisfiable" in error or "unsatisfiable" in error:
+            return None
+        return self._nested(value)
+
+    def _nested(self, value: dict[str, Any]) -> str:
+        """A rule for the values of a schema whose objects only these grammars say (a member that must have
+        a key matching P, below the root): its objects as members, its other types as JSON. The rule is
+        named before it is written, so a value that recurs (through `$ref`) names it again."""
+        text = json.dumps(value, sort_keys=True)
+        if text in self.nested:
+            return self.nested[text]
+        if conjuncts(value, self.root) is None or len(self.nested) >= _MAX_NESTED:
+            raise Untranslatable
+        name = self.nested[text] = f"o{len(self.nested)}"
+        outer, self.objects = self.objects, []
+        try:
+            for clause in _Reader(self.root).clauses(value, 0):
+                self._clause(clause)
+            alternatives = list(dict.fromkeys(self.objects))
+        finally:
+            self.objects = outer
+        if self._passes_non_objects(value):
+            alternatives.append(f"%json {json.dumps({'type': _NOT_OBJECT, 'x-guidance': _JSON_OPTIONS})}")
+        if not alternatives:
+            raise Untranslatable
+        self.rules.append(f"{name}: {' | '.join(alternatives)}")
+        return name
+
+    def _passes_non_objects(self, value: dict[str, Any]) -> bool:
+        """Whether a value that is no object meets `value` (read as members, so every other type fares alike:
+        object keywords pass it, a `not` of them fails it); jsonschema judges `null`, under each draft the
+        root may mean."""
+        if any(part.get("type") == "object" for part in conjuncts(value, self.root) or []):
+            return False
+        validators = offline_validators(self.root)
+        try:
+            return bool(validators) and all(v.evolve(schema=value).is_valid(None) for v in validators)
+        except JUDGING_ERRORS:
+            return False
+
     def _definitions(self) -> dict[str, Any]:
         return {k: self.root[k] for k in ("definitions", "$defs") if isinstance(self.root.get(k), dict)}
 
 
-def _consistent(conditions: list[tuple[Any, Any, int, bool]], inside: tuple[bool, ...]) -> bool:
+def _consistent(conditions: list[_Condition], inside: tuple[bool, ...]) -> bool:
     """Whether the region may hold a key: a node's additionalProperties covers none of the keys its other
     conditions do (nor, beside none, fails to cover any)."""
-    for key, _, group, is_extra in conditions:
+    for key, _, groups, is_extra in conditions:
         if not is_extra:
             continue
-        named_inside = any(yes for (_, _, g, e), yes in zip(conditions, inside, strict=True) if g == group and not e)
-        extra_inside = next(yes for (k, _, g, e), yes in zip(conditions, inside, strict=True) if g == group and e)
+        named_inside = any(yes for (_, _, g, e), yes in zip(conditions, inside, strict=True) if g & groups and not e)
+        extra_inside = next(yes for (k, _, g, e), yes in zip(conditions, inside, strict=True) if g & groups and e)
         if (named_inside and extra_inside) or (key is True and not extra_inside):
             return False
     return True
-
-
-def _satisfiable(value: dict[str, Any]) -> bool:
-    """Whether some JSON value meets `value`; refusals other than an empty schema leave the whole object
-    to the JSON compiler (a region dropped for any other reason would refuse valid objects)."""
-    error = llguidance.LLMatcher.validate_grammar(llguidance.LLMatcher.grammar_from_json_schema(value))
-    if not error:
-        return True
-    if "Unsatisfiable" in error or "unsatisfiable" in error:
-        return False
-    raise Untranslatable

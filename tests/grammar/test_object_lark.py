@@ -67,3 +67,44 @@ def test_objects_are_enforced_exactly(compiler, tokenizer, schema):
 ])
 def test_objects_with_too_many_states_or_other_keywords_are_left_alone(schema):
     assert object_lark(schema) is None
+
+
+# Values that llguidance's JSON compiler refuses, below the root: written as objects of their own, as rules
+# (a value that recurs through $ref names its rule again); the other types as JSON where they meet the value.
+NESTED = [
+    # "tags" must hold some key starting with x- (a `not` of propertyNames: no other type meets it)
+    ({"type": "object", "properties": {"tags": {"type": "object", "not": {"propertyNames": {"not": {"pattern": "^x-"}}}}},
+      "required": ["tags"]},
+     [{"tags": {"x-a": 1}}, {"tags": {"y": 1, "x-": 2}}, {"tags": {"x-a": 1}, "other": 2}],
+     [{"tags": {}}, {"tags": {"y": 1}}, {"tags": 3}, {}, {"tags": "x-a"}]),
+    # overlapping patterns (`.`: left overlapping by the regions pass), no type: any non-object meets them
+    ({"type": "object", "properties": {"p": {"patternProperties": {"^x.": {"type": "integer"}, "y$": {"minimum": 0}}}}},
+     [{"p": 5}, {"p": "s"}, {"p": {"xay": 3}}, {"p": {"zy": 2.5}}, {}, {"p": {"xa": -1}}],
+     [{"p": {"xay": -1}}, {"p": {"xa": 1.5}}, {"p": {"zy": -2}}, {"p": {"xb": "s"}}]),
+    # a recursive node: each one holds some key starting with "id", and its child is a node
+    ({"$ref": "#/$defs/node", "$defs": {"node": {"type": "object", "properties": {"child": {"$ref": "#/$defs/node"}},
+                                                 "not": {"propertyNames": {"not": {"pattern": "^id"}}}}}},
+     [{"id": 1}, {"idx": 1, "child": {"id": 2}}, {"id": 1, "child": {"id": 1, "child": {"id": 3}}}],
+     [{"child": {"id": 1}}, {"id": 1, "child": {}}, {"id": 1, "child": {"id": 1, "child": {"x": 1}}},
+      {"id": 1, "child": 3}]),
+]
+
+
+@pytest.mark.parametrize(("schema", "good", "bad"), NESTED, ids=["exists-below-root", "overlap-no-type", "recursive"])
+def test_values_only_a_lark_grammar_says_are_written_as_rules(compiler, tokenizer, schema, good, bad):
+    assert object_lark(schema) is not None
+    grammar = compiler.compile_blocking(GrammarSpec(GrammarKind.JSON_SCHEMA, schema, strict=True))
+    assert grammar.backend == "llguidance" and grammar.relaxed is None
+    for values, expected in ((good, True), (bad, False)):
+        for value in values:
+            assert valid(schema, value) == expected, value
+            matcher, ok = feed(grammar, tokenizer, json.dumps(value, ensure_ascii=False))
+            assert (ok and matcher.is_completed()) == expected, value
+
+
+def test_conditions_on_the_same_keys_are_one():
+    # five allOf members on the keys with "a" (five regions' worth before): one condition owing all five values
+    schema = {"type": "object", "maxProperties": 1, "not": {"propertyNames": {"not": {"pattern": "b"}}},
+              "allOf": [{"patternProperties": {"a": {"type": "integer", "minimum": i}}} for i in range(5)]
+              + [{"patternProperties": {"c": {"maximum": 9}}}]}
+    assert object_lark(schema) is not None
