@@ -195,6 +195,7 @@ class _Writer:
         self.rules: list[str] = []
         self.objects: list[str] = []
         self.nested: dict[str, str] = {}  # a value's schema (JSON) -> the rule of its values
+        self.keys: dict[str, int | None] = {}  # a key schema (JSON) -> its terminal
 
     def grammar(self, clauses: list[_Clause]) -> str | None:
         for clause in clauses:
@@ -291,7 +292,7 @@ class _Writer:
             value = self._value(values)
             if value is None:
                 continue
-            key = self.terms.term({"allOf": keys} if keys else True)
+            key = self._key({"allOf": keys} if keys else True)
             if key is None:
                 continue
             number = len(self.rules)
@@ -302,12 +303,20 @@ class _Writer:
         self.rules.append(f"m{len(self.rules)}: {' | '.join(alternatives)}")
         return f"m{len(self.rules) - 1}"
 
+    def _key(self, schema: Any) -> int | None:
+        """The terminal of the keys `schema` allows, written once however many members and objects use it."""
+        text = json.dumps(schema, sort_keys=True)
+        if text not in self.keys:
+            self.keys[text] = self.terms.term(schema)
+        return self.keys[text]
+
     def _value(self, values: list[Any]) -> str | None:
         """The value a member owes, in Lark: embedded JSON where llguidance's JSON compiler takes it, else an
         object written as rules of its own (`_nested`); None when no value meets it."""
         if any(v is False for v in values):
             return None
-        value = {"allOf": values} if values else {}
+        members = _flat_members(values)
+        value = {"allOf": members} if members else {}
         embedded = {**value, "x-guidance": _JSON_OPTIONS}
         if '"$ref"' in json.dumps(value):
             embedded.update(self._definitions())
@@ -325,7 +334,7 @@ class _Writer:
         text = json.dumps(value, sort_keys=True)
         if text in self.nested:
             return self.nested[text]
-        if conjuncts(value, self.root) is None or len(self.nested) >= _MAX_NESTED:
+        if len(self.nested) >= _MAX_NESTED:
             raise Untranslatable
         name = self.nested[text] = f"o{len(self.nested)}"
         outer, self.objects = self.objects, []
@@ -356,6 +365,20 @@ class _Writer:
 
     def _definitions(self) -> dict[str, Any]:
         return {k: self.root[k] for k in ("definitions", "$defs") if isinstance(self.root.get(k), dict)}
+
+
+def _flat_members(values: list[Any]) -> list[Any]:
+    """The members of `allOf: values`, nested bare allOfs flattened, `true` dropped, each once, in one order:
+    the same value always reads the same (and names the same nested rule)."""
+    members: dict[str, Any] = {}
+    stack = list(values)
+    while stack:
+        value = stack.pop()
+        if isinstance(value, dict) and set(value) == {"allOf"} and isinstance(value["allOf"], list):
+            stack += value["allOf"]
+        elif value is not True and value != {}:
+            members[json.dumps(value, sort_keys=True)] = value
+    return [members[k] for k in sorted(members)]
 
 
 def _consistent(conditions: list[_Condition], inside: tuple[bool, ...]) -> bool:
