@@ -17,6 +17,7 @@ import llguidance
 import llguidance.hf
 import llguidance.torch
 import torch
+from loraplex.grammar.backends.array_lark import array_lark
 from loraplex.grammar.backends.object_lark import object_lark
 from loraplex.grammar.backends.protocol import (
     TokenizerContext,
@@ -105,8 +106,9 @@ class LLGuidanceBackend:
         matcher = llguidance.LLMatcher(self.tokenizer, grammar, log_level=0, limits=_limits())
         if matcher.is_error():
             error = matcher.get_error()
-            # A string-only schema as one terminal (`&`, `~`), an object schema as its members (`object_lark`).
-            lark = string_schema_lark(payload) or object_lark(payload)
+            # A string-only schema as one terminal (`&`, `~`), an object schema as its members (`object_lark`),
+            # an array schema with `contains` as its items (`array_lark`).
+            lark = string_schema_lark(payload) or object_lark(payload) or array_lark(payload)
             if lark is not None:
                 grammar = llguidance.LLMatcher.grammar_from_lark(lark)
                 matcher = llguidance.LLMatcher(self.tokenizer, grammar, log_level=0, limits=_limits())

@@ -5,14 +5,15 @@ A schema is the conjunction of its keywords, so its complement is the union
 only: `minimum` fails exactly for numbers below it, so its complement is
 `{"type": "number", "exclusiveMaximum": m}`, and so on for lengths, counts,
 `required`, `properties`, `patternProperties` whose patterns match a finite
-set of keys, `items` beside a small `maxItems` (position by position, with
-`prefixItems`), `additionalProperties: false` beside a few declared keys
+set of keys, `items` (beside a small `maxItems` position by position, with
+`prefixItems`; else `contains` of the complement), `contains` (`items` of
+the complement), `additionalProperties: false` beside a few declared keys
 (for each set of them present, more keys than that), `type`, finite
 `enum`/`const` sets (strings by a regex of every string outside the set,
 numbers by open intervals) and the combinators (De Morgan; `oneOf` fails when
 no branch or two branches match). A `pattern` is complemented as a
 regular language (`regular_dfa`). A keyword whose complement no backend can
-express (`multipleOf`, `items`, any other `additionalProperties`,
+express (`multipleOf`, any other `additionalProperties`,
 ...) makes `negate` return None: the caller keeps the schema as it is, and the
 backend refuses the `not` (never a looser grammar).
 """
@@ -118,14 +119,21 @@ def _negate_keyword(key: str, value: Any, schema: dict, root: Any, depth: int) -
     if key == "items" and isinstance(value, dict | bool) and "prefixItems" not in schema:
         # Some item fails: beside `maxItems: n` (whose own complement covers longer arrays), item i fails
         # for some i < n, which `prefixItems` can say position by position.
+        # Any longer bound: some item fails, `contains` (which the array grammars say, `array_lark`).
         high = schema.get("maxItems")
         negated = negate(value, root, depth + 1)
-        if negated is None or not isinstance(high, int) or isinstance(high, bool) or high > _MAX_POSITIONS:
-            return None
-        if negated is False:
-            return False
+        if negated is None or negated is False:
+            return negated
+        if not isinstance(high, int) or isinstance(high, bool) or high > _MAX_POSITIONS:
+            return {"type": "array", "contains": negated}
         return _union([{"type": "array", "minItems": i + 1, "prefixItems": [True] * i + [negated]}
                        for i in range(high)])
+    if key == "contains" and not {"minContains", "maxContains"} & schema.keys():
+        # No item matches: every item fails it (the empty array included).
+        negated = negate(value, root, depth + 1)
+        if negated is None:
+            return None
+        return {"type": "array", "maxItems": 0} if negated is False else {"type": "array", "items": negated}
     if key == "patternProperties" and isinstance(value, dict):
         # Some key matching a pattern has a value its subschema rejects: with each pattern's keys a finite
         # set, one of those keys is present with such a value.

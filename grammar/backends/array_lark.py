@@ -1,0 +1,194 @@
+"""An array schema with `contains` as an llguidance Lark grammar: items one after another, each embedded JSON.
+
+llguidance's JSON compiler has no `contains` ("some item matches C"), and
+the complement of `items` is one (`negate`). An array whose schema is made
+of `type: array`, `items` (one schema for every item), `contains`,
+`minItems`/`maxItems`, `allOf`, `anyOf` and `$ref` is read in disjunctive
+form, each clause a conjunction: the schemas every item meets, the ones some
+item meets, the bounds on the count. Each clause is a small automaton over
+the items: its state is how many were read (counted as far as a bound needs)
+and which `contains` no item has met yet; an item may meet any of those
+(its value the `allOf` of what it meets and what every item owes, embedded
+as `%json`), and `]` comes only once none is left. Anything else leaves the
+schema to the JSON compiler (None).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from itertools import product
+from typing import Any
+
+import llguidance
+from loraplex.grammar.schema.walk import VALIDATION_KEYWORDS, conjuncts, resolve_ref
+
+_MAX_CLAUSES = 16
+_MAX_EXISTS = 4       # item kinds: 2 ** contains per clause
+_MAX_STATES = 256     # (items read, contains left) per clause
+_MAX_DEPTH = 16
+_JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+
+
+class _Untranslatable(Exception):
+    pass
+
+
+@dataclass(slots=True)
+class _Clause:
+    low: int = 0
+    high: int | None = None
+    every: list[Any] = field(default_factory=list)   # schemas every item meets
+    some: list[Any] = field(default_factory=list)    # schemas some item meets (one `contains` each)
+    is_array: bool = False                           # `type: array` holds in it (no other type passes)
+
+    def merged(self, other: _Clause) -> _Clause:
+        highs = [h for h in (self.high, other.high) if h is not None]
+        return _Clause(max(self.low, other.low), min(highs) if highs else None, self.every + other.every,
+                       self.some + other.some, self.is_array or other.is_array)
+
+
+def array_lark(schema: Any) -> str | None:
+    """A Lark grammar for an array schema made of the keywords above, with some `contains`; None otherwise."""
+    parts = conjuncts(schema, schema) if isinstance(schema, dict) else None
+    if parts is None or not any(_mentions_contains(part) for part in parts):
+        return None
+    try:
+        clauses = _Reader(schema).clauses(schema, 0)
+        if not clauses or not all(c.is_array for c in clauses):
+            return None  # other types would pass the array keywords: left to the JSON compiler
+        return _Writer(schema).grammar(clauses)
+    except _Untranslatable:
+        return None
+
+
+def _mentions_contains(node: dict[str, Any]) -> bool:
+    return '"contains"' in json.dumps(node)
+
+
+class _Reader:
+    def __init__(self, root: dict[str, Any]) -> None:
+        self.root = root
+
+    def clauses(self, node: Any, depth: int) -> list[_Clause]:
+        if depth > _MAX_DEPTH or not isinstance(node, dict | bool) or node is False:
+            raise _Untranslatable
+        result = [_Clause()]
+        if node is True:
+            return result
+        for key, value in node.items():
+            if key in VALIDATION_KEYWORDS:
+                result = _product(result, self._keyword(key, value, depth))
+        return result
+
+    def _keyword(self, key: str, value: Any, depth: int) -> list[_Clause]:
+        count = isinstance(value, int) and not isinstance(value, bool) and value >= 0
+        if key == "type" and value == "array":
+            return [_Clause(is_array=True)]
+        if key == "minItems" and count:
+            return [_Clause(low=value)]
+        if key == "maxItems" and count:
+            return [_Clause(high=value)]
+        if key == "items" and isinstance(value, dict | bool):
+            return [_Clause(every=[value])]
+        if key == "contains" and isinstance(value, dict | bool):
+            return [_Clause(some=[value])]
+        if key == "$ref":
+            target = resolve_ref(value, self.root)
+            if target is None:
+                raise _Untranslatable
+            return self.clauses(target, depth + 1)
+        if key == "allOf" and isinstance(value, list):
+            result = [_Clause()]
+            for member in value:
+                result = _product(result, self.clauses(member, depth + 1))
+            return result
+        if key == "anyOf" and isinstance(value, list):
+            result = [c for member in value for c in self.clauses(member, depth + 1)]
+            if len(result) > _MAX_CLAUSES:
+                raise _Untranslatable
+            return result
+        raise _Untranslatable  # prefixItems, uniqueItems, minContains, other types' keywords, ...
+
+
+def _product(left: list[_Clause], right: list[_Clause]) -> list[_Clause]:
+    if len(left) * len(right) > _MAX_CLAUSES:
+        raise _Untranslatable
+    return [a.merged(b) for a, b in product(left, right)]
+
+
+class _Writer:
+    def __init__(self, root: dict[str, Any]) -> None:
+        self.root = root
+        self.rules: list[str] = []
+        self.arrays: list[str] = []
+        self.values: dict[str, str | None] = {}  # an item's schema (JSON) -> its rule, None when no value meets it
+
+    def grammar(self, clauses: list[_Clause]) -> str | None:
+        for clause in clauses:
+            self._clause(clause)
+        if not self.arrays:
+            return None
+        return "\n".join([f"start: {' | '.join(dict.fromkeys(self.arrays))}", *self.rules]) + "\n"
+
+    def _clause(self, clause: _Clause) -> None:
+        """Items one after another; rule `a{n}_{read}_{left}` is what may follow in that state: `]` once enough
+        were read and no contains is left, or `, ` and one more item."""
+        some, low, high = clause.some, clause.low, clause.high
+        if len(some) > _MAX_EXISTS:
+            raise _Untranslatable
+        everything = (1 << len(some)) - 1
+        cap = high if high is not None else max(low, 1)
+        if (cap + 1) * (everything + 1) > _MAX_STATES:
+            raise _Untranslatable
+        items = {met: self._item(clause.every + [s for i, s in enumerate(some) if met >> i & 1])
+                 for met in range(everything + 1)}
+        moves: dict[tuple[int, int], list[tuple[str, tuple[int, int]]]] = {}
+        wanted = [(0, everything)]
+        while wanted:
+            state = wanted.pop()
+            if state in moves:
+                continue
+            read, left = state
+            moves[state] = [] if high is not None and read >= high else [
+                (rule, (min(read + 1, cap), left & ~met)) for met, rule in items.items() if rule is not None]
+            wanted += [target for _, target in moves[state]]
+        closing = {state for state in moves if state[0] >= low and not state[1]}
+        live = set(closing)
+        while True:  # the states from which `]` can still be reached
+            grown = live | {state for state, out in moves.items() if any(t in live for _, t in out)}
+            if grown == live:
+                break
+            live = grown
+        start = (0, everything)
+        if start not in live:
+            return
+        prefix = f"a{len(self.rules)}"
+        for state in sorted(live - {start}):
+            alternatives = ['"]"'] if state in closing else []
+            alternatives += [f'", " {rule} {prefix}_{t[0]}_{t[1]}' for rule, t in moves[state] if t in live]
+            self.rules.append(f"{prefix}_{state[0]}_{state[1]}: {' | '.join(alternatives)}")
+        if start in closing:
+            self.arrays.append('"[]"')
+        self.arrays += [f'"[" {rule} {prefix}_{t[0]}_{t[1]}' for rule, t in moves[start] if t in live]
+
+    def _item(self, schemas: list[Any]) -> str | None:
+        """A rule for an item meeting every schema of `schemas`; None when no value does."""
+        if any(s is False for s in schemas):
+            return None
+        kept = [s for s in schemas if s is not True and s != {}]
+        value: dict[str, Any] = {"allOf": kept} if kept else {}
+        text = json.dumps(value, sort_keys=True)
+        if text not in self.values:
+            embedded = {**value, "x-guidance": _JSON_OPTIONS}
+            if '"$ref"' in text:
+                embedded.update({k: self.root[k] for k in ("definitions", "$defs") if isinstance(self.root.get(k), dict)})
+            error = llguidance.LLMatcher.validate_grammar(llguidance.LLMatcher.grammar_from_json_schema(embedded))
+            if error and "nsatisfiable" not in error:
+                raise _Untranslatable  # an item the JSON compiler refuses (a contains inside an item, ...)
+            rule = None
+            if not error:
+                rule = f"i{len(self.rules)}"
+                self.rules.append(f"{rule}: %json {json.dumps(embedded)}")
+            self.values[text] = rule
+        return self.values[text]
