@@ -340,10 +340,14 @@ def import_openai() -> None:
 
 
 class Clients:
-    """`num_processes` client processes; each phase splits its requests and concurrency between them."""
+    """`num_processes` client processes; each phase splits its requests and concurrency between them.
 
-    def __init__(self, num_processes: int) -> None:
-        self.num_processes = num_processes
+    A phase starts `lead_s` (x0.5 plain requests, x2 tiny ones: their warm-up comes first) after it is handed
+    out, so every process has its share before the first request; a quick run's few requests need less.
+    """
+
+    def __init__(self, num_processes: int, lead_s: float = 1.0) -> None:
+        self.num_processes, self.lead_s = num_processes, lead_s
         self.pool = ProcessPoolExecutor(max_workers=num_processes, mp_context=multiprocessing.get_context("spawn"),
                                         initializer=import_openai)
         for future in [self.pool.submit(time.sleep, 0.5) for _ in range(num_processes)]:
@@ -362,7 +366,7 @@ class Clients:
         num_parts = min(self.num_processes, concurrency)
         shares = self.shares(num_requests, num_parts)
         firsts = [sum(shares[:i]) for i in range(len(shares))]
-        start_at = time.monotonic() + 0.5
+        start_at = time.monotonic() + 0.5 * self.lead_s
         jobs = [loop.run_in_executor(self.pool, http_phase, base_url, key, model, first, n, c, max_tokens, stream,
                                      start_at)
                 for first, n, c in zip(firsts, shares, self.shares(concurrency, num_parts), strict=True)]
@@ -372,7 +376,7 @@ class Clients:
                       ) -> tuple[int, float, list[Timing]]:
         """(failed, wall seconds from the first start to the last end, timings) for `num_streams` streams."""
         loop = asyncio.get_running_loop()
-        start_at = time.monotonic() + 1.0
+        start_at = time.monotonic() + self.lead_s
         shares = self.shares(num_streams)
         firsts = [sum(shares[:i]) for i in range(len(shares))]
         parts = await asyncio.gather(*(
@@ -383,7 +387,7 @@ class Clients:
 
     async def tiny(self, base_url: str, key: str, model: str, num_requests: int, concurrency: int) -> float:
         loop = asyncio.get_running_loop()
-        start_at = time.monotonic() + 2.0
+        start_at = time.monotonic() + 2 * self.lead_s
         parts = await asyncio.gather(*(
             loop.run_in_executor(self.pool, tiny_phase, base_url, key, model, n, c, start_at)
             for n, c in zip(self.shares(num_requests), self.shares(concurrency), strict=False)))
@@ -418,7 +422,7 @@ def free_port() -> int:
 
 
 def bench_settings(data_dir: Path, model_path: Path, max_tokens: int, device: str, random_weights: bool,
-                   engine_cpu_threads: int = 0) -> Any:
+                   engine_cpu_threads: int = 0, batch_workers: bool = True) -> Any:
     from loraplex.platform.settings import Settings
 
     return Settings(
@@ -427,6 +431,7 @@ def bench_settings(data_dir: Path, model_path: Path, max_tokens: int, device: st
         enable_prefix_caching=False,  # both sides prefill every prompt in full
         random_weights=random_weights, max_pending_requests=4096, engine_cpu_threads=engine_cpu_threads,
         gpu_memory_utilization=0.2,  # four engines share one GPU: in-process, 1, 2 and 4 API servers
+        batch_workers_enabled=batch_workers,
     )
 
 
@@ -443,7 +448,7 @@ class ServedProcesses:
     setting_names: tuple[str, ...] = (
         "data_dir", "model_path", "device", "kv_cache_memory_mb", "max_num_seqs", "max_model_len", "default_rpm",
         "default_tpm", "log_level", "enable_prefix_caching", "random_weights", "max_pending_requests",
-        "gpu_memory_utilization", "engine_cpu_threads",
+        "gpu_memory_utilization", "engine_cpu_threads", "batch_workers_enabled",
     )
 
     def __init__(self, settings: Any, api_servers: int) -> None:
@@ -551,7 +556,11 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
     model_path = args.random_weights or ensure_default_model(ROOT / "data" / "models")
     settings = bench_settings(Path(tempfile.mkdtemp(prefix="api-overhead-")), model_path, args.max_tokens,
                               args.device, random_weights=args.random_weights is not None,
-                              engine_cpu_threads=args.engine_cpu_threads)
+                              engine_cpu_threads=args.engine_cpu_threads, batch_workers=not args.quick)
+    if args.quick:  # the engine alone runs with the engine core's one CPU thread
+        import torch
+
+        torch.set_num_threads(args.engine_cpu_threads)
     key = create_key(settings)
     servers = {n: ServedProcesses(settings, n) for n in args.api_servers}
     if args.random_weights:
@@ -567,7 +576,7 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
     engine = AsyncEngine(shared)  # type: ignore[arg-type]  # its core's thread steps through the lock engine_alone holds
     for server in servers.values():
         server.wait_healthy()
-    clients = Clients(args.client_processes)
+    clients = Clients(args.client_processes, lead_s=0.2 if args.quick else 1.0)
     base_url = servers[args.api_servers[0]].base_url
     tokenizer = engine.tokenizer
     prompt_ids = [
@@ -750,8 +759,9 @@ def main() -> None:
                         help="a folder with the model's config.json and tokenizer: random weights instead of the GGUF")
     parser.add_argument("--client-processes", type=int, default=None,
                         help="client processes the HTTP requests are spread over (default: 8; quick: 2)")
-    parser.add_argument("--engine-cpu-threads", type=int, default=0,
-                        help="the server's LORAPLEX_ENGINE_CPU_THREADS (default 0: its own default)")
+    parser.add_argument("--engine-cpu-threads", type=int, default=None,
+                        help="the server's LORAPLEX_ENGINE_CPU_THREADS (default 0: its own default; quick: 1, for "
+                             "the engine alone too, as OpenMP threads spinning on a busy 2-core machine slow CPU steps)")
     parser.add_argument("--out", type=Path, default=None, help="where to write the JSON (default: results/ on full runs)")
     parser.add_argument("--profile-dir", type=Path, default=None,
                         help="after timing, run the tiny and 64-stream phases once more under py-spy (if installed), "
@@ -763,6 +773,8 @@ def main() -> None:
         (1, 4, 1, 4, 32) if args.quick else (3, 32, 3, 32, 512)
     )
     args.client_processes = args.client_processes or (2 if args.quick else 8)
+    if args.engine_cpu_threads is None:
+        args.engine_cpu_threads = 1 if args.quick else 0
     result = asyncio.run(measure(args))
     for name, value in result["metrics"].items():
         print(f"{name:42s} {value}")

@@ -168,7 +168,7 @@ class Bench:
         """Requests dealt round robin over the client processes; all of them start at one shared instant."""
         loop = asyncio.get_running_loop()
         parts = min(self.clients.num_processes, len(reqs))
-        start = time.monotonic() + 1.0  # every process has its share before the first arrival
+        start = time.monotonic() + self.clients.lead_s  # every process has its share before the first arrival
         jobs = [loop.run_in_executor(self.clients.pool, http_phase, base_url or self.server.base_url, self.key,
                                      self.model, reqs[p::parts], [start + o for o in offsets[p::parts]], keep_text)
                 for p in range(parts)]
@@ -345,6 +345,7 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
         gpu_memory_utilization=args.gpu_memory_utilization, max_loras=max(args.adapters, 1),
         max_cpu_loras=max(args.adapters, 1), max_lora_rank=max(args.adapter_rank, 8),
         engine_cpu_threads=args.engine_cpu_threads,
+        batch_workers_enabled=not args.quick,  # no batch work is sent: a quick run spares the idle worker's CPU
     )
     threads = settings.resolve_engine_cpu_threads()
     if threads is not None:  # the engine alone runs with the engine core's CPU threads
@@ -353,7 +354,7 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
         torch.set_num_threads(threads)
     key = create_key(settings, ("inference", "adapters"))
     server = ServingServer(settings, args.api_servers)
-    clients = Clients(args.client_processes)
+    clients = Clients(args.client_processes, lead_s=0.2 if args.quick else 1.0)
     config = engine_config(settings)
     if settings.random_weights:
         tokenizer = AutoTokenizer.from_pretrained(model_path)
