@@ -26,6 +26,7 @@ import json
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from datetime import UTC
 from multiprocessing import get_context
@@ -171,6 +172,26 @@ def generated_tokens(base_url: str) -> float:
                if line.startswith("vllm:generation_tokens_total"))
 
 
+class TokenCounterSampler:
+    """(wall time, generated tokens so far) every 0.25 s from a thread, whatever the victim is waiting for."""
+
+    def __init__(self, base_url: str) -> None:
+        self.samples: list[tuple[float, float]] = []
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(base_url,), daemon=True)
+        self._thread.start()
+
+    def _run(self, base_url: str) -> None:
+        while not self._done.is_set():
+            self.samples.append((time.time(), generated_tokens(base_url)))
+            self._done.wait(0.25)
+
+    def stop(self) -> list[tuple[float, float]]:
+        self._done.set()
+        self._thread.join(timeout=30)
+        return self.samples
+
+
 def steady_tokens_per_s(samples: list[tuple[float, float]], window_end: float) -> float | None:
     """Tokens per second between the first sample and the last one before `window_end` (the first flood
     stream's end: until then every stream the engine admitted is still generating)."""
@@ -203,13 +224,12 @@ def run_server(data_dir: Path, model_path: Path, *, gpu: bool, fair: bool, sizes
                     flood_process.conn.send("go")
                 time.sleep(1.0 if gpu else 3.0)  # the flood holds its streams before the victim is timed
                 ttfts, victim_tokens_total = [], 0
-                samples: list[tuple[float, float]] = []  # (wall time, generated tokens so far), every 0.25 s
+                sampler = TokenCounterSampler(server.base_url)
                 while not all(f.conn.poll() for f in floods):
-                    if not samples or time.time() - samples[-1][0] >= 0.25:
-                        samples.append((time.time(), generated_tokens(server.base_url)))
                     ttft, tokens = victim_request(client, victim_tokens)
                     ttfts.append(ttft)
                     victim_tokens_total += tokens
+                samples = sampler.stop()
                 parts = [f.result() for f in floods]
                 flood = {"errors": [e for p in parts for e in p["errors"]], "served": sum(p["served"] for p in parts),
                          "refused": sum(p["refused"] for p in parts), "tokens": sum(p["tokens"] for p in parts),
