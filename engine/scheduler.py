@@ -276,11 +276,12 @@ class Scheduler:
         the next step without preempting anyone. Preempting cost the flood more than the slot: on a GPU the
         preempted sequence's resume is a prefill chunk, so a step that replays a decode graph (~3 ms at 64
         SmolLM2 rows on an H200) became an eager one (~15 ms), once for each short request of another tenant.
-        Batch work never takes a kept slot."""
+        Batch work takes kept slots only while no interactive work runs or waits: an interactive request that
+        comes then preempts a batch line (batch work goes first), which resumes in a later admission wave."""
         if len(self.running) + self.newcomer_reserved_slots < self.max_num_seqs:
             return False
         if seq.background:
-            return True
+            return self._has_interactive_work()
         demand = self._demand_tenants() | {seq.tenant_id, NEWCOMER}
         share = self.fair.shares(demand, self.max_num_seqs)[seq.tenant_id]
         running = sum(1 for s in self.running if s.tenant_id == seq.tenant_id and not s.background)

@@ -333,13 +333,22 @@ def test_a_flood_stops_short_of_the_kept_slots_and_a_newcomer_starts_without_a_p
     assert sum(s.tenant_id == "flood" for s in sched.running) == 6 and len(sched.running) == 7
 
 
-def test_batch_work_never_takes_a_kept_slot():
+def test_batch_work_takes_the_kept_slots_only_while_no_interactive_work_runs():
     bm = BlockManager(1000, 16)
     sched = Scheduler(bm, max_num_batched_tokens=256, max_num_seqs=8, newcomer_reserved_slots=2)
     for _ in range(20):
         sched.add(seq(20, "batchco", background=True))
     run(sched, bm, 4)
-    assert len(sched.running) == 6 and all(s.background for s in sched.running)
+    assert len(sched.running) == 8 and all(s.background for s in sched.running), "alone, batch work fills the engine"
+    chat = seq(12, "chatco")
+    sched.add(chat)
+    out = sched.schedule()
+    assert chat in out.seqs and out.num_fairness_preempted == 1, "an interactive request preempts a batch line"
+    complete(out, bm)
+    for line in [s for s in sched.running if s.background][:2]:
+        sched.finish(line)
+    run(sched, bm, 4)
+    assert chat in sched.running and len(sched.running) == 6, "while it runs, batch lines leave the kept slots free"
 
 
 def test_the_default_keeps_one_slot_in_32_and_none_below_32():
