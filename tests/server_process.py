@@ -52,7 +52,9 @@ def server_env(
 ) -> dict[str, str]:
     """The environment of one server: this process's, minus any LORAPLEX_ setting it would inherit.
 
-    Extra keyword settings become `LORAPLEX_<NAME>` variables (`billing_journal_lease_s=2`).
+    Extra keyword settings become `LORAPLEX_<NAME>` variables (`billing_journal_lease_s=2`). The engine core
+    computes on one thread: on the two cores the suite shares with the server's other processes and the
+    test's clients, a second spinning OpenMP thread cost far more than it gave (a load phase took 3-10x longer).
     """
     env = {name: value for name, value in os.environ.items() if not name.startswith("LORAPLEX_")}
     env.update({
@@ -62,6 +64,7 @@ def server_env(
         "LORAPLEX_KV_CACHE_MEMORY_MB": str(kv_cache_memory_mb),
         "LORAPLEX_DEVICE": "cpu",
         "LORAPLEX_LOG_LEVEL": log_level,
+        "LORAPLEX_ENGINE_CPU_THREADS": "1",
     })
     if redis_url is not None:
         env["LORAPLEX_REDIS_URL"] = redis_url

@@ -104,7 +104,9 @@ def test_sdk_end_to_end_equals_online_and_bills_the_batch_price(server: BatchSer
 
 def test_cancel_keeps_what_ran_and_fails_the_rest(server: BatchServer) -> None:
     client = server.client("acme")
-    lines = [chat_line(f"c{i}", f"Say the number {i}.") for i in range(7)]
+    # Lines long enough that the batch is still running when the runner next rereads its row (each second):
+    # 4-token lines on an engine core with one thread all ended before the cancel was seen.
+    lines = [chat_line(f"c{i}", f"Say the number {i}.", max_tokens=32, ignore_eos=True) for i in range(7)]
     batch = client.batches.create(input_file_id=upload(client, lines).id, endpoint="/v1/chat/completions",
                                   completion_window="24h")
     wait_until(lambda: client.batches.retrieve(batch.id).request_counts.completed >= 1, timeout_s=240,
