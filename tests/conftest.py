@@ -34,6 +34,9 @@ from rss_report import register as register_rss_report
 # tests/engine/kernels/conftest.py loads: switch the interpreter on here, first.
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+    # The in-process engines compute on one thread: on the two cores the suite shares with its servers and
+    # clients, a second spinning OpenMP thread costs far more than it gives (tests/engine did so already).
+    torch.set_num_threads(1)
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 MODELS_DIR = REPO_ROOT / "data" / "models"
