@@ -343,8 +343,11 @@ def main() -> None:
                     "LORAPLEX_MAX_MODEL_LEN": "4096", "LORAPLEX_API_SERVERS": "1",
                     "LORAPLEX_KV_CACHE_MEMORY_MB": "64" if args.device == "cpu" else "8192"})
         if args.quick:
-            # No batch work is sent: on two CPU cores each replica's idle batch-worker process costs ~8 CPU-seconds
+            # No batch work is sent: on two CPU cores each replica's idle batch-worker process costs ~8 CPU-seconds;
+            # and two replicas' engines on those two cores compute on one thread each (spinning OpenMP threads
+            # of one slowed the other's steps)
             env["LORAPLEX_BATCH_WORKERS_ENABLED"] = "false"
+            env["LORAPLEX_ENGINE_CPU_THREADS"] = "1"
         replicas = [Replica(f"replica-{i + 1}", env, i if args.device == "cuda" else None, work) for i in range(2)]
         balancer = None
         try:
