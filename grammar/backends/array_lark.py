@@ -17,21 +17,19 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from itertools import product
 from typing import Any
 
 import llguidance
-from loraplex.grammar.schema.walk import VALIDATION_KEYWORDS, conjuncts, resolve_ref
+from loraplex.grammar.backends.clause_algebra import clause_product, connective_clauses
+from loraplex.grammar.backends.counted_lark import counted_rules, num_states
+from loraplex.grammar.backends.string_lark import Untranslatable
+from loraplex.grammar.schema.walk import VALIDATION_KEYWORDS, conjuncts
 
 _MAX_CLAUSES = 16
 _MAX_EXISTS = 4       # item kinds: 2 ** contains per clause
 _MAX_STATES = 256     # (items read, contains left) per clause
 _MAX_DEPTH = 16
 _JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
-
-
-class _Untranslatable(Exception):
-    pass
 
 
 @dataclass(slots=True)
@@ -58,7 +56,7 @@ def array_lark(schema: Any) -> str | None:
         if not clauses or not all(c.is_array for c in clauses):
             return None  # other types would pass the array keywords: left to the JSON compiler
         return _Writer(schema).grammar(clauses)
-    except _Untranslatable:
+    except Untranslatable:
         return None
 
 
@@ -72,13 +70,13 @@ class _Reader:
 
     def clauses(self, node: Any, depth: int) -> list[_Clause]:
         if depth > _MAX_DEPTH or not isinstance(node, dict | bool) or node is False:
-            raise _Untranslatable
+            raise Untranslatable
         result = [_Clause()]
         if node is True:
             return result
         for key, value in node.items():
             if key in VALIDATION_KEYWORDS:
-                result = _product(result, self._keyword(key, value, depth))
+                result = clause_product(result, self._keyword(key, value, depth), _MAX_CLAUSES)
         return result
 
     def _keyword(self, key: str, value: Any, depth: int) -> list[_Clause]:
@@ -93,28 +91,11 @@ class _Reader:
             return [_Clause(every=[value])]
         if key == "contains" and isinstance(value, dict | bool):
             return [_Clause(some=[value])]
-        if key == "$ref":
-            target = resolve_ref(value, self.root)
-            if target is None:
-                raise _Untranslatable
-            return self.clauses(target, depth + 1)
-        if key == "allOf" and isinstance(value, list):
-            result = [_Clause()]
-            for member in value:
-                result = _product(result, self.clauses(member, depth + 1))
-            return result
-        if key == "anyOf" and isinstance(value, list):
-            result = [c for member in value for c in self.clauses(member, depth + 1)]
-            if len(result) > _MAX_CLAUSES:
-                raise _Untranslatable
-            return result
-        raise _Untranslatable  # prefixItems, uniqueItems, minContains, other types' keywords, ...
-
-
-def _product(left: list[_Clause], right: list[_Clause]) -> list[_Clause]:
-    if len(left) * len(right) > _MAX_CLAUSES:
-        raise _Untranslatable
-    return [a.merged(b) for a, b in product(left, right)]
+        combined = connective_clauses(key, value, root=self.root, new=_Clause, most=_MAX_CLAUSES,
+                                      read=lambda member: self.clauses(member, depth + 1))
+        if combined is None:
+            raise Untranslatable  # prefixItems, uniqueItems, minContains, other types' keywords, ...
+        return combined
 
 
 class _Writer:
@@ -135,42 +116,14 @@ class _Writer:
         """Items one after another; rule `a{n}_{read}_{left}` is what may follow in that state: `]` once enough
         were read and no contains is left, or `, ` and one more item."""
         some, low, high = clause.some, clause.low, clause.high
-        if len(some) > _MAX_EXISTS:
-            raise _Untranslatable
-        everything = (1 << len(some)) - 1
-        cap = high if high is not None else max(low, 1)
-        if (cap + 1) * (everything + 1) > _MAX_STATES:
-            raise _Untranslatable
+        if len(some) > _MAX_EXISTS or num_states(low, high, len(some)) > _MAX_STATES:
+            raise Untranslatable
         items = {met: self._item(clause.every + [s for i, s in enumerate(some) if met >> i & 1])
-                 for met in range(everything + 1)}
-        moves: dict[tuple[int, int], list[tuple[str, tuple[int, int]]]] = {}
-        wanted = [(0, everything)]
-        while wanted:
-            state = wanted.pop()
-            if state in moves:
-                continue
-            read, left = state
-            moves[state] = [] if high is not None and read >= high else [
-                (rule, (min(read + 1, cap), left & ~met)) for met, rule in items.items() if rule is not None]
-            wanted += [target for _, target in moves[state]]
-        closing = {state for state in moves if state[0] >= low and not state[1]}
-        live = set(closing)
-        while True:  # the states from which `]` can still be reached
-            grown = live | {state for state, out in moves.items() if any(t in live for _, t in out)}
-            if grown == live:
-                break
-            live = grown
-        start = (0, everything)
-        if start not in live:
-            return
-        prefix = f"a{len(self.rules)}"
-        for state in sorted(live - {start}):
-            alternatives = ['"]"'] if state in closing else []
-            alternatives += [f'", " {rule} {prefix}_{t[0]}_{t[1]}' for rule, t in moves[state] if t in live]
-            self.rules.append(f"{prefix}_{state[0]}_{state[1]}: {' | '.join(alternatives)}")
-        if start in closing:
-            self.arrays.append('"[]"')
-        self.arrays += [f'"[" {rule} {prefix}_{t[0]}_{t[1]}' for rule, t in moves[start] if t in live]
+                 for met in range(1 << len(some))}
+        rules, openings = counted_rules(items, low, high, prefix=f"a{len(self.rules)}", brackets=("[", "]"),
+                                        only_unmet=False)
+        self.rules += rules
+        self.arrays += openings
 
     def _item(self, schemas: list[Any]) -> str | None:
         """A rule for an item meeting every schema of `schemas`; None when no value does."""
@@ -185,7 +138,7 @@ class _Writer:
                 embedded.update({k: self.root[k] for k in ("definitions", "$defs") if isinstance(self.root.get(k), dict)})
             error = llguidance.LLMatcher.validate_grammar(llguidance.LLMatcher.grammar_from_json_schema(embedded))
             if error and "nsatisfiable" not in error:
-                raise _Untranslatable  # an item the JSON compiler refuses (a contains inside an item, ...)
+                raise Untranslatable  # an item the JSON compiler refuses (a contains inside an item, ...)
             rule = None
             if not error:
                 rule = f"i{len(self.rules)}"

@@ -32,11 +32,13 @@ from itertools import product
 from typing import Any
 
 import llguidance
+from loraplex.grammar.backends.clause_algebra import clause_product, connective_clauses
+from loraplex.grammar.backends.counted_lark import counted_rules, num_states
 from loraplex.grammar.backends.string_lark import StringTerms, Untranslatable
 from loraplex.grammar.schema.connectives import all_of
 from loraplex.grammar.schema.finite import JUDGING_ERRORS, offline_validators
 from loraplex.grammar.schema.negate import negate
-from loraplex.grammar.schema.walk import VALIDATION_KEYWORDS, conjuncts, resolve_ref
+from loraplex.grammar.schema.walk import VALIDATION_KEYWORDS, conjuncts
 
 _MAX_CLAUSES = 32
 _MAX_CONDITIONS = 5   # regions: 2 ** conditions per member
@@ -113,9 +115,9 @@ class _Reader:
         for key, value in node.items():
             if key not in VALIDATION_KEYWORDS or key in ("properties", "patternProperties"):
                 continue  # annotations; the two maps are read with additionalProperties below
-            result = _product(result, self._keyword(key, value, node, depth))
+            result = clause_product(result, self._keyword(key, value, node, depth), _MAX_CLAUSES)
         if "additionalProperties" not in node:
-            result = _product(result, [_Clause(conditions=self._member_conditions(node, None))])
+            result = clause_product(result, [_Clause(conditions=self._member_conditions(node, None))], _MAX_CLAUSES)
         return result
 
     def _keyword(self, key: str, value: Any, node: dict[str, Any], depth: int) -> list[_Clause]:
@@ -135,24 +137,13 @@ class _Reader:
             return [_Clause(keys=[value])]
         if key == "additionalProperties":
             return [_Clause(conditions=self._member_conditions(node, value))]
-        if key == "$ref":
-            target = resolve_ref(value, self.root)
-            if target is None:
-                raise Untranslatable
-            return self.clauses(target, depth + 1)
-        if key == "allOf" and isinstance(value, list):
-            result = [_Clause()]
-            for member in value:
-                result = _product(result, self.clauses(member, depth + 1))
-            return result
-        if key == "anyOf" and isinstance(value, list):
-            result = [c for member in value for c in self.clauses(member, depth + 1)]
-            if len(result) > _MAX_CLAUSES:
-                raise Untranslatable
-            return result
         if key == "not" and isinstance(value, dict):
             return [self._some_member(value)]
-        raise Untranslatable
+        combined = connective_clauses(key, value, root=self.root, new=_Clause, most=_MAX_CLAUSES,
+                                      read=lambda member: self.clauses(member, depth + 1))
+        if combined is None:
+            raise Untranslatable
+        return combined
 
     def _member_conditions(self, node: dict[str, Any], extra: Any) -> list[_Condition]:
         properties = node.get("properties") or {}
@@ -180,12 +171,6 @@ class _Reader:
         if set(negated) == {"propertyNames"}:
             return _Clause(exists=[({"not": negated["propertyNames"]}, True)])
         raise Untranslatable
-
-
-def _product(left: list[_Clause], right: list[_Clause]) -> list[_Clause]:
-    if len(left) * len(right) > _MAX_CLAUSES:
-        raise Untranslatable
-    return [a.merged(b) for a, b in product(left, right)]
 
 
 class _Writer:
@@ -234,50 +219,15 @@ class _Writer:
         no upper bound the count stops at `low` (or 1: any more are alike). Rule `r{n}_{read}_{left}` is what may
         follow in that state: `}` once enough were read and none is left, or `, ` and one more member."""
         exists, low, high = clause.exists, max(clause.low, 0), clause.high
-        everything = (1 << len(exists)) - 1
-        cap = high if high is not None else max(low, 1)  # read counts past this one are alike (0 is the start)
-        if (cap + 1) * (everything + 1) > _MAX_STATES:
+        if num_states(low, high, len(exists)) > _MAX_STATES:
             raise Untranslatable
         members: dict[int, str | None] = {}
-        for met in range(everything + 1):  # a member meeting (at least) the constraints in `met`
+        for met in range(1 << len(exists)):  # a member meeting (at least) the constraints in `met`
             members[met] = self._member(clause, [e for i, e in enumerate(exists) if met >> i & 1])
-
-        def after_one_more(read: int, left: int) -> list[tuple[str, tuple[int, int]]]:
-            if high is not None and read >= high:
-                return []
-            following = min(read + 1, cap)
-            return [(rule, (following, left & ~met)) for met, rule in members.items()
-                    if rule is not None and met & ~left == 0]
-
-        start = (0, everything)
-        moves: dict[tuple[int, int], list[tuple[str, tuple[int, int]]]] = {}
-        wanted = [start]
-        while wanted:
-            state = wanted.pop()
-            if state not in moves:
-                moves[state] = after_one_more(*state)
-                wanted += [target for _, target in moves[state]]
-        closing = {state for state in moves if state[0] >= low and not state[1]}
-        live = set(closing)
-        while True:  # the states from which `}` can still be reached
-            grown = live | {state for state, out in moves.items() if any(target in live for _, target in out)}
-            if grown == live:
-                break
-            live = grown
-        if start not in live:
-            return
-        prefix = f"r{len(self.rules)}"
-
-        def name(state: tuple[int, int]) -> str:
-            return f"{prefix}_{state[0]}_{state[1]}"
-
-        for state in sorted(live - {start}):
-            alternatives = ['"}"'] if state in closing else []
-            alternatives += [f'", " {rule} {name(target)}' for rule, target in moves[state] if target in live]
-            self.rules.append(f"{name(state)}: {' | '.join(alternatives)}")
-        if start in closing:
-            self.objects.append('"{}"')
-        self.objects += [f'"{{" {rule} {name(target)}' for rule, target in moves[start] if target in live]
+        rules, openings = counted_rules(members, low, high, prefix=f"r{len(self.rules)}", brackets=("{", "}"),
+                                        only_unmet=True)
+        self.rules += rules
+        self.objects += openings
 
     def _member(self, clause: _Clause, exists: list[tuple[Any, Any]]) -> str | None:
         """A rule for one member meeting `exists` (and every condition on members); None when none can."""

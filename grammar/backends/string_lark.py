@@ -22,8 +22,10 @@ boundaries, `format`) leaves the schema to the JSON compiler (None here).
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from typing import Any
 
+from loraplex.grammar.schema.regular import Categories, class_ranges, complement, normalize
 from loraplex.grammar.schema.walk import VALIDATION_KEYWORDS, resolve_ref
 
 try:
@@ -38,15 +40,16 @@ _MAX_DEPTH = 32
 _MAX_TERMS = 2048
 # The escapes a character may take besides `\u00XX` (control characters only) or itself (printable ones).
 _ESCAPED = {0x08: "b", 0x09: "t", 0x0A: "n", 0x0C: "f", 0x0D: "r", 0x22: '"', 0x2F: "/", 0x5C: "\\"}
-_LINE_TERMINATORS = [(0x0A, 0x0A), (0x0D, 0x0D), (0x2028, 0x2029)]
-_DIGIT = [(0x30, 0x39)]
-_WORD = [(0x30, 0x39), (0x41, 0x5A), (0x5F, 0x5F), (0x61, 0x7A)]
-_SPACE = [(0x09, 0x0D), (0x20, 0x20), (0xA0, 0xA0), (0x1680, 0x1680), (0x2000, 0x200A), (0x2028, 0x2029),
-          (0x202F, 0x202F), (0x205F, 0x205F), (0x3000, 0x3000), (0xFEFF, 0xFEFF)]
-_CATEGORIES = {
-    sre_constants.CATEGORY_DIGIT: (_DIGIT, False), sre_constants.CATEGORY_NOT_DIGIT: (_DIGIT, True),
-    sre_constants.CATEGORY_WORD: (_WORD, False), sre_constants.CATEGORY_NOT_WORD: (_WORD, True),
-    sre_constants.CATEGORY_SPACE: (_SPACE, False), sre_constants.CATEGORY_NOT_SPACE: (_SPACE, True),
+_LINE_TERMINATORS = ((0x0A, 0x0A), (0x0D, 0x0D), (0x2028, 0x2029))
+_DIGIT = ((0x30, 0x39),)
+_WORD = ((0x30, 0x39), (0x41, 0x5A), (0x5F, 0x5F), (0x61, 0x7A))
+_SPACE = ((0x09, 0x0D), (0x20, 0x20), (0xA0, 0xA0), (0x1680, 0x1680), (0x2000, 0x200A), (0x2028, 0x2029),
+          (0x202F, 0x202F), (0x205F, 0x205F), (0x3000, 0x3000), (0xFEFF, 0xFEFF))
+# As ECMA-262 reads the classes (the terminal spells each set out, no second reader): nothing disputed
+_CATEGORIES: Categories = {
+    sre_constants.CATEGORY_DIGIT: (_DIGIT, False, ()), sre_constants.CATEGORY_NOT_DIGIT: (_DIGIT, True, ()),
+    sre_constants.CATEGORY_WORD: (_WORD, False, ()), sre_constants.CATEGORY_NOT_WORD: (_WORD, True, ()),
+    sre_constants.CATEGORY_SPACE: (_SPACE, False, ()), sre_constants.CATEGORY_NOT_SPACE: (_SPACE, True, ()),
 }
 # Keywords that constrain other types only: a string passes them.
 _NOT_FOR_STRINGS = frozenset({
@@ -80,7 +83,7 @@ def string_schema_lark(schema: Any) -> str | None:
 
 
 class Untranslatable(Exception):
-    """The schema uses something a Lark terminal here does not say."""
+    """The schema uses something the Lark translations (strings here, objects, arrays) do not say."""
 
 
 class StringTerms:
@@ -191,14 +194,14 @@ def _char(code: int) -> str:
     return f"\\x{{{code:x}}}"
 
 
-def _forms(ranges: list[tuple[int, int]]) -> str:
+def _forms(ranges: Sequence[tuple[int, int]]) -> str:
     """A regex over JSON text for one character from `ranges` (every text form of each)."""
     printable = _subtract(ranges, [(0x00, 0x1F), (0x22, 0x22), (0x5C, 0x5C)])
     options = []
     if printable:
         options.append("[" + "".join(_char(lo) if lo == hi else f"{_char(lo)}-{_char(hi)}" for lo, hi in printable) + "]")
     backslash = _char(0x5C)
-    for lo, hi in _normalize(ranges):
+    for lo, hi in normalize(ranges):
         for code in range(lo, min(hi, 0x5C) + 1):
             if code in _ESCAPED:
                 options.append(backslash + _char(ord(_ESCAPED[code])))
@@ -222,28 +225,14 @@ def _literal(text: str) -> str:
     return "".join(_forms([(ord(c), ord(c))]) for c in text)
 
 
-def _subtract(ranges: list[tuple[int, int]], removed: list[tuple[int, int]]) -> list[tuple[int, int]]:
+def _subtract(ranges: Sequence[tuple[int, int]], removed: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
     out = []
-    for lo, hi in _normalize(ranges):
+    for lo, hi in normalize(ranges):
         pieces = [(lo, hi)]
         for r_lo, r_hi in removed:
             pieces = [p for a, b in pieces for p in ((a, min(b, r_lo - 1)), (max(a, r_hi + 1), b)) if p[0] <= p[1]]
         out += pieces
     return out
-
-
-def _normalize(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
-    merged: list[tuple[int, int]] = []
-    for lo, hi in sorted(ranges):
-        if merged and lo <= merged[-1][1] + 1:
-            merged[-1] = (merged[-1][0], max(merged[-1][1], hi))
-        else:
-            merged.append((lo, hi))
-    return merged
-
-
-def _complement(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
-    return _subtract([(0, _MAX_CHAR)], _normalize(ranges))
 
 
 def _pattern(pattern: str) -> str:
@@ -267,9 +256,9 @@ def _item(op: Any, arg: Any) -> str:
     if op == sre_constants.LITERAL:
         return _forms([(arg, arg)])
     if op == sre_constants.NOT_LITERAL:
-        return _forms(_complement([(arg, arg)]))
+        return _forms(complement(((arg, arg),)))
     if op == sre_constants.ANY:
-        return _forms(_complement(_LINE_TERMINATORS))
+        return _forms(complement(_LINE_TERMINATORS))
     if op == sre_constants.IN:
         return _forms(_class(arg))
     if op == sre_constants.BRANCH:
@@ -283,19 +272,8 @@ def _item(op: Any, arg: Any) -> str:
     raise Untranslatable  # anchors inside, lookarounds, back-references, word boundaries
 
 
-def _class(items: list[Any]) -> list[tuple[int, int]]:
-    ranges: list[tuple[int, int]] = []
-    negate = False
-    for op, arg in items:
-        if op == sre_constants.NEGATE:
-            negate = True
-        elif op == sre_constants.LITERAL:
-            ranges.append((arg, arg))
-        elif op == sre_constants.RANGE:
-            ranges.append(arg)
-        elif op == sre_constants.CATEGORY and arg in _CATEGORIES:
-            members, inverted = _CATEGORIES[arg]
-            ranges += _complement(members) if inverted else members
-        else:
-            raise Untranslatable
-    return _complement(ranges) if negate else _normalize(ranges)
+def _class(items: list[Any]) -> Sequence[tuple[int, int]]:
+    read = class_ranges(items, _CATEGORIES)
+    if read is None:
+        raise Untranslatable
+    return read[0]

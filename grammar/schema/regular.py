@@ -31,6 +31,9 @@ except ImportError:  # pragma: no cover
     import sre_parse
 
 MAX_CHAR = 0x10FFFF
+Ranges = tuple[tuple[int, int], ...]
+# a class escape's category -> (its ranges, whether negated, characters whose membership the readings dispute)
+Categories = dict[Any, tuple[Ranges, bool, Ranges]]
 _MAX_NODES = 20000
 _MAX_PATTERN = 1024  # characters of a pattern read here
 _MAX_UNROLL = 32  # a bounded repetition `{m,n}` is unrolled into m + n copies at most
@@ -43,7 +46,7 @@ _SPACE = ((0x09, 0x0D), (0x20, 0x20), (0xA0, 0xA0), (0x1680, 0x1680), (0x2000, 0
 _SPACE_DISPUTED = ((0x1C, 0x1F), (0x85, 0x85), (0xFEFF, 0xFEFF))
 _NON_ASCII = ((0x80, MAX_CHAR),)
 _LINE_ENDS_DISPUTED = ((0x0D, 0x0D), (0x2028, 0x2029))  # `.` refuses them in ECMA-262, takes them in Python
-_CATEGORIES = {  # category -> (ranges, negated, characters whose membership the readings dispute)
+_CATEGORIES: Categories = {
     sre_constants.CATEGORY_DIGIT: (_DIGIT, False, _NON_ASCII),
     sre_constants.CATEGORY_NOT_DIGIT: (_DIGIT, True, _NON_ASCII),
     sre_constants.CATEGORY_WORD: (_WORD, False, _NON_ASCII),
@@ -52,8 +55,6 @@ _CATEGORIES = {  # category -> (ranges, negated, characters whose membership the
     sre_constants.CATEGORY_NOT_SPACE: (_SPACE, True, _SPACE_DISPUTED),
 }
 _REPEATS = (sre_constants.MAX_REPEAT, sre_constants.MIN_REPEAT)  # laziness changes no membership
-
-Ranges = tuple[tuple[int, int], ...]
 
 
 class Unregular(Exception):
@@ -130,32 +131,26 @@ class Algebra:
         return out
 
     def alt(self, members: Iterable[int]) -> int:
-        flat: set[int] = set()
-        for m in members:
-            shape = self.nodes[m]
-            if shape[0] == "alt":
-                flat |= set(shape[1])
-            elif m != self.none:
-                flat.add(m)
-        if self.anything in flat:
-            return self.anything
-        if not flat:
-            return self.none
-        return next(iter(flat)) if len(flat) == 1 else self._make(("alt", tuple(sorted(flat))))
+        return self._lattice("alt", members, unit=self.none, zero=self.anything)
 
     def both(self, members: Iterable[int]) -> int:
+        return self._lattice("and", members, unit=self.anything, zero=self.none)
+
+    def _lattice(self, kind: str, members: Iterable[int], unit: int, zero: int) -> int:
+        """`alt` and `both`, duals of each other: nested ones of the same kind flattened, `unit` (what the
+        operation leaves alone) dropped, `zero` (what it swallows) taking all."""
         flat: set[int] = set()
         for m in members:
             shape = self.nodes[m]
-            if shape[0] == "and":
+            if shape[0] == kind:
                 flat |= set(shape[1])
-            elif m != self.anything:
+            elif m != unit:
                 flat.add(m)
-        if self.none in flat:
-            return self.none
+        if zero in flat:
+            return zero
         if not flat:
-            return self.anything
-        return next(iter(flat)) if len(flat) == 1 else self._make(("and", tuple(sorted(flat))))
+            return unit
+        return next(iter(flat)) if len(flat) == 1 else self._make((kind, tuple(sorted(flat))))
 
     def negated(self, a: int) -> int:
         shape = self.nodes[a]
@@ -330,22 +325,35 @@ class PatternReader:
         raise Unregular("anchors inside, back-references, word boundaries, inline flags")
 
     def _class(self, items: list) -> Ranges:
-        ranges: list[tuple[int, int]] = []
-        negate = False
-        for op, arg in items:
-            if op == sre_constants.NEGATE:
-                negate = True
-            elif op == sre_constants.LITERAL:
-                ranges.append((arg, arg))
-            elif op == sre_constants.RANGE:
-                ranges.append(arg)
-            elif op == sre_constants.CATEGORY and arg in _CATEGORIES:
-                members, inverted, disputed = _CATEGORIES[arg]
-                ranges += complement(members) if inverted else members
-                self.disputed += disputed
-            else:
-                raise Unregular("a class read here as no set")
-        return complement(tuple(ranges)) if negate else normalize(ranges)
+        read = class_ranges(items, _CATEGORIES)
+        if read is None:
+            raise Unregular("a class read here as no set")
+        ranges, disputed = read
+        self.disputed += disputed
+        return ranges
+
+
+def class_ranges(items: list[Any], categories: Categories) -> tuple[Ranges, Ranges] | None:
+    """A parsed class `[...]` (sre_parse's items) as the code points it holds, with the ones whose membership
+    the readings behind `categories` dispute; None where a member is no set read here. PatternReader and
+    string_lark read classes alike and differ only in their tables (`\\s` is not the same set in both)."""
+    ranges: list[tuple[int, int]] = []
+    disputed: list[tuple[int, int]] = []
+    negate = False
+    for op, arg in items:
+        if op == sre_constants.NEGATE:
+            negate = True
+        elif op == sre_constants.LITERAL:
+            ranges.append((arg, arg))
+        elif op == sre_constants.RANGE:
+            ranges.append(arg)
+        elif op == sre_constants.CATEGORY and arg in categories:
+            members, inverted, unsure = categories[arg]
+            ranges += complement(members) if inverted else members
+            disputed += unsure
+        else:
+            return None
+    return (complement(tuple(ranges)) if negate else normalize(ranges)), tuple(disputed)
 
 
 def _has_lookahead(items: list, anchors: bool = True) -> bool:
