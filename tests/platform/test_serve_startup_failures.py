@@ -37,10 +37,17 @@ def _serve(env: dict[str, str], port: int, timeout_s: float, interrupt_on: str |
     finally:
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGKILL)
-    # A zombie has exited already (only its entry waits for a parent that is not ours to reap it).
-    group = [p for p in psutil.process_iter(["pid", "status", "cmdline"])
-             if _pgid(p.pid) == process.pid and p.info["status"] != psutil.STATUS_ZOMBIE]
-    assert not group, f"processes left behind: {[p.info['cmdline'] for p in group]}"
+    # A zombie has exited already (only its entry waits for a parent that is not ours to reap it). A child the
+    # supervisor stopped may still be exiting when the supervisor's own exit returns (its memory already gone,
+    # so an empty command line): it is left behind only if it is still there a few seconds later.
+    deadline = time.monotonic() + 10
+    while True:
+        group = [p for p in psutil.process_iter(["pid", "status", "cmdline"])
+                 if _pgid(p.pid) == process.pid and p.info["status"] != psutil.STATUS_ZOMBIE]
+        if not group or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    assert not group, f"processes left behind: {[(p.pid, p.info['status'], p.info['cmdline']) for p in group]}"
     return process.returncode, output.decode(errors="replace"), time.monotonic() - started
 
 
