@@ -43,6 +43,11 @@ log = logging.getLogger(__name__)
 # After the core dies, the API servers keep answering (503s, an unhealthy /healthz) this long before they stop,
 # so clients and probes see a clear error rather than a refused connection.
 CORE_DEATH_GRACE_S = 3.0
+# Once the core is dead the batch worker has nothing to finish (its lines are leased and run again after a
+# restart), and one still starting waits for the dead core's handshake with SIGTERM held behind it: it gets this
+# long, not the drain timeout.
+BATCH_WORKER_CORE_DEAD_GRACE_S = 3.0
+BATCH_WORKER_NAME = "loraplex-batch-worker"
 _POLL_S = 0.2
 
 
@@ -203,7 +208,7 @@ class Supervisor:
         if not self._runs_a_batch_worker():
             return
         process = multiprocessing.get_context("spawn").Process(
-            target=run_batch_worker, name="loraplex-batch-worker",
+            target=run_batch_worker, name=BATCH_WORKER_NAME,
             args=(self._api_settings, os.path.join(metrics_dir, "batch-worker.sock")))
         process.start()
         self.api_servers.append(process)  # watched and drained as the API servers are
@@ -221,7 +226,8 @@ class Supervisor:
                 log.error("the engine core died (exit code %s); in-flight requests end with 503; exiting",
                           self.core.process.exitcode)
                 self._sleep(CORE_DEATH_GRACE_S)
-                self._stop_api_servers(self.settings.drain_timeout_s + 10)
+                self._stop_api_servers(self.settings.drain_timeout_s + 10,
+                                       batch_worker_timeout_s=BATCH_WORKER_CORE_DEAD_GRACE_S)
                 return 1
             dead = [p for p in self.api_servers if not p.is_alive()]
             if dead:
@@ -231,13 +237,17 @@ class Supervisor:
                 return 1
             time.sleep(_POLL_S)
 
-    def _stop_api_servers(self, timeout_s: float) -> None:
+    def _stop_api_servers(self, timeout_s: float, batch_worker_timeout_s: float | None = None) -> None:
         for process in self.api_servers:
             if process.is_alive():
                 process.terminate()  # uvicorn drains on SIGTERM
-        deadline = time.monotonic() + timeout_s
+        started = time.monotonic()
+        deadline = started + timeout_s
         for process in self.api_servers:
-            process.join(max(deadline - time.monotonic(), 0.1))
+            own_deadline = deadline
+            if batch_worker_timeout_s is not None and process.name == BATCH_WORKER_NAME:
+                own_deadline = min(deadline, started + batch_worker_timeout_s)
+            process.join(max(own_deadline - time.monotonic(), 0.1))
             if process.is_alive():
                 log.warning("API server %s did not stop in time; killing it", process.name)
                 process.kill()
