@@ -44,15 +44,16 @@ TARGET_TTFT_RATIO, TARGET_THROUGHPUT_RATIO = 2.0, 0.9
 
 
 class FloodServer(ServedProcesses):
-    setting_names = (*ServedProcesses.setting_names, "fair_sharing")
+    setting_names = (*ServedProcesses.setting_names, "fair_sharing", "cuda_graph_mixed_steps")
 
 
-def server_settings(data_dir: Path, model_path: Path, *, gpu: bool, fair: bool, max_tokens: int) -> Any:
+def server_settings(data_dir: Path, model_path: Path, *, gpu: bool, fair: bool, max_tokens: int,
+                    mixed_graphs: bool = True) -> Any:
     from loraplex.platform.settings import Settings
 
     return Settings(
         data_dir=data_dir, model_path=model_path, device="cuda" if gpu else "cpu", random_weights=gpu,
-        default_rpm=0, default_tpm=0, log_level="warning", fair_sharing=fair,
+        default_rpm=0, default_tpm=0, log_level="warning", fair_sharing=fair, cuda_graph_mixed_steps=mixed_graphs,
         max_model_len=max(2048, 128 + max_tokens), kv_cache_memory_mb=4096 if gpu else 128,
         # Settings' defaults otherwise (max_num_seqs 64, max_pending_requests 256); the benchmark's API
         # servers get what `serve` picks for the machine.
@@ -172,6 +173,17 @@ def generated_tokens(base_url: str) -> float:
                if line.startswith("vllm:generation_tokens_total"))
 
 
+def engine_steps(base_url: str) -> dict[str, float]:
+    """The engine's steps so far by how they ran (`loraplex_engine_steps_total{kind}`; none on the CPU)."""
+    text = httpx.get(base_url.removesuffix("/v1") + "/metrics", timeout=30).text
+    steps = {}
+    for line in text.splitlines():
+        if line.startswith("loraplex_engine_steps_total{"):
+            kind = line.split('kind="', 1)[1].split('"', 1)[0]
+            steps[kind] = float(line.split()[-1])
+    return steps
+
+
 class TokenCounterSampler:
     """(wall time, generated tokens so far) every 0.25 s from a thread, whatever the victim is waiting for."""
 
@@ -206,8 +218,9 @@ def p95(values: list[float]) -> float:
 
 
 def run_server(data_dir: Path, model_path: Path, *, gpu: bool, fair: bool, sizes: list[int], max_tokens: int,
-               victim_tokens: int, num_quiet: int) -> dict[str, Any]:
-    settings = server_settings(data_dir, model_path, gpu=gpu, fair=fair, max_tokens=max_tokens)
+               victim_tokens: int, num_quiet: int, mixed_graphs: bool = True) -> dict[str, Any]:
+    settings = server_settings(data_dir, model_path, gpu=gpu, fair=fair, max_tokens=max_tokens,
+                               mixed_graphs=mixed_graphs)
     keys = seed_keys(settings.resolved_database_url)
     server = FloodServer(settings, api_servers=4 if gpu else 1)
     out: dict[str, Any] = {}
@@ -224,12 +237,15 @@ def run_server(data_dir: Path, model_path: Path, *, gpu: bool, fair: bool, sizes
                     flood_process.conn.send("go")
                 time.sleep(1.0 if gpu else 3.0)  # the flood holds its streams before the victim is timed
                 ttfts, victim_tokens_total = [], 0
+                steps_before = engine_steps(server.base_url)
                 sampler = TokenCounterSampler(server.base_url)
                 while not all(f.conn.poll() for f in floods):
                     ttft, tokens = victim_request(client, victim_tokens)
                     ttfts.append(ttft)
                     victim_tokens_total += tokens
                 samples = sampler.stop()
+                steps = {kind: count - steps_before.get(kind, 0.0)
+                         for kind, count in engine_steps(server.base_url).items()}
                 parts = [f.result() for f in floods]
                 flood = {"errors": [e for p in parts for e in p["errors"]], "served": sum(p["served"] for p in parts),
                          "refused": sum(p["refused"] for p in parts), "tokens": sum(p["tokens"] for p in parts),
@@ -241,10 +257,12 @@ def run_server(data_dir: Path, model_path: Path, *, gpu: bool, fair: bool, sizes
                     "tokens_per_s": (flood["tokens"] + victim_tokens_total) / flood["wall_s"],
                     "wall_s": flood["wall_s"],
                     "steady_tokens_per_s": steady_tokens_per_s(samples, min(e for p in parts for e in p["ends"])),
+                    "engine_steps": steps,
                 }
                 print(f"fair={fair} flood={size}: victim ttft p95 {p95(ttfts) * 1e3:.1f} ms over {len(ttfts)} requests "
                       f"(quiet {p95(out['quiet_ttft_s']) * 1e3:.1f} ms); {out[f'flood_{size}']['tokens_per_s']:.0f} "
-                      f"tokens/s (steady {out[f'flood_{size}']['steady_tokens_per_s'] or 0:.0f}); flood served {flood['served']}, refused {flood['refused']}", flush=True)
+                      f"tokens/s (steady {out[f'flood_{size}']['steady_tokens_per_s'] or 0:.0f}); flood served {flood['served']}, refused {flood['refused']}; "
+                      f"steps {steps}", flush=True)
     finally:
         server.stop()
     return out
@@ -253,6 +271,8 @@ def run_server(data_dir: Path, model_path: Path, *, gpu: bool, fair: bool, sizes
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="CPU, small sizes, fair sharing on only; writes nothing")
+    parser.add_argument("--mixed-graphs-off-too", action="store_true",
+                        help="GPU: also run both servers with mixed-step graphs off (metrics suffixed _mixed_off)")
     args = parser.parse_args()
     import torch
     from loraplex.engine.model.default_model import ensure_default_model
@@ -260,14 +280,30 @@ def main() -> None:
     gpu = torch.cuda.is_available() and not args.quick
     model_path = ROOT / ".bench_model" / "SmolLM2-135M-Instruct" if gpu else ensure_default_model(ROOT / "data" / "models")
     sizes, max_tokens, victim_tokens, num_quiet = ([64, 256], 1000, 16, 30) if gpu else ([6], 24, 4, 3)
-    runs = {}
-    for fair in ([True, False] if gpu else [True]):
-        with tempfile.TemporaryDirectory(prefix="flood-") as tmp:
-            runs[fair] = run_server(Path(tmp), model_path, gpu=gpu, fair=fair, sizes=sizes, max_tokens=max_tokens,
-                                    victim_tokens=victim_tokens, num_quiet=num_quiet)
+    metrics: dict[str, float] = {}
+    for mixed_graphs in ([True, False] if gpu and args.mixed_graphs_off_too else [True]):
+        runs = {}
+        for fair in ([True, False] if gpu else [True]):
+            with tempfile.TemporaryDirectory(prefix="flood-") as tmp:
+                runs[fair] = run_server(Path(tmp), model_path, gpu=gpu, fair=fair, sizes=sizes, max_tokens=max_tokens,
+                                        victim_tokens=victim_tokens, num_quiet=num_quiet, mixed_graphs=mixed_graphs)
+        suffix = "" if mixed_graphs else "_mixed_off"
+        metrics.update({name + suffix: value for name, value in run_metrics(runs, sizes).items()})
+    for name, value in metrics.items():
+        print(f"{name:<60}{value:>12.3f}")
+    if args.quick or not gpu:
+        return
+    write_result(metrics, sizes, max_tokens, victim_tokens)
+
+
+def run_metrics(runs: dict[bool, dict[str, Any]], sizes: list[int]) -> dict[str, float]:
+    """The figures of one configuration: fair sharing on (`runs[True]`), against off (`runs[False]`) if run."""
     fair_run = runs[True]
     quiet = p95(fair_run["quiet_ttft_s"])
     metrics: dict[str, float] = {"gpu_flood_quiet_ttft_ms_p95": quiet * 1e3}
+    for size in sizes:
+        for kind, count in fair_run[f"flood_{size}"]["engine_steps"].items():
+            metrics[f"gpu_flood_{size}_{kind}_steps"] = count
     for size in sizes:
         flood = fair_run[f"flood_{size}"]
         metrics[f"gpu_flood_{size}_victim_ttft_ms_p95"] = p95(flood["victim_ttft_s"]) * 1e3
@@ -293,10 +329,12 @@ def main() -> None:
                   if f"gpu_flood_{s}_steady_throughput_ratio" in metrics]
         if len(steady) == len(sizes):
             metrics["gpu_flood_steady_throughput_ratio"] = min(steady)
-    for name, value in metrics.items():
-        print(f"{name:<52}{value:>12.3f}")
-    if args.quick or not gpu:
-        return
+    return metrics
+
+
+def write_result(metrics: dict[str, float], sizes: list[int], max_tokens: int, victim_tokens: int) -> None:
+    import torch
+
     result = json.loads(RESULT.read_text()) if RESULT.exists() else {"benchmark": "noisy_neighbor", "metrics": {},
                                                                       "targets": {}, "checked": True}
     result["metrics"].update(metrics)

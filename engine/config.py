@@ -138,9 +138,11 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     # CUDA runner (engine/cuda): the KV pool takes this fraction of the GPU's memory, less the
     # weights and a profiled forward's peak, unless num_blocks is given; decode steps replay
-    # CUDA graphs for batch sizes up to max_num_seqs unless enable_cuda_graphs is False.
+    # CUDA graphs for batch sizes up to max_num_seqs unless enable_cuda_graphs is False; with
+    # cuda_graph_mixed_steps, steps that mix prefill chunks with decodes replay graphs too (engine/cuda/graphs.py).
     gpu_memory_utilization: float = 0.9
     enable_cuda_graphs: bool = True
+    cuda_graph_mixed_steps: bool = True
     host_kv_bytes: int = 0                   # host memory for offloaded session KV; 0: no host tier (drop)
     num_host_blocks: int | None = None       # overrides host_kv_bytes
     # Session pin budgets (device blocks): past them the least recently used pins (of that tenant, or of
@@ -186,6 +188,12 @@ class EngineConfig:
         if self.decode_yield_min_tokens is not None:
             return self.decode_yield_min_tokens
         return 16 if self.device == "cpu" else 0
+
+    def mixed_steps_replay_graphs(self) -> bool:
+        """Whether steps with prefill chunks replay captured graphs (CUDA, one rank): then they cost about what a
+        decode step costs, and nobody needs to sit them out."""
+        return (self.device.startswith("cuda") and self.enable_cuda_graphs and self.cuda_graph_mixed_steps
+                and self.tensor_parallel_size == 1)
 
     def resolve_newcomer_reserved_slots(self) -> int:
         if self.newcomer_reserved_slots is not None:

@@ -84,6 +84,7 @@ class LLMEngine:
             self._adapter_ready, decode_yield_min_tokens=engine_config.resolve_decode_yield_min_tokens(),
             fair_sharing=engine_config.fair_sharing,
             newcomer_reserved_slots=engine_config.resolve_newcomer_reserved_slots(),
+            flood_sits_out_for_prefills=not engine_config.mixed_steps_replay_graphs(),
         )
         if adapters is not None:
             self.lora = self._new_lora_manager(model, workers, adapters, adapter_limits or AdapterLimits())
@@ -499,6 +500,7 @@ class LLMEngine:
             "discarded_tokens_total": self.num_discarded_tokens_total,
             "reasoning_tokens_total": self.num_reasoning_tokens_total,
             "num_preemptions": self.scheduler.num_preemptions,
+            "engine_steps": self.runner.step_counts(),
             **(self.speculation.stats() if self.speculation is not None else Speculation.empty_stats()),
             "num_pins_evicted": bm.num_pins_evicted,
             "num_pins_over_budget": bm.num_pins_over_budget,

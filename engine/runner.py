@@ -194,6 +194,10 @@ class ModelRunner:
     def release_graphs(self) -> None:
         """Drop captured device graphs before the process group goes (none on the CPU)."""
 
+    def step_counts(self) -> dict[str, int]:
+        """Steps run so far by how they ran (CUDA: decode graph, mixed-step graph, eager); none on the CPU."""
+        return {}
+
     def broadcast(self, op: str, *args: object) -> None:
         """Send an operation to the tensor-parallel workers (none with one rank)."""
         if self.workers is not None:

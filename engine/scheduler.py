@@ -89,6 +89,7 @@ class Scheduler:
         decode_yield_min_tokens: int = 0,
         fair_sharing: bool = True,
         newcomer_reserved_slots: int = 0,
+        flood_sits_out_for_prefills: bool = True,
     ) -> None:
         self.block_manager = block_manager
         self.max_num_batched_tokens = max_num_batched_tokens
@@ -108,6 +109,9 @@ class Scheduler:
         self.num_fairness_preemptions = 0
         self.num_swapped_out = 0  # preempted sequences whose blocks went to the host tier
         self._flood_sit_out_streak = 0  # steps in a row the flooding tenants sat out for others' prefills
+        # False where a step with a prefill replays a mixed-step graph (costing about what a decode graph step
+        # costs), so a flood gains nothing by sitting it out
+        self.flood_sits_out_for_prefills = flood_sits_out_for_prefills
         # Waiting sequences whose adapter_ready raised: the engine fails their requests.
         self.failed: dict[int, tuple[Sequence, Exception]] = {}
         self.speculation: Speculation | None = None  # drafts for decodes (engine/spec); None: off
@@ -377,13 +381,14 @@ class Scheduler:
         return fair_share.flooding_tenants(counts, FLOOD_MIN_SEQS, FLOOD_RATIO)
 
     def _floods_sitting_out_for_a_prefill(self) -> set[str]:
-        """On a GPU (decode yielding off), the flooding tenants' rows sit out a step that runs another tenant's
-        interactive prefill. A step with a prefill cannot replay the decode graphs: mixed with a flood's 63
+        """On a GPU (decode yielding off) without mixed-step graphs, the flooding tenants' rows sit out a step that
+        runs another tenant's interactive prefill. A step with a prefill cannot replay the decode graphs: mixed with a flood's 63
         decodes it ran eagerly in ~15 ms (H200, SmolLM2 shapes) against ~3 ms for the flood's graph step, and
         that step is the other tenant's time to first token. Alone, the prefill's step costs what it costs on
         a quiet server, and the flood loses one graph step. A flood sits out at most
         `MAX_FLOOD_SIT_OUT_STEPS` steps in a row, so others' long prompts cannot starve it."""
-        if self.decode_yield_min_tokens or not self.fair_sharing or not self.running:
+        if (self.decode_yield_min_tokens or not self.fair_sharing or not self.flood_sits_out_for_prefills
+                or not self.running):
             return set()
         if self._flood_sit_out_streak >= MAX_FLOOD_SIT_OUT_STEPS:
             self._flood_sit_out_streak = 0

@@ -115,10 +115,11 @@ def run_engine_core(settings: Settings, address: str) -> None:
                                    base_model_name=served_model_name(settings))
     engine = _build_engine(settings, model_path, engine_config(settings), adapters=source,
                            adapter_limits=adapter_limits(settings), detokenize=False)  # the API servers make the text
-    # Every decode graph now, not each batch size's first step in the middle of serving (CUDA only).
-    capture = getattr(engine.runner, "capture_decode_graphs", None)
-    if capture is not None:
-        capture()
+    # Every decode and mixed-step graph now, not each shape's first step in the middle of serving (CUDA only).
+    for name in ("capture_decode_graphs", "capture_mixed_graphs"):
+        capture = getattr(engine.runner, name, None)
+        if capture is not None:
+            capture()
     limits = GrammarLimits(compile_timeout_s=settings.grammar_compile_timeout_s,
                            max_spec_bytes=settings.grammar_max_spec_bytes, backend=settings.grammar_backend,
                            cache_dir=settings.grammar_cache_dir)

@@ -137,6 +137,19 @@ class VllmEngineCollector(Collector):
                 counter.add_metric(model, float(value))
                 yield counter
         yield from self._accepted_per_position(stats)
+        yield from self._engine_steps(stats)
+
+    def _engine_steps(self, stats: dict[str, Any]) -> Iterator[Metric]:
+        """`loraplex_engine_steps_total{kind}`: how the engine's steps ran (CUDA: `decode_graph`, `mixed_graph`,
+        `eager`): eager steps cost the host's kernel launches, so a rising share of them explains slow steps."""
+        steps = stats.get("engine_steps") or {}
+        if not steps:
+            return
+        counter = CounterMetricFamily("loraplex_engine_steps", "Engine steps run, by how they ran",
+                                      labels=["model_name", "kind"])
+        for kind, count in sorted(steps.items()):
+            counter.add_metric([self._model, kind], float(count))
+        yield counter
 
     def _accepted_per_position(self, stats: dict[str, Any]) -> Iterator[Metric]:
         """vLLM's per-position acceptance counter; absent while speculation is off (no positions)."""

@@ -66,6 +66,9 @@ class Settings(BaseSettings):
     speculative_ngram_min: int = Field(default=2, ge=1, le=16)
     speculative_ngram_max: int = Field(default=4, ge=1, le=16)
     max_num_batched_tokens: int = 512
+    # CUDA: steps that mix prompt chunks with decodes replay captured graphs too (padded to a captured shape),
+    # instead of launching every kernel from the host; False: such steps run eagerly
+    cuda_graph_mixed_steps: bool = True
     max_model_len: int = 2048
     tensor_parallel_size: int = Field(default=1, ge=1)
     gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1)  # CUDA: the share of the GPU the engine may take  # GPUs one model is split over (one worker process each)

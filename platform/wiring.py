@@ -54,6 +54,7 @@ def engine_config(settings: Settings) -> Any:
         max_pinned_blocks_per_tenant=settings.resolve_max_pinned_blocks_per_tenant(),
         tensor_parallel_size=settings.tensor_parallel_size,
         gpu_memory_utilization=settings.gpu_memory_utilization,
+        cuda_graph_mixed_steps=settings.cuda_graph_mixed_steps,
         decode_yield_min_tokens=settings.decode_yield_min_tokens,
         fair_sharing=settings.fair_sharing,
         newcomer_reserved_slots=settings.newcomer_reserved_slots,

@@ -2,7 +2,9 @@
 
 Per step: integer inputs are packed on the host into one pinned buffer and cross in one copy
 (`PinnedStaging`); the forward runs as a graph replay (decode-only steps, batch padded to the
-next ladder size) or eagerly (prefill chunks, mixed steps); while the GPU computes, the host
+next ladder size), as a mixed-step graph replay (prefill chunks beside decodes, padded to a
+(sequences, tokens) shape) or eagerly (prompt logprobs, speculative verification, forks, tensor
+parallelism, graphs off); while the GPU computes, the host
 fills the grammar bitmask of the sampled rows, which then crosses in one copy and is applied
 on the GPU before the argmax. Requests that need the full sampler (temperature, penalties,
 logprobs) take the base runner's host sampler on their logits.
@@ -16,12 +18,21 @@ from __future__ import annotations
 import gc
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from loraplex.engine.config import EngineConfig, ModelConfig
 from loraplex.engine.context import AdapterRow, AdapterRows, LoRAStepBuilder, LoRAStepContext, StepContext
 from loraplex.engine.cuda.attention import TritonAttentionMetadata
 from loraplex.engine.cuda.fused_ops import fuse_model
-from loraplex.engine.cuda.graphs import DecodeGraph, batch_ladder, capture_decode_graph, graph_lora
+from loraplex.engine.cuda.graphs import (
+    DecodeGraph,
+    batch_ladder,
+    capture_decode_graph,
+    capture_mixed_graph,
+    extra_token_ladder,
+    graph_lora,
+    mixed_seq_ladder,
+)
 from loraplex.engine.cuda.lora_overlap import SideStreamLoRABatch
 from loraplex.engine.cuda.memory import profile_num_blocks
 from loraplex.engine.cuda.staging import GrammarMaskBuffers, PinnedStaging
@@ -80,6 +91,11 @@ class CudaModelRunner(ModelRunner):
         self.max_blocks_per_seq = -(-max_model_len // self.block_size)
         self.ladder = batch_ladder(engine_config.max_num_seqs)
         self.use_graphs = engine_config.enable_cuda_graphs and self.device.type == "cuda"
+        # Mixed-step graphs need one rank: tensor-parallel workers replay only the decode graphs.
+        self.use_mixed_graphs = self.use_graphs and engine_config.cuda_graph_mixed_steps and workers is None
+        self.mixed_seq_sizes = mixed_seq_ladder(engine_config.max_num_seqs)
+        self.mixed_extra_sizes = extra_token_ladder(engine_config.max_num_batched_tokens)
+        self.max_num_batched_tokens = engine_config.max_num_batched_tokens
         seqs, tokens = engine_config.max_num_seqs, engine_config.max_num_batched_tokens
         capacity = 3 * tokens + 4 * seqs + seqs * self.max_blocks_per_seq + 2
         self.staging = PinnedStaging(capacity, self.device)
@@ -93,11 +109,13 @@ class CudaModelRunner(ModelRunner):
         self.masks = GrammarMaskBuffers(max(self.ladder[-1], seqs), model_config.vocab_size,
                                         self.sampler.tokenizer_vocab_size, self.device)
         self.graphs: dict[tuple[int, str | None], DecodeGraph] = {}  # (padded size, "lora" or None)
+        self.mixed_graphs: dict[tuple[int, int, str | None], DecodeGraph] = {}  # (sequences, tokens, kind)
         self._graph_pool: torch.cuda._POOL_HANDLE | None = None
         self.last_graph: DecodeGraph | None = None
         self._shared_logits: torch.Tensor | None = None
         self.vocab_size = model_config.vocab_size
         self.num_graph_steps = 0
+        self.num_mixed_graph_steps = 0
         self.num_eager_steps = 0
         self._lora_stream: torch.cuda.Stream | None = None
         self._lora_graphs_of: LoRAStepBuilder | None = None  # whose slot stacks the LoRA graphs read
@@ -124,19 +142,29 @@ class CudaModelRunner(ModelRunner):
         self._copy_blocks(step.blocks_to_copy)
         rows = StepRows.of(step)
         ordered = rows.ordered
+        mixed = self.mixed_shape(rows)
         if self.use_graphs and rows.is_plain_decode:
             size = self.padded_size(len(rows.decodes))
             batch = build_input_batch(rows, self.block_size, table_width=self.max_blocks_per_seq, pad_to=size)
             batch.use_graph = True
             lora = self._lora_for(_padded(rows.decodes, size), [1] * size, batch)
+        elif mixed is not None:
+            batch = build_input_batch(rows, self.block_size, table_width=self.max_blocks_per_seq)
+            counts = [n for _, n in ordered]
+            padding = [_PADDING_ROW] if mixed[1] > batch.num_tokens else []
+            lora = self._lora_for([*(s for s, _ in ordered), *padding],
+                                  [*counts, *[mixed[1] - batch.num_tokens] * len(padding)], batch)
         else:
             # Decode-only steps use the graphs' table width and split count, so graphs on or off
             # run the same attention arithmetic.
             width = self.max_blocks_per_seq if not rows.prefills else None
             batch = build_input_batch(rows, self.block_size, table_width=width)
             lora = self._lora_for([s for s, _ in ordered], [n for _, n in ordered], batch)
-        self.broadcast("step", batch)
-        out = self.forward_batch(batch, lora)
+        if mixed is not None:
+            out = self._replay_mixed(batch, lora, *mixed)
+        else:
+            self.broadcast("step", batch)
+            out = self.forward_batch(batch, lora)
         result = StepResult()
         if out.logits is not None:
             logits = split_verified_logits(out.logits, rows, result)
@@ -257,15 +285,104 @@ class CudaModelRunner(ModelRunner):
         if self._lora_graphs_of is not self.lora:
             for key in [k for k in self.graphs if k[1] == "lora"]:
                 del self.graphs[key]
+            for mixed_key in [k for k in self.mixed_graphs if k[2] == "lora"]:
+                del self.mixed_graphs[mixed_key]
             self._lora_graphs_of = self.lora
+
+    def step_counts(self) -> dict[str, int]:
+        return {"decode_graph": self.num_graph_steps, "mixed_graph": self.num_mixed_graph_steps,
+                "eager": self.num_eager_steps}
 
     def release_graphs(self) -> None:
         """Drop every captured graph: NCCL finalizes a communicator only once no graph holds it."""
         self.graphs.clear()
+        self.mixed_graphs.clear()
         self.last_graph = None
         self._graph_pool = None
         torch.cuda.synchronize(self.device)
         gc.collect()
+
+    @torch.inference_mode()
+    def capture_mixed_graphs(self) -> int:
+        """Capture every mixed-step graph now (at start-up), largest first, for the base model and, with
+        adapters, for LoRA rows; returns how many were captured."""
+        if not self.use_mixed_graphs:
+            return 0
+        self._forget_stale_lora_graphs()
+        kinds: list[str | None] = [None] + (["lora"] if self.lora is not None else [])
+        missing = [(s, t, kind) for kind in kinds for s, t in self.mixed_shapes()
+                   if (s, t, kind) not in self.mixed_graphs]
+        for s, t, kind in sorted(missing, key=lambda key: (-key[1], -key[0])):
+            lora = None if kind is None or self.lora is None else self._on_side_stream(self.lora.batch_of([-1] * t))
+            self.mixed_graphs[(s, t, kind)] = self._capture_mixed(s, t, lora)
+        return len(missing)
+
+    def mixed_shapes(self) -> list[tuple[int, int]]:
+        """Every padded (sequences, tokens) a step can take: one whose smallest step (one sequence more than the
+        size below it, one token more than the padding below it) passes the step's token budget never runs."""
+        shapes = []
+        for i, seqs in enumerate(self.mixed_seq_sizes):
+            fewest_seqs = self.mixed_seq_sizes[i - 1] + 1 if i else 1
+            for j, extra in enumerate(self.mixed_extra_sizes):
+                fewest_extra = self.mixed_extra_sizes[j - 1] + 1 if j else 1
+                if fewest_seqs + fewest_extra <= self.max_num_batched_tokens:
+                    shapes.append((seqs, seqs + extra))
+        return shapes
+
+    def mixed_shape(self, rows: StepRows) -> tuple[int, int] | None:
+        """The padded (sequences, tokens) of the mixed graph that runs this step, or None: eager. Steps with
+        rows that need the hidden states or more than one logits row per sequence (prompt logprobs,
+        verification, forks) stay eager."""
+        if not self.use_mixed_graphs or not rows.prefills or rows.forks or rows.verified:
+            return None
+        ordered = rows.ordered
+        if any(s.wants_prompt_logprobs for s, _ in ordered):
+            return None
+        num_seqs = len(ordered)
+        extra = sum(n for _, n in ordered) - num_seqs
+        seqs = next((size for size in self.mixed_seq_sizes if size >= num_seqs), None)
+        tokens = next((size for size in self.mixed_extra_sizes if size >= extra), None)
+        if seqs is None or tokens is None:
+            return None
+        return seqs, seqs + tokens
+
+    def _replay_mixed(self, batch: InputBatch, lora: LoRAStepContext | None, num_seqs: int,
+                      num_tokens: int) -> ForwardOutput:
+        key = (num_seqs, num_tokens, None if lora is None else "lora")
+        self._forget_stale_lora_graphs()
+        graph = self.mixed_graphs.get(key)
+        if graph is None:
+            graph = self.mixed_graphs[key] = self._capture_mixed(num_seqs, num_tokens, lora)
+        cu = batch.cu_seqlens_q
+        tables = np.zeros((num_seqs, self.max_blocks_per_seq), dtype=np.int32)
+        tables[: batch.num_seqs] = batch.block_tables
+        self.staging.upload([
+            _pad(batch.input_ids, num_tokens, 0), _pad(batch.positions, num_tokens, 0),
+            _pad(batch.slot_mapping, num_tokens, -1), _pad(batch.seq_lens, num_seqs, 0),
+            _pad(cu, num_seqs + 1, int(cu[-1])), _pad(batch.logit_rows, num_seqs, 0), tables,
+        ], target=graph.inputs)
+        graph.replay_forward(graph_lora(lora))
+        self.num_mixed_graph_steps += 1
+        self.last_graph = graph
+        count = len(batch.logit_rows)
+        return ForwardOutput(None, graph.logits[:count] if count else None, graph)
+
+    def _capture_mixed(self, num_seqs: int, num_tokens: int, lora: LoRAStepContext | None) -> DecodeGraph:
+        if self._graph_pool is None:
+            self._graph_pool = torch.cuda.graph_pool_handle()
+        return capture_mixed_graph(
+            num_seqs=num_seqs, num_tokens=num_tokens, max_blocks_per_seq=self.max_blocks_per_seq,
+            block_size=self.block_size, lora_batch=graph_lora(lora), masks=self.masks,
+            step_forward=self._mixed_forward, logits=self._graph_logits()[:num_seqs], pool=self._graph_pool,
+            device=self.device,
+        )
+
+    def _mixed_forward(self, ids: torch.Tensor, positions: torch.Tensor, meta: TritonAttentionMetadata,
+                       lora: LoRAStepContext | None, logit_rows: torch.Tensor) -> torch.Tensor:
+        cos, sin = self.model.rotary.cos_sin(positions)
+        ctx = StepContext(attention=meta, cos=cos, sin=sin, backend=self.attention_backend, lora=lora)
+        hidden = self.model(ids, ctx, self.kv_caches)
+        return self.model.compute_logits(hidden[logit_rows.long()])
 
     def padded_size(self, num_seqs: int) -> int:
         return next(size for size in self.ladder if size >= num_seqs)
@@ -334,3 +451,10 @@ class CudaModelRunner(ModelRunner):
         if not batch.logit_rows.size:
             return ForwardOutput(hidden, None)
         return ForwardOutput(hidden, self.model.compute_logits(hidden[rows_d.long()]).float())
+
+
+def _pad(values: np.ndarray, size: int, fill: int) -> np.ndarray:
+    """`values` followed by `fill` up to `size` entries (a graph's static input)."""
+    out = np.full(size, fill, dtype=np.int32)
+    out[: values.size] = values
+    return out

@@ -357,3 +357,32 @@ def test_the_default_keeps_one_slot_in_32_and_none_below_32():
     assert EngineConfig(max_num_seqs=64).resolve_newcomer_reserved_slots() == 2
     assert EngineConfig(max_num_seqs=16).resolve_newcomer_reserved_slots() == 0
     assert EngineConfig(max_num_seqs=4, newcomer_reserved_slots=9).resolve_newcomer_reserved_slots() == 3
+
+
+def test_the_flood_sits_out_a_quiet_prefill_only_where_such_steps_cannot_replay_graphs():
+    """Without mixed-step graphs (eager steps), the flood's decodes sit out the step running another tenant's
+    prompt, so that step costs what it costs alone; with them, the step costs about a decode step and the flood
+    joins it."""
+    for sits_out in (True, False):
+        bm = BlockManager(1000, 16)
+        sched = Scheduler(bm, max_num_batched_tokens=256, max_num_seqs=32, flood_sits_out_for_prefills=sits_out)
+        flood = [seq(20, "flood") for _ in range(16)]
+        for s in flood:
+            sched.add(s)
+        run(sched, bm, 3)
+        victim = seq(40, "quiet")
+        sched.add(victim)
+        out = sched.schedule()
+        assert victim in out.seqs and out.num_new_tokens[out.seqs.index(victim)] == 40
+        flood_rows = [s for s in out.seqs if s.tenant_id == "flood"]
+        assert flood_rows == [] if sits_out else len(flood_rows) == 16
+
+
+def test_only_single_rank_cuda_engines_with_graphs_replay_mixed_steps():
+    from loraplex.engine.config import EngineConfig
+
+    assert EngineConfig(device="cuda").mixed_steps_replay_graphs()
+    assert not EngineConfig(device="cpu").mixed_steps_replay_graphs()
+    assert not EngineConfig(device="cuda", cuda_graph_mixed_steps=False).mixed_steps_replay_graphs()
+    assert not EngineConfig(device="cuda", enable_cuda_graphs=False).mixed_steps_replay_graphs()
+    assert not EngineConfig(device="cuda", tensor_parallel_size=2).mixed_steps_replay_graphs()

@@ -1,7 +1,7 @@
 """The CUDA engine against the CPU engine on the same small random model.
 
-float32: greedy tokens equal (CUDA graphs on), also with mixed LoRA adapters and grammar masks
-in one batch; bfloat16: prompt logprobs close to the float32 CPU engine's and most first tokens
+float32: greedy tokens equal (CUDA graphs on, mixed-step graphs too), also with mixed LoRA adapters and
+grammar masks in one batch; bfloat16: prompt logprobs close to the float32 CPU engine's and most first tokens
 equal; graphs on and off give the same tokens; the KV pool is sized from the memory fraction.
 """
 
@@ -64,7 +64,9 @@ def test_float32_greedy_equals_cpu_engine_with_graphs() -> None:
     expected = generate(make_engine("cpu"), plain_requests())
     engine = make_engine(GPU_DEVICE)
     assert generate(engine, plain_requests()) == expected
-    assert engine.runner.num_graph_steps > 0 and engine.runner.num_eager_steps > 0
+    # Prefill chunks (alone and beside decodes) replay mixed-step graphs: no step ran eagerly.
+    assert engine.runner.num_graph_steps > 0 and engine.runner.num_mixed_graph_steps > 0
+    assert engine.runner.num_eager_steps == 0
 
 
 def test_logit_bias_rows_take_the_host_sampler_and_equal_the_cpu_engine() -> None:
@@ -279,3 +281,45 @@ def test_lora_graphs_captured_at_start_up_equal_cpu_engine_and_follow_a_new_mana
     for e in (cpu, engine):
         e.serve_adapters(RandomAdapterSource(CONFIG, rank=8, dtype=e.config.torch_dtype, std=0.2), limits)
     assert generate(engine, many_lora_requests()) == generate(cpu, many_lora_requests())
+
+
+def staggered(requests: list[EngineRequest], engine: LLMEngine) -> dict[str, list[int]]:
+    """Requests added one every other step, so prompts' chunks run beside others' decodes."""
+    pending, outputs = list(requests), {}
+    step = 0
+    while pending or engine.has_unfinished_requests():
+        if pending and step % 2 == 0:
+            engine.add_request(pending.pop(0))
+        for out in engine.step():
+            outputs.setdefault(out.request_id, []).append(out)
+        step += 1
+    return {rid: output_tokens(outs) for rid, outs in outputs.items()}
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_mixed_step_graphs_give_the_eager_steps_tokens_with_lora_and_grammar(dtype: str) -> None:
+    """Prefill chunks beside decodes, adapters, grammar rows and chunked prompts (budget 64 tokens): the mixed
+    graphs (padded sequences and tokens) give the tokens of the same steps run eagerly."""
+    off = make_engine(GPU_DEVICE, dtype, lora=True, cuda_graph_mixed_steps=False)
+    on = make_engine(GPU_DEVICE, dtype, lora=True)
+    expected = staggered(mixed_requests(), off)
+    assert staggered(mixed_requests(), on) == expected
+    assert off.runner.num_mixed_graph_steps == 0 and off.runner.num_eager_steps > 0
+    assert on.runner.num_mixed_graph_steps > 0 and on.runner.num_eager_steps == 0
+    assert any(key[2] == "lora" for key in on.runner.mixed_graphs)
+    assert on.stats()["engine_steps"]["mixed_graph"] == on.runner.num_mixed_graph_steps
+
+
+def test_mixed_graphs_captured_at_start_up_cover_every_shape_and_prompt_logprobs_stay_eager() -> None:
+    engine = make_engine(GPU_DEVICE, lora=True)
+    runner = engine.runner
+    captured = runner.capture_mixed_graphs()
+    assert captured == len(runner.mixed_graphs) > 0
+    assert {key[2] for key in runner.mixed_graphs} == {None, "lora"}
+    assert runner.capture_mixed_graphs() == 0  # nothing left to capture
+    sampling = SamplingParams(max_tokens=2, temperature=0.0, prompt_logprobs=0, ignore_eos=True)
+    outs = run_to_completion(engine, [EngineRequest("p", prompts(3)[2], sampling)])["p"]
+    scored = [lp for o in outs if o.prompt_logprobs for lp in o.prompt_logprobs if lp is not None]
+    assert len(scored) == len(prompts(3)[2]) - 1
+    assert runner.num_eager_steps > 0  # the hidden states of every prompt row: no graph gives them
+    assert make_engine(GPU_DEVICE, cuda_graph_mixed_steps=False).runner.capture_mixed_graphs() == 0
