@@ -217,8 +217,23 @@ def p95(values: list[float]) -> float:
     return statistics.quantiles(values, n=100, method="inclusive")[94] if len(values) > 1 else values[0]
 
 
+def merged_phases(phases: list[dict[str, Any]]) -> dict[str, Any]:
+    """Repeated flood phases as one: the victim's requests pooled, rates averaged, counts summed."""
+    steady = [p["steady_tokens_per_s"] for p in phases if p["steady_tokens_per_s"]]
+    steps: dict[str, float] = {}
+    for p in phases:
+        for kind, count in p["engine_steps"].items():
+            steps[kind] = steps.get(kind, 0.0) + count
+    return {"victim_ttft_s": [t for p in phases for t in p["victim_ttft_s"]],
+            "flood_served": sum(p["flood_served"] for p in phases), "flood_refused": sum(p["flood_refused"] for p in phases),
+            "tokens_per_s": statistics.mean(p["tokens_per_s"] for p in phases),
+            "wall_s": sum(p["wall_s"] for p in phases),
+            "steady_tokens_per_s": statistics.mean(steady) if len(steady) == len(phases) else None,
+            "engine_steps": steps, "repeats": len(phases)}
+
+
 def run_server(data_dir: Path, model_path: Path, *, gpu: bool, fair: bool, sizes: list[int], max_tokens: int,
-               victim_tokens: int, num_quiet: int, mixed_graphs: bool = True) -> dict[str, Any]:
+               victim_tokens: int, num_quiet: int, mixed_graphs: bool = True, repeats: int = 1) -> dict[str, Any]:
     settings = server_settings(data_dir, model_path, gpu=gpu, fair=fair, max_tokens=max_tokens,
                                mixed_graphs=mixed_graphs)
     keys = seed_keys(settings.resolved_database_url)
@@ -231,7 +246,7 @@ def run_server(data_dir: Path, model_path: Path, *, gpu: bool, fair: bool, sizes
             for _ in range(3):
                 victim_request(client, victim_tokens)  # warm-up
             out["quiet_ttft_s"] = [victim_request(client, victim_tokens)[0] for _ in range(num_quiet)]
-            for size in sizes:
+            for size in [size for size in sizes for _ in range(repeats)]:
                 floods = [Flood(server.base_url, keys["flood"], part, max_tokens) for part in split(size, gpu)]
                 for flood_process in floods:
                     flood_process.conn.send("go")
@@ -252,16 +267,18 @@ def run_server(data_dir: Path, model_path: Path, *, gpu: bool, fair: bool, sizes
                          "wall_s": max(p["wall_s"] for p in parts)}
                 if flood["errors"]:
                     raise RuntimeError(f"flood of {size}: {flood['errors'][:3]}")
-                out[f"flood_{size}"] = {
+                phase = {
                     "victim_ttft_s": ttfts, "flood_served": flood["served"], "flood_refused": flood["refused"],
                     "tokens_per_s": (flood["tokens"] + victim_tokens_total) / flood["wall_s"],
                     "wall_s": flood["wall_s"],
                     "steady_tokens_per_s": steady_tokens_per_s(samples, min(e for p in parts for e in p["ends"])),
                     "engine_steps": steps,
                 }
+                out.setdefault(f"flood_{size}_phases", []).append(phase)
+                out[f"flood_{size}"] = merged_phases(out[f"flood_{size}_phases"])
                 print(f"fair={fair} flood={size}: victim ttft p95 {p95(ttfts) * 1e3:.1f} ms over {len(ttfts)} requests "
-                      f"(quiet {p95(out['quiet_ttft_s']) * 1e3:.1f} ms); {out[f'flood_{size}']['tokens_per_s']:.0f} "
-                      f"tokens/s (steady {out[f'flood_{size}']['steady_tokens_per_s'] or 0:.0f}); flood served {flood['served']}, refused {flood['refused']}; "
+                      f"(quiet {p95(out['quiet_ttft_s']) * 1e3:.1f} ms); {phase['tokens_per_s']:.0f} "
+                      f"tokens/s (steady {phase['steady_tokens_per_s'] or 0:.0f}); flood served {flood['served']}, refused {flood['refused']}; "
                       f"steps {steps}", flush=True)
     finally:
         server.stop()
@@ -271,6 +288,8 @@ def run_server(data_dir: Path, model_path: Path, *, gpu: bool, fair: bool, sizes
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="CPU, small sizes, fair sharing on only; writes nothing")
+    parser.add_argument("--repeats", type=int, default=2,
+                        help="GPU: each flood phase this many times per server (rates averaged, victims pooled)")
     parser.add_argument("--mixed-graphs-off-too", action="store_true",
                         help="GPU: also run both servers with mixed-step graphs off (metrics suffixed _mixed_off)")
     args = parser.parse_args()
@@ -286,14 +305,15 @@ def main() -> None:
         for fair in ([True, False] if gpu else [True]):
             with tempfile.TemporaryDirectory(prefix="flood-") as tmp:
                 runs[fair] = run_server(Path(tmp), model_path, gpu=gpu, fair=fair, sizes=sizes, max_tokens=max_tokens,
-                                        victim_tokens=victim_tokens, num_quiet=num_quiet, mixed_graphs=mixed_graphs)
+                                        victim_tokens=victim_tokens, num_quiet=num_quiet, mixed_graphs=mixed_graphs,
+                                        repeats=args.repeats if gpu else 1)
         suffix = "" if mixed_graphs else "_mixed_off"
         metrics.update({name + suffix: value for name, value in run_metrics(runs, sizes).items()})
     for name, value in metrics.items():
         print(f"{name:<60}{value:>12.3f}")
     if args.quick or not gpu:
         return
-    write_result(metrics, sizes, max_tokens, victim_tokens)
+    write_result(metrics, sizes, max_tokens, victim_tokens, args.repeats)
 
 
 def run_metrics(runs: dict[bool, dict[str, Any]], sizes: list[int]) -> dict[str, float]:
@@ -332,7 +352,8 @@ def run_metrics(runs: dict[bool, dict[str, Any]], sizes: list[int]) -> dict[str,
     return metrics
 
 
-def write_result(metrics: dict[str, float], sizes: list[int], max_tokens: int, victim_tokens: int) -> None:
+def write_result(metrics: dict[str, float], sizes: list[int], max_tokens: int, victim_tokens: int,
+                 repeats: int) -> None:
     import torch
 
     result = json.loads(RESULT.read_text()) if RESULT.exists() else {"benchmark": "noisy_neighbor", "metrics": {},
@@ -349,7 +370,8 @@ def write_result(metrics: dict[str, float], sizes: list[int], max_tokens: int, v
         "machine": {**cpu_benchmark_machine(), "gpu": torch.cuda.get_device_name()},
         "model": f"{MODEL} shapes, random weights, bfloat16 default", "server": "loraplex serve, 4 API servers, "
         "default settings but rate limits off", "flood": f"{sizes} concurrent streams x {max_tokens} tokens, one "
-        "tenant, its own client process", "victim": f"{victim_tokens}-token streams one at a time, TTFT",
+        "tenant, its own client process", "repeats": f"each flood phase {repeats} times per server, rates averaged, "
+        "the victim's requests pooled", "victim": f"{victim_tokens}-token streams one at a time, TTFT",
         "throughput": "all tenants' tokens/s, fair sharing on over off: steady (the server's generated-token "
         "counter from the flood's start until its first stream ends) and total (all tokens over the flood's wall)"}
     RESULT.write_text(json.dumps(result, indent=2) + "\n")
