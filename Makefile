@@ -79,11 +79,17 @@ MODEL_TESTS := tests/engine tests/adapters tests/grammar
 PYTEST := $(VENV)/bin/pytest --timeout=900
 UNTIMED := -m "not gpu and not browser and not timing" $(PYTEST_ARGS)
 
+# The lint and the model tests (mostly computing) run beside the rest (mostly waiting on servers and services), on
+# a Redis database of their own (PostgreSQL databases are per session already); their output follows the rest's.
+# Timing-sensitive tests then run alone, and the browser's last.
 test: $(TEST_STAMP) services model docs
-	@failed=0; \
-	( $(LINT) ) || failed=1; \
-	$(PYTEST) $(UNTIMED) $(MODEL_TESTS) || failed=1; \
+	@failed=0; mkdir -p build; \
+	( status=0; ( $(LINT) ) || status=1; \
+	  LORAPLEX_TEST_REDIS_URL=redis://127.0.0.1:6379/2 $(PYTEST) -p no:cacheprovider $(UNTIMED) $(MODEL_TESTS) || status=1; \
+	  exit $$status ) > build/test-models.log 2>&1 & models=$$!; \
 	$(PYTEST) $(UNTIMED) $(addprefix --ignore=,$(MODEL_TESTS) tests/browser) || failed=1; \
+	wait $$models || failed=1; \
+	echo "---- lint and $(MODEL_TESTS) (run beside the above) ----"; cat build/test-models.log; \
 	$(PYTEST) -m "timing and not gpu and not browser" $(PYTEST_ARGS) --ignore=tests/browser tests || failed=1; \
 	$(PYTEST) -m "browser and not gpu" $(PYTEST_ARGS) tests/browser || failed=1; \
 	exit $$failed
