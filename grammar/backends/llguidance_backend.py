@@ -18,6 +18,7 @@ import llguidance.hf
 import llguidance.torch
 import torch
 from loraplex.grammar.backends.array_lark import array_lark
+from loraplex.grammar.backends.integer_lark import integer_lark
 from loraplex.grammar.backends.object_lark import object_lark
 from loraplex.grammar.backends.protocol import (
     TokenizerContext,
@@ -107,8 +108,9 @@ class LLGuidanceBackend:
         if matcher.is_error():
             error = matcher.get_error()
             # A string-only schema as one terminal (`&`, `~`), an object schema as its members (`object_lark`),
-            # an array schema with `contains` as its items (`array_lark`).
-            lark = string_schema_lark(payload) or object_lark(payload) or array_lark(payload)
+            # an array schema with `contains` as its items (`array_lark`), integers as their digits (`integer_lark`).
+            lark = (string_schema_lark(payload) or object_lark(payload) or array_lark(payload)
+                    or integer_lark(payload))
             if lark is not None:
                 grammar = llguidance.LLMatcher.grammar_from_lark(lark)
                 matcher = llguidance.LLMatcher(self.tokenizer, grammar, log_level=0, limits=_limits())
