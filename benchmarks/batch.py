@@ -11,8 +11,8 @@ tokens. Each phase's user messages carry the phase's tag, so only the shared
 prefix is cached across phases. In order:
 
 - quiet: the interactive tenant alone (its p95 latency is the baseline);
-- warm-up: a batch of one line per concurrent slot over every model, untimed
-  (first uses of an adapter compile kernels and capture graphs);
+- warm-up (full runs): a batch of one line per concurrent slot over every
+  model, untimed (first uses of an adapter compile kernels and capture graphs);
 - batch alone: one batch of N lines, timed from create to `completed`;
 - batch + interactive: another batch of N lines while the interactive tenant
   sends requests until it ends;
@@ -334,7 +334,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
 
         # One batch of every model at full concurrency first, untimed: the first use of an adapter's shapes
         # compiles kernels and captures graphs, which the timed phases would otherwise pay in turn.
-        run_batch(batch_client, lines_for("warm", sizes.concurrency, models, sizes.max_tokens), sizes.max_tokens)
+        if not args.quick:  # the quick mode's figures are not recorded: its paths are what it checks
+            run_batch(batch_client, lines_for("warm", sizes.concurrency, models, sizes.max_tokens), sizes.max_tokens)
         alone_s, alone_answers = run_batch(batch_client, lines_for("alone", sizes.num_lines, models, sizes.max_tokens),
                                            sizes.max_tokens)
 
