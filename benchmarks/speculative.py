@@ -243,22 +243,24 @@ def per_position(runs: list[dict]) -> list[float | None]:
 GPU_KV_TOKENS_PER_SEQ = 1024  # KV room per row: a prompt (under 200 tokens), its answer and drafts
 
 
-def gpu_engine_config(mode: str, max_num_seqs: int) -> EngineConfig:
+def gpu_engine_config(mode: str, max_num_seqs: int, dtype: str = "bfloat16") -> EngineConfig:
     """`loraplex serve`'s engine for device=cuda (platform/wiring.py over the Settings defaults) but for the KV
     pool, sized for the rows rather than 0.9 of the card (an engine per mode shares it), and prefix caching, off
     so that every run prefills its prompts as fresh requests do."""
     return EngineConfig(block_size=16, num_blocks=max_num_seqs * GPU_KV_TOKENS_PER_SEQ // 16,
                         max_num_batched_tokens=512, max_num_seqs=max_num_seqs, max_model_len=2048,
-                        dtype="bfloat16", device="cuda", enable_prefix_caching=False, speculative_decoding=mode)
+                        dtype=dtype, device="cuda", enable_prefix_caching=False, speculative_decoding=mode)
 
 
-def gpu_engines(loaded, modes: list[str], max_num_seqs: int) -> dict[str, LLMEngine]:
+def gpu_engines(loaded, modes: list[str], max_num_seqs: int, dtype: str = "bfloat16") -> dict[str, LLMEngine]:
     model, config, tokenizer = loaded
     engines = {}
     for mode in modes:
-        # As the engine-core process: no text (the API servers make it), every decode graph captured at start.
-        engine = LLMEngine(model, config, gpu_engine_config(mode, max_num_seqs), tokenizer, detokenize=False)
+        # As the engine-core process: no text (the API servers make it), every decode graph and every mixed-step
+        # graph (verification steps' too, where the mode drafts) captured at start.
+        engine = LLMEngine(model, config, gpu_engine_config(mode, max_num_seqs, dtype), tokenizer, detokenize=False)
         engine.runner.capture_decode_graphs()
+        engine.runner.capture_mixed_graphs()
         engines[mode] = engine
     return engines
 
@@ -269,7 +271,7 @@ def gpu_run(engine: LLMEngine, batch_requests: list[EngineRequest], tag: str) ->
     fresh = [dataclasses.replace(r, request_id=f"{r.request_id}@{tag}", arrival_time=time.monotonic())
              for r in batch_requests]
     runner, before = engine.runner, engine.stats()
-    graph_steps, eager_steps = runner.num_graph_steps, runner.num_eager_steps
+    graph_steps, eager_steps, mixed_steps = runner.num_graph_steps, runner.num_eager_steps, runner.num_mixed_graph_steps
     torch.cuda.synchronize()
     start = time.perf_counter()
     tokens, steps = drain(engine, fresh)
@@ -279,7 +281,8 @@ def gpu_run(engine: LLMEngine, batch_requests: list[EngineRequest], tag: str) ->
     bm = engine.block_manager
     return {"tokens": tokens, "generated": generated, "steps": steps, "wall_s": wall_s,
             "tokens_per_s": generated / wall_s, "graph_steps": runner.num_graph_steps - graph_steps,
-            "eager_steps": runner.num_eager_steps - eager_steps, **spec_counters(engine.stats(), before),
+            "eager_steps": runner.num_eager_steps - eager_steps,
+            "mixed_graph_steps": runner.num_mixed_graph_steps - mixed_steps, **spec_counters(engine.stats(), before),
             "blocks_leaked": bm.num_blocks - bm.num_free_blocks}
 
 
@@ -357,10 +360,17 @@ def run_gpu(args: argparse.Namespace, sizes: dict[str, Any]) -> dict[str, Any]:
             cases.append(result)
             print(f"{task} batch {batch}: {case_line(result, sizes['modes'], 'tokens_per_s')} "
                   f"[{time.perf_counter() - started:.0f} s]", flush=True)
-    compiler.close()
     for engine in engines.values():
         engine.close()
+    identity = float32_identity(path, model_config, loaded[2], compiler, args.tasks, sizes)
+    compiler.close()
     figures = metrics(cases, sizes["modes"], "_gpu")
+    # bfloat16 sums depend on the step's shape (a verification row is not a decode row), so a near-tie can go
+    # the other way with drafts: the identity check is float32's; bfloat16's share of identical requests beside.
+    drafting = [(c, mode) for c in cases for mode in sizes["modes"] if mode != "off"]
+    differing = sum(c[mode]["requests_differing_from_off"] for c, mode in drafting)
+    figures["greedy_identical_share_bf16_gpu"] = 1 - differing / sum(c["batch"] for c, _ in drafting)
+    figures["greedy_identical_gpu"] = identity["identical"]
     checked = report_checks(cases, sizes["modes"], figures["greedy_identical_gpu"])
     config = {"model": DEFAULT_MODEL_NAME, "dtype": "bfloat16", "quick": args.quick, **sizes,
               "clock": "wall time between torch.cuda.synchronize() calls; median of the repeats, min and max beside",
@@ -371,7 +381,7 @@ def run_gpu(args: argparse.Namespace, sizes: dict[str, Any]) -> dict[str, Any]:
               "speculative_num_tokens": 4, "ngram": [2, 4], "tasks": list(TASKS),
               "seconds_total": round(time.perf_counter() - started, 1)}
     section = {"date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"), "machine": gpu_machine(),
-               "config": config, "cases": cases, "checked": checked}
+               "config": config, "cases": cases, "float32_identity": identity, "checked": checked}
     return {"metrics": figures, "targets": gpu_targets(sizes["batches"]), "gpu": section}
 
 
@@ -379,6 +389,28 @@ def case_line(result: dict, modes: list[str], rate: str) -> str:
     return ", ".join(f"{mode} {result[mode][rate]:.1f} tok/s (x{result[mode]['speedup_vs_off']:.2f}"
                      f", accepted {result[mode]['accepted_tokens']}/{result[mode]['draft_tokens']}"
                      f", identical {result[mode]['identical_to_off']})" for mode in modes)
+
+
+def float32_identity(path: Path, model_config: ModelConfig, tokenizer, compiler: GrammarCompilerService,
+                     tasks: list[str], sizes: dict[str, Any]) -> dict[str, Any]:
+    """Every case once more in float32, untimed, `off` against each drafting mode: are the greedy tokens the
+    same request for request?"""
+    model = load_model(path, 2048, torch.float32, "cuda")
+    engines = gpu_engines((model, model_config, tokenizer), sizes["modes"], max(64, *sizes["batches"]), "float32")
+    differing: dict[str, int] = {}
+    for task in tasks:
+        for batch in sizes["batches"]:
+            batch_requests = requests(tokenizer, compiler, task, batch, sizes["max_tokens"])
+            outputs = {mode: drain(engine, [dataclasses.replace(r, request_id=f"{r.request_id}@f32")
+                                            for r in batch_requests])[0] for mode, engine in engines.items()}
+            for mode in sizes["modes"]:
+                if mode != "off":
+                    differing[f"{task}_b{batch}_{mode}"] = sum(
+                        outputs[mode][rid] != tokens for rid, tokens in outputs["off"].items())
+    for engine in engines.values():
+        engine.close()
+    print(f"float32 identity: {sum(differing.values())} requests differ", flush=True)
+    return {"identical": not any(differing.values()), "requests_differing": differing}
 
 
 def report_checks(cases: list[dict], modes: list[str], identical: bool) -> bool:

@@ -108,8 +108,9 @@ class LLMEngine:
         self.last_step_was_idle = False  # work is waiting but nothing could run (e.g. adapters loading)
         self.speculation = Speculation.from_config(engine_config.speculation(self.max_model_len))
         self.scheduler.speculation = self.speculation
-        # Launch decode steps ahead (engine/step_overlap.py); not with drafts, which the host verifies each step
-        self.overlap = StepOverlap.for_engine(self) if self.speculation is None else None
+        # Launch decode steps ahead (engine/step_overlap.py); never a step with drafts, which the host verifies
+        # after the step: with speculation on, steps run ahead only while no sequence would draft
+        self.overlap = StepOverlap.for_engine(self)
 
     # ---- constructors ---------------------------------------------------------------------
     @classmethod
@@ -427,8 +428,8 @@ class LLMEngine:
             return state.add_token(seq, token, logprob)
 
         try:
-            finished = verify_drafts(seq, result.spec_logits[seq.seq_id], self.runner.sampler, add_token,
-                                     lambda: self._jump_forward(state, seq))
+            finished = verify_drafts(seq, result.spec_logits.get(seq.seq_id), self.runner.sampler, add_token,
+                                     lambda: self._jump_forward(state, seq), result.spec_argmax.get(seq.seq_id))
         finally:
             self.scheduler.settle_drafts(seq, first)
             self.block_manager.cache_blocks(seq)

@@ -62,6 +62,8 @@ class StepResult:
     errors: dict[int, Exception] = field(default_factory=dict)            # seq_id -> per-request failure
     # seq_id -> [1 + drafts, vocab] host logits of a decode's draft rows, verified by the engine (engine/spec)
     spec_logits: dict[int, torch.Tensor] = field(default_factory=dict)
+    # seq_id -> each draft row's argmax, instead of its logits, for a plain greedy sequence
+    spec_argmax: dict[int, list[int]] = field(default_factory=dict)
 
 
 @dataclass(slots=True)

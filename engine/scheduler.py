@@ -172,7 +172,9 @@ class Scheduler:
         self.block_manager.deallocate(seq)
 
     # ---- the step -------------------------------------------------------------------------
-    def schedule(self) -> SchedulerOutput:
+    def schedule(self, drafts: bool = True) -> SchedulerOutput:
+        """The next step. `drafts=False`: no decode drafts (a step scheduled ahead of the one in flight, whose
+        sequences' last tokens are placeholders: engine/step_overlap.py)."""
         out = SchedulerOutput()
         for tenant in self.tenant_service:
             self.tenant_service[tenant] *= SERVICE_DECAY
@@ -196,7 +198,7 @@ class Scheduler:
         # Decodes first, then prefill chunks, each group in admission order.
         order = sorted(self.running, key=lambda s: s.num_uncomputed_tokens > 1)
         caps = self._prefill_caps(order, budget, yielding)
-        drafting = self.speculation is not None and self.speculation.allows_step(
+        drafting = drafts and self.speculation is not None and self.speculation.allows_step(
             sum(1 for s in order if s.num_uncomputed_tokens == 1))
         for seq in order:
             if budget == 0:

@@ -90,3 +90,4 @@ def _merge(into: StepResult, part: StepResult) -> None:
     into.prompt_logprobs.update(part.prompt_logprobs)
     into.errors.update(part.errors)
     into.spec_logits.update(part.spec_logits)
+    into.spec_argmax.update(part.spec_argmax)

@@ -18,7 +18,13 @@ Run ahead only when nothing can change under the placeholders: every running seq
 decodes greedily on the device (no grammar, forced tokens, reasoning budget, logprobs,
 penalties or min_tokens), there are blocks for one more token each (no preemption, no pin
 eviction) and no forks are pending. Otherwise the in-flight step is finished first and the
-step runs as before. Under tensor parallelism every rank launches the step and samples the same
+step runs as before.
+
+With speculative decoding on, a step scheduled ahead never drafts (its sequences' last tokens are
+placeholders), and steps run ahead only while no sequence would draft: once one would (its known tokens
+end in an n-gram the proposer can continue, it is not switched off, the step is not compute-bound),
+the in-flight step is finished and the next one is scheduled on the real tokens, with its drafts,
+and verified after it runs. Under tensor parallelism every rank launches the step and samples the same
 greedy tokens from the same gathered logits, so a fed step finds them on each rank's GPU.
 """
 
@@ -63,7 +69,7 @@ class StepOverlap:
             pending = None
         advanced = self._advance(pending) if pending is not None else []
         try:
-            scheduled = engine.scheduler.schedule()
+            scheduled = engine.scheduler.schedule(drafts=pending is None)
         except BaseException:
             self._retreat(advanced)
             raise
@@ -140,8 +146,10 @@ class StepOverlap:
                 or (engine.host_tier is not None and engine.host_tier.swaps)):
             return False
         in_flight = {s.seq_id for s in pending.scheduled.seqs}
-        return all(s.seq_id in in_flight and self._plain(s)
-                   and len(s.token_ids) + 2 <= engine.max_model_len for s in running)
+        if not all(s.seq_id in in_flight and self._plain(s) and len(s.token_ids) + 2 <= engine.max_model_len
+                   for s in running):
+            return False
+        return engine.speculation is None or not engine.speculation.may_draft(running)
 
     def _plain(self, seq: Sequence) -> bool:
         """Decodes greedily on the device, and nothing about its next token depends on the last one."""

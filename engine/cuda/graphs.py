@@ -16,6 +16,10 @@ prefill kernel, whose grid depends on the padded sizes only (the query offsets, 
 device inputs). Padding sequences have no query rows and no context; padding tokens belong to no sequence,
 write no K/V (slot -1) and are never read; the logits are gathered from each sampled row (a static index
 buffer), so the sampler graph is the decode graphs' own.
+
+Verification steps (engine/spec: decodes running their draft tokens) are mixed steps whose every draft row's
+logits are wanted: their graphs gather up to a set number of logits rows past one per sequence, the sampled rows
+first (the sampler graph reads those), then the draft rows, which are verified after the step.
 """
 
 from __future__ import annotations
@@ -73,10 +77,10 @@ class DecodeGraph:
 
     batch_size: int
     inputs: torch.Tensor            # int32 decode [4 * b + b * W]: ids, positions, slots, seq_lens, tables
-                                    # mixed [3 * t + 3 * b + 1 + b * W]: ids, positions, slots (t tokens each),
-                                    # seq_lens, cu_seqlens_q, logit rows, tables
+                                    # mixed [3 * t + 2 * b + 1 + r + b * W]: ids, positions, slots (t tokens
+                                    # each), seq_lens, cu_seqlens_q, r logit rows (b; more to verify), tables
     lora_meta: LoRAMetadata | None
-    logits: torch.Tensor            # [b, vocab] float32, a view of the runner's one shared buffer
+    logits: torch.Tensor            # [r, vocab] float32, a view of the runner's one shared buffer
     tokens: torch.Tensor            # [b] int64
     forward: torch.cuda.CUDAGraph
     sample: torch.cuda.CUDAGraph
@@ -138,21 +142,25 @@ def capture_mixed_graph(
     logits: torch.Tensor,
     pool: torch.cuda._POOL_HANDLE,
     device: torch.device,
+    num_logit_rows: int | None = None,
 ) -> DecodeGraph:
     """`step_forward(ids, positions, attention_metadata, lora, logit_rows)` runs the model to the logits of
-    `logit_rows` (int32 [num_seqs]); the graph converts them into `logits` (float32 [num_seqs, vocab])."""
+    `logit_rows` (int32 [r]: `num_logit_rows`, by default one per sequence; more to verify drafts); the graph
+    converts them into `logits` (float32 [r, vocab]). The sampler graph samples the first `num_seqs` rows."""
     b, t, width = num_seqs, num_tokens, max_blocks_per_seq
-    inputs = torch.zeros(3 * t + 3 * b + 1 + b * width, dtype=torch.int32, device=device)
+    r = num_logit_rows or b
+    inputs = torch.zeros(3 * t + 2 * b + 1 + r + b * width, dtype=torch.int32, device=device)
     ids, positions, slots, seq_lens, cu_seqlens_q, logit_rows, tables = torch.split(
-        inputs, [t, t, t, b, b + 1, b, b * width])
+        inputs, [t, t, t, b, b + 1, r, b * width])
     slots.fill_(-1)  # warm-up and capture runs must not write the cache (and attend to nothing: no query rows)
     meta = TritonAttentionMetadata(block_size, slots, tables.view(b, width), seq_lens, cu_seqlens_q, 1)
     lora_meta, lora = _graph_lora(lora_batch, t, device)
+    logits = logits[:r]
 
     def forward() -> None:
         logits.copy_(step_forward(ids, positions, meta, lora, logit_rows))
 
-    forward_graph, sample_graph, tokens = _capture_pair(forward, _sampler(logits, masks, b), pool, device)
+    forward_graph, sample_graph, tokens = _capture_pair(forward, _sampler(logits[:b], masks, b), pool, device)
     return DecodeGraph(b, inputs, lora_meta, logits, tokens, forward_graph, sample_graph)
 
 

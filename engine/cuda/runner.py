@@ -3,8 +3,9 @@
 Per step: integer inputs are packed on the host into one pinned buffer and cross in one copy
 (`PinnedStaging`); the forward runs as a graph replay (decode-only steps, batch padded to the
 next ladder size), as a mixed-step graph replay (prefill chunks beside decodes, padded to a
-(sequences, tokens) shape) or eagerly (prompt logprobs, speculative verification, forks, tensor
-parallelism, graphs off); while the GPU computes, the host
+(sequences, tokens) shape) or eagerly (prompt logprobs, forks, tensor
+parallelism, graphs off); steps verifying speculative drafts replay mixed graphs that gather
+every draft row's logits, whose argmax (greedy rows) is taken on the GPU; while the GPU computes, the host
 fills the grammar bitmask of the sampled rows, which then crosses in one copy and is applied
 on the GPU before the argmax. Requests that need the full sampler (temperature, penalties,
 logprobs) take the base runner's host sampler on their logits.
@@ -44,6 +45,7 @@ from loraplex.engine.runner import ForwardOutput, ModelRunner, PendingStep, Step
 from loraplex.engine.sampler import draws_at_random
 from loraplex.engine.scheduler import SchedulerOutput
 from loraplex.engine.sequence import Sequence
+from loraplex.engine.spec.policy import COMPUTE_BOUND_TOKENS
 from loraplex.engine.spec.verify import split_verified_logits
 
 
@@ -97,6 +99,15 @@ class CudaModelRunner(ModelRunner):
         self.mixed_extra_sizes = extra_token_ladder(engine_config.max_num_batched_tokens)
         self.max_num_batched_tokens = engine_config.max_num_batched_tokens
         seqs, tokens = engine_config.max_num_seqs, engine_config.max_num_batched_tokens
+        # Verification steps replay mixed graphs of their own, which gather up to this many draft rows' logits: the
+        # drafts of every sequence, as far as a step stays under the GPU's compute bound (past which `auto` drafts
+        # nothing), not a row per token of the step's budget.
+        speculation = engine_config.speculation(max_model_len)
+        self.verify_extra_tokens = 0
+        if self.use_mixed_graphs and speculation.drafts:
+            wanted = min(seqs * speculation.num_tokens, COMPUTE_BOUND_TOKENS["cuda"])
+            self.verify_extra_tokens = next((n for n in self.mixed_extra_sizes if n >= wanted),
+                                            self.mixed_extra_sizes[-1])
         capacity = 3 * tokens + 4 * seqs + seqs * self.max_blocks_per_seq + 2
         self.staging = PinnedStaging(capacity, self.device)
         # Overlapped steps alternate two pinned input buffers and two pinned token buffers: a buffer
@@ -109,7 +120,8 @@ class CudaModelRunner(ModelRunner):
         self.masks = GrammarMaskBuffers(max(self.ladder[-1], seqs), model_config.vocab_size,
                                         self.sampler.tokenizer_vocab_size, self.device)
         self.graphs: dict[tuple[int, str | None], DecodeGraph] = {}  # (padded size, "lora" or None)
-        self.mixed_graphs: dict[tuple[int, int, str | None], DecodeGraph] = {}  # (sequences, tokens, kind)
+        # (sequences, tokens, kind): kind None (base model), "lora", "verify" or "lora+verify"
+        self.mixed_graphs: dict[tuple[int, int, str | None], DecodeGraph] = {}
         self._graph_pool: torch.cuda._POOL_HANDLE | None = None
         self.last_graph: DecodeGraph | None = None
         self._shared_logits: torch.Tensor | None = None
@@ -285,7 +297,7 @@ class CudaModelRunner(ModelRunner):
         if self._lora_graphs_of is not self.lora:
             for key in [k for k in self.graphs if k[1] == "lora"]:
                 del self.graphs[key]
-            for mixed_key in [k for k in self.mixed_graphs if k[2] == "lora"]:
+            for mixed_key in [k for k in self.mixed_graphs if k[2] is not None and k[2].startswith("lora")]:
                 del self.mixed_graphs[mixed_key]
             self._lora_graphs_of = self.lora
 
@@ -305,16 +317,20 @@ class CudaModelRunner(ModelRunner):
     @torch.inference_mode()
     def capture_mixed_graphs(self) -> int:
         """Capture every mixed-step graph now (at start-up), largest first, for the base model and, with
-        adapters, for LoRA rows; returns how many were captured."""
+        adapters, for LoRA rows, and where steps may verify drafts their verification graphs; returns how many
+        were captured."""
         if not self.use_mixed_graphs:
             return 0
         self._forget_stale_lora_graphs()
-        kinds: list[str | None] = [None] + (["lora"] if self.lora is not None else [])
-        missing = [(s, t, kind) for kind in kinds for s, t in self.mixed_shapes()
-                   if (s, t, kind) not in self.mixed_graphs]
+        missing = []
+        for lora_kind in [False, True] if self.lora is not None else [False]:
+            for verify in (False, True) if self.verify_extra_tokens else (False,):
+                kind = _mixed_kind(lora_kind, verify)
+                missing += [(s, t, kind) for s, t in self.mixed_shapes() if (s, t, kind) not in self.mixed_graphs]
         for s, t, kind in sorted(missing, key=lambda key: (-key[1], -key[0])):
-            lora = None if kind is None or self.lora is None else self._on_side_stream(self.lora.batch_of([-1] * t))
-            self.mixed_graphs[(s, t, kind)] = self._capture_mixed(s, t, lora)
+            lora = None if not kind or not kind.startswith("lora") or self.lora is None else (
+                self._on_side_stream(self.lora.batch_of([-1] * t)))
+            self.mixed_graphs[(s, t, kind)] = self._capture_mixed(s, t, lora, verify=kind is not None and "verify" in kind)
         return len(missing)
 
     def mixed_shapes(self) -> list[tuple[int, int]]:
@@ -331,9 +347,9 @@ class CudaModelRunner(ModelRunner):
 
     def mixed_shape(self, rows: StepRows) -> tuple[int, int] | None:
         """The padded (sequences, tokens) of the mixed graph that runs this step, or None: eager. Steps with
-        rows that need the hidden states or more than one logits row per sequence (prompt logprobs,
-        verification, forks) stay eager."""
-        if not self.use_mixed_graphs or not rows.prefills or rows.forks or rows.verified:
+        rows that need the hidden states or their parent's row (prompt logprobs, forks) stay eager, and so do
+        verification steps with more draft rows than the verification graphs gather."""
+        if not self.use_mixed_graphs or not rows.prefills or rows.forks:
             return None
         ordered = rows.ordered
         if any(s.wants_prompt_logprobs for s, _ in ordered):
@@ -344,22 +360,30 @@ class CudaModelRunner(ModelRunner):
         tokens = next((size for size in self.mixed_extra_sizes if size >= extra), None)
         if seqs is None or tokens is None:
             return None
+        if rows.verified and len(rows.sampled) + sum(n for _, n in rows.verified) > self._verify_rows(seqs, seqs + tokens):
+            return None
         return seqs, seqs + tokens
+
+    def _verify_rows(self, num_seqs: int, num_tokens: int) -> int:
+        """The logits rows a verification graph of this shape gathers: every sequence's and up to
+        `verify_extra_tokens` draft rows."""
+        return min(num_tokens, num_seqs + self.verify_extra_tokens)
 
     def _replay_mixed(self, batch: InputBatch, lora: LoRAStepContext | None, num_seqs: int,
                       num_tokens: int) -> ForwardOutput:
-        key = (num_seqs, num_tokens, None if lora is None else "lora")
+        verify = batch.logit_rows.size > num_seqs  # draft rows' logits too
+        key = (num_seqs, num_tokens, _mixed_kind(lora is not None, verify))
         self._forget_stale_lora_graphs()
         graph = self.mixed_graphs.get(key)
         if graph is None:
-            graph = self.mixed_graphs[key] = self._capture_mixed(num_seqs, num_tokens, lora)
+            graph = self.mixed_graphs[key] = self._capture_mixed(num_seqs, num_tokens, lora, verify=verify)
         cu = batch.cu_seqlens_q
         tables = np.zeros((num_seqs, self.max_blocks_per_seq), dtype=np.int32)
         tables[: batch.num_seqs] = batch.block_tables
         self.staging.upload([
             _pad(batch.input_ids, num_tokens, 0), _pad(batch.positions, num_tokens, 0),
             _pad(batch.slot_mapping, num_tokens, -1), _pad(batch.seq_lens, num_seqs, 0),
-            _pad(cu, num_seqs + 1, int(cu[-1])), _pad(batch.logit_rows, num_seqs, 0), tables,
+            _pad(cu, num_seqs + 1, int(cu[-1])), _pad(batch.logit_rows, graph.logits.shape[0], 0), tables,
         ], target=graph.inputs)
         graph.replay_forward(graph_lora(lora))
         self.num_mixed_graph_steps += 1
@@ -367,14 +391,15 @@ class CudaModelRunner(ModelRunner):
         count = len(batch.logit_rows)
         return ForwardOutput(None, graph.logits[:count] if count else None, graph)
 
-    def _capture_mixed(self, num_seqs: int, num_tokens: int, lora: LoRAStepContext | None) -> DecodeGraph:
+    def _capture_mixed(self, num_seqs: int, num_tokens: int, lora: LoRAStepContext | None,
+                       verify: bool = False) -> DecodeGraph:
         if self._graph_pool is None:
             self._graph_pool = torch.cuda.graph_pool_handle()
         return capture_mixed_graph(
             num_seqs=num_seqs, num_tokens=num_tokens, max_blocks_per_seq=self.max_blocks_per_seq,
             block_size=self.block_size, lora_batch=graph_lora(lora), masks=self.masks,
-            step_forward=self._mixed_forward, logits=self._graph_logits()[:num_seqs], pool=self._graph_pool,
-            device=self.device,
+            step_forward=self._mixed_forward, logits=self._graph_logits(), pool=self._graph_pool,
+            device=self.device, num_logit_rows=self._verify_rows(num_seqs, num_tokens) if verify else None,
         )
 
     def _mixed_forward(self, ids: torch.Tensor, positions: torch.Tensor, meta: TritonAttentionMetadata,
@@ -417,8 +442,12 @@ class CudaModelRunner(ModelRunner):
         )
 
     def _graph_logits(self) -> torch.Tensor:
+        """Every graph's logits: one buffer (graphs replay one at a time), a row per decode-graph row, or per
+        token of the largest verification graph."""
         if self._shared_logits is None:
-            self._shared_logits = torch.empty(self.ladder[-1], self.vocab_size, dtype=torch.float32, device=self.device)
+            widest = max((self._verify_rows(s, t) for s, t in self.mixed_shapes()), default=0)
+            rows = max(self.ladder[-1], widest if self.verify_extra_tokens else 0)
+            self._shared_logits = torch.empty(rows, self.vocab_size, dtype=torch.float32, device=self.device)
         return self._shared_logits
 
     def _step_forward(self, ids: torch.Tensor, positions: torch.Tensor, meta: TritonAttentionMetadata,
@@ -451,6 +480,12 @@ class CudaModelRunner(ModelRunner):
         if not batch.logit_rows.size:
             return ForwardOutput(hidden, None)
         return ForwardOutput(hidden, self.model.compute_logits(hidden[rows_d.long()]).float())
+
+
+def _mixed_kind(lora: bool, verify: bool) -> str | None:
+    """A mixed graph's kind: the base model's (None) or LoRA rows', gathering one logits row per sequence or,
+    to verify drafts, draft rows' too."""
+    return "+".join(name for name, on in (("lora", lora), ("verify", verify)) if on) or None
 
 
 def _pad(values: np.ndarray, size: int, fill: int) -> np.ndarray:

@@ -24,10 +24,14 @@ FIRST_COOLDOWN, MAX_COOLDOWN = 16, 256  # output tokens a switch-off lasts, doub
 # Decode rows times (1 + drafts) past which a step is compute-bound: the CPU's matrix products stop being
 # bound by reading the weights after a few dozen rows; a GPU's after a few hundred.
 COMPUTE_BOUND_TOKENS = {"cpu": 32, "cuda": 256}
-# Where `auto` means off. On CUDA a step with drafts runs outside the decode graphs and without overlapped
-# scheduling (the host verifies each step): on an H200 with SmolLM2 `ngram` gave 0.25-0.45x of `off` at
-# batch 1, 8 and 64 even at 80% acceptance, so `auto` never drafts there until verification replays graphs.
-AUTO_OFF_DEVICES = frozenset({"cuda"})
+# Where `auto` means off (none: verification steps replay CUDA graphs of their own).
+AUTO_OFF_DEVICES: frozenset[str] = frozenset()
+# Where `auto` never drafts a grammar-constrained sequence. On a GPU a plain greedy row's drafts are verified by
+# an argmax on the device; a grammar row's need its logits on the host and the grammar's mask at each position
+# after the step (a decode fills its mask while the forward runs), ~2 ms a verification on an H100 against a
+# 1.2 ms step; with the jump-forward already taking the grammar's forced text, the benchmark's JSON drafts were
+# accepted 6-12% of the time: 0.55-0.84x of `off`. `ngram` drafts them everywhere.
+HOST_VERIFIED_GRAMMARS = frozenset({"cuda"})
 
 
 @dataclass(slots=True)
@@ -38,6 +42,11 @@ class SpeculationConfig:
     ngram_max: int = 4
     device_type: str = "cpu"
     max_model_len: int = 2048    # drafts never reach past the context
+
+    @property
+    def drafts(self) -> bool:
+        """Whether steps may carry drafts at all on this device."""
+        return self.mode != "off" and not (self.mode == "auto" and self.device_type in AUTO_OFF_DEVICES)
 
     def validate(self) -> None:
         if self.mode not in MODES:
@@ -66,17 +75,27 @@ class Speculation:
     @classmethod
     def from_config(cls, config: SpeculationConfig) -> Speculation | None:
         config.validate()
-        if config.mode == "off" or (config.mode == "auto" and config.device_type in AUTO_OFF_DEVICES):
+        if not config.drafts:
             return None
         return cls(config, PROPOSERS["ngram"](config.ngram_min, config.ngram_max))
 
     # ---- scheduling -----------------------------------------------------------------------
     def allows_step(self, num_decodes: int) -> bool:
         """Whether this step drafts at all (adaptive: not once its decodes make it compute-bound)."""
-        if not self.adaptive or num_decodes * (1 + self.config.num_tokens) <= self.compute_bound_tokens:
+        if self._step_allowed(num_decodes):
             return True
         self.num_skipped_steps += 1
         return False
+
+    def _step_allowed(self, num_decodes: int) -> bool:
+        return not self.adaptive or num_decodes * (1 + self.config.num_tokens) <= self.compute_bound_tokens
+
+    def may_draft(self, running: list[Sequence]) -> bool:
+        """Whether a step of these decodes would likely carry drafts: one of them may draft and the proposer
+        continues the tokens it has (a step still in flight holds its newest). Overlapped scheduling runs steps
+        ahead only while none would."""
+        return self._step_allowed(len(running)) and any(
+            self._may_draft_for(seq) and self.proposer.propose(seq.token_ids, 1) for seq in running)
 
     def propose(self, seq: Sequence, max_tokens: int) -> list[int]:
         """Drafts for a decode of `seq`, at most `max_tokens` (the step's budget left past its own token)."""
@@ -89,13 +108,18 @@ class Speculation:
 
     def _eligible(self, seq: Sequence) -> bool:
         """A decode on its own blocks with nothing forced: a fork child still shares its parent's last block,
-        prompt logprobs want prefill rows, and a forced reasoning end leaves nothing to guess. Not a seeded
-        random row: whether it gets drafts depends on its batch mates (the step's budget, free blocks), and a
-        draft changes which token its uniform picks, so its tokens would no longer depend on its seed alone."""
+        prompt logprobs want prefill rows, and a forced reasoning end leaves nothing to guess."""
+        return seq.num_uncomputed_tokens == 1 and self._may_draft_for(seq)
+
+    def _may_draft_for(self, seq: Sequence) -> bool:
+        """Not a seeded random row: whether it gets drafts depends on its batch mates (the step's budget, free
+        blocks), and a draft changes which token its uniform picks, so its tokens would no longer depend on its
+        seed alone. Nor, with `auto` where the host verifies grammars, a grammar row; nor a sequence switched off."""
         sampling = seq.sampling
         seeded_random = sampling.seed is not None and sampling.temperature > 0 and sampling.top_k != 1
-        return (seq.num_uncomputed_tokens == 1 and seq.parent is None and not seq.wants_prompt_logprobs
-                and not seq.forced_token_ids and seq.num_output_tokens >= seq.spec_resume_at and not seeded_random)
+        host_grammar = self.adaptive and seq.matcher is not None and self.config.device_type in HOST_VERIFIED_GRAMMARS
+        return (seq.parent is None and not seq.wants_prompt_logprobs and not seq.forced_token_ids
+                and seq.num_output_tokens >= seq.spec_resume_at and not seeded_random and not host_grammar)
 
     # ---- after verification ---------------------------------------------------------------
     def record(self, seq: Sequence, num_drafts: int, num_accepted: int) -> None:

@@ -30,32 +30,50 @@ if TYPE_CHECKING:  # the scheduler imports this module, and the input batch impo
 
 
 def split_verified_logits(logits: torch.Tensor, rows: StepRows, result: object) -> torch.Tensor:
-    """Move the draft rows' logits (the last ones, engine/input_batch.py) to `result.spec_logits` on the host;
-    returns the logits of the rows sampled as usual."""
+    """Take the draft rows' logits (the last ones, engine/input_batch.py) off the step's: a plain greedy
+    sequence's argmax per row, taken where the logits are (one batched argmax, a few integers to the host), into
+    `result.spec_argmax`; any other sequence's logits to the host, into `result.spec_logits`. Returns the logits
+    of the rows sampled as usual."""
     if not rows.verified:
         return logits
     num_sampled = len(rows.sampled) + len(rows.forks)
-    verified = logits[num_sampled:].float().cpu()
-    start = 0
-    for seq, n in rows.verified:
-        result.spec_logits[seq.seq_id] = verified[start : start + n]  # type: ignore[attr-defined]
+    verified = logits[num_sampled:]
+    greedy = [_is_plain_greedy(seq) for seq, _ in rows.verified]
+    spans, start = [], 0
+    for _, n in rows.verified:
+        spans.append((start, start + n))
         start += n
+    argmax = verified[:start].argmax(dim=-1).tolist() if any(greedy) else []
+    rest = [i for (first, end), g in zip(spans, greedy, strict=True) if not g for i in range(first, end)]
+    host = verified[torch.tensor(rest, device=verified.device)].float().cpu() if rest else None
+    taken = 0
+    for (seq, n), (first, end), g in zip(rows.verified, spans, greedy, strict=True):
+        if g:
+            result.spec_argmax[seq.seq_id] = argmax[first:end]  # type: ignore[attr-defined]
+        else:
+            assert host is not None
+            result.spec_logits[seq.seq_id] = host[taken : taken + n]  # type: ignore[attr-defined]
+            taken += n
     return logits[:num_sampled]
 
 
-def verify_drafts(seq: Sequence, logits: torch.Tensor, sampler: Sampler,
-                  add_token: Callable[[int, TokenLogprob | None], bool], jump_forward: Callable[[], bool]) -> bool:
+def verify_drafts(seq: Sequence, logits: torch.Tensor | None, sampler: Sampler,
+                  add_token: Callable[[int, TokenLogprob | None], bool], jump_forward: Callable[[], bool],
+                  argmax: list[int] | None = None) -> bool:
     """Append the tokens this step gives `seq` (see the module's note); True if the choice finished.
-    `logits`: [1 + drafts, vocab]; `add_token(token, logprob)` and `jump_forward()` are the engine's own, each
-    returning whether the choice finished."""
+    `logits`: [1 + drafts, vocab], or for a plain greedy sequence `argmax`, each row's argmax, instead;
+    `add_token(token, logprob)` and `jump_forward()` are the engine's own, each returning whether the choice
+    finished."""
     drafts = seq.spec_token_ids
     first = len(seq.token_ids)  # the position row 0 scores
-    argmax = logits.argmax(dim=-1).tolist() if _is_plain_greedy(seq) else None
+    if argmax is None and logits is not None and _is_plain_greedy(seq):
+        argmax = logits.argmax(dim=-1).tolist()
     row = 0
     while True:
-        if argmax is not None and not seq.forced_token_ids:  # a reasoning budget may force tokens mid-walk
-            token, logprob = argmax[row], None
+        if argmax is not None:  # a reasoning budget may force tokens mid-walk; nothing else changes a greedy row's
+            token, logprob = (seq.forced_token_ids[0] if seq.forced_token_ids else argmax[row]), None
         else:
+            assert logits is not None
             token, logprob = sampler.verify_token(logits[row : row + 1], seq, drafts[row] if row < len(drafts) else None)
         if add_token(token, logprob) or jump_forward():
             return True

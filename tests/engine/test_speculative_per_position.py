@@ -34,7 +34,8 @@ def test_speculation_off_has_no_positions() -> None:
     assert stats["spec_decode_num_draft_tokens_per_pos"] == []
 
 
-def test_auto_never_drafts_on_a_gpu_where_drafting_steps_leave_the_decode_graphs() -> None:
-    assert Speculation.from_config(SpeculationConfig(mode="auto", device_type="cuda")) is None
+def test_auto_drafts_on_a_gpu_where_verification_steps_replay_graphs() -> None:
+    assert Speculation.from_config(SpeculationConfig(mode="auto", device_type="cuda")) is not None
     assert Speculation.from_config(SpeculationConfig(mode="ngram", device_type="cuda")) is not None
     assert Speculation.from_config(SpeculationConfig(mode="auto", device_type="cpu")) is not None
+    assert not SpeculationConfig(mode="off", device_type="cuda").drafts

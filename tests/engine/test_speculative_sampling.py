@@ -15,6 +15,7 @@ import math
 
 import pytest
 import torch
+from grammar_double import FixedSetGrammar
 from loraplex.engine.protocol import SamplingParams
 from loraplex.engine.sampler import Sampler, draw_with_draft
 from loraplex.engine.sequence import Sequence
@@ -165,6 +166,33 @@ def test_auto_stops_drafting_for_a_sequence_whose_drafts_are_rejected_then_tries
     for _ in range(10):
         fixed.record(other, 3, 0)
     assert fixed.propose(other, 16) == [3, 1, 2]
+
+
+def test_auto_on_a_gpu_leaves_grammar_rows_undrafted_and_says_when_a_step_would_draft() -> None:
+    """On a GPU `auto` drafts plain rows, not grammar rows (their verification runs the grammar on the host after
+    the step); `may_draft` tells overlapped scheduling whether the running decodes would draft, from the tokens
+    they have (one may still be in flight), so that steps run ahead only while none would."""
+    def gpu(mode: str) -> Speculation:
+        speculation = Speculation.from_config(SpeculationConfig(mode=mode, num_tokens=4, ngram_min=1, ngram_max=3,
+                                                                device_type="cuda", max_model_len=64))
+        assert speculation is not None
+        return speculation
+
+    auto, fixed = gpu("auto"), gpu("ngram")
+    plain, constrained = _decoding([1, 2, 3, 1, 2]), _decoding([1, 2, 3, 1, 2])
+    constrained.matcher = FixedSetGrammar([[3], [1], [2]]).new_matcher()
+    assert auto.propose(plain, 16) == [3, 1, 2]
+    assert auto.propose(constrained, 16) == []
+    assert fixed.propose(constrained, 16) == [3, 1, 2]  # `ngram` drafts every row
+    in_flight = _decoding([1, 2, 3, 1, 2])
+    in_flight.num_computed_tokens = len(in_flight.token_ids)  # its next token is being sampled
+    assert auto.may_draft([in_flight]) and auto.may_draft([_decoding([5, 6, 7]), plain])
+    assert not auto.may_draft([_decoding([5, 6, 7, 8])])  # nothing repeats: no draft
+    assert not auto.may_draft([constrained])
+    assert not auto.may_draft([plain] * 52)  # 52 decodes x (1 + 4) rows pass the GPU's compute bound
+    assert fixed.may_draft([plain] * 52)
+    plain.spec_resume_at = plain.num_output_tokens + 16  # switched off for a while
+    assert not auto.may_draft([plain])
 
 
 def test_auto_drafts_nothing_in_a_compute_bound_step_and_drafts_respect_the_limits() -> None:

@@ -1,4 +1,4 @@
-"""The CUDA engine against the CPU engine on the same small random model.
+"""The CUDA engine against the CPU engine on the same small random model (speculative verification steps too).
 
 float32: greedy tokens equal (CUDA graphs on, mixed-step graphs too), also with mixed LoRA adapters and
 grammar masks in one batch; bfloat16: prompt logprobs close to the float32 CPU engine's and most first tokens
@@ -323,3 +323,63 @@ def test_mixed_graphs_captured_at_start_up_cover_every_shape_and_prompt_logprobs
     assert len(scored) == len(prompts(3)[2]) - 1
     assert runner.num_eager_steps > 0  # the hidden states of every prompt row: no graph gives them
     assert make_engine(GPU_DEVICE, cuda_graph_mixed_steps=False).runner.capture_mixed_graphs() == 0
+
+
+def looping_requests() -> list[EngineRequest]:
+    """Prompts of one short phrase repeated (n-gram lookup finds drafts; this random model often repeats it),
+    on adapters a/b/c and the base model."""
+    return [EngineRequest(f"s{i}", (p[:6] * 7)[:40], greedy(24, ignore_eos=True), adapter_id=[None, "a", "b", "c"][i % 4])
+            for i, p in enumerate(prompts(8))]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_verification_steps_replay_graphs_and_give_the_tokens_of_no_drafts(dtype: str) -> None:
+    """n-gram drafts verified beside plain decodes, prefill chunks, adapters and grammar rows: every step replays a
+    graph (verification steps their own, gathering every draft row's logits), and the tokens are those of the
+    same engine without drafts (float32: also the CPU engine's)."""
+    def run(engine: LLMEngine) -> dict[str, list[int]]:
+        return staggered(looping_requests() + mixed_requests(), engine)
+
+    expected = run(make_engine(GPU_DEVICE, dtype, lora=True))
+    if dtype == "float32":
+        assert run(make_engine("cpu", lora=True)) == expected
+    eager = make_engine(GPU_DEVICE, dtype, lora=True, speculative_decoding="ngram", cuda_graph_mixed_steps=False)
+    engine = make_engine(GPU_DEVICE, dtype, lora=True, speculative_decoding="ngram")
+    assert run(eager) == expected
+    assert run(engine) == expected
+    stats = engine.stats()
+    assert 0 < stats["spec_decode_num_accepted_tokens_total"] < stats["spec_decode_num_draft_tokens_total"]
+    runner = engine.runner
+    assert {key[2] for key in runner.mixed_graphs} >= {"verify", "lora+verify"}
+    assert runner.num_eager_steps == 0 and eager.runner.num_eager_steps > 0
+    for e in (eager, engine):
+        assert e.block_manager.num_free_blocks == e.block_manager.num_blocks
+
+
+def test_verification_graphs_are_captured_at_start_up_where_steps_may_draft() -> None:
+    drafting = make_engine(GPU_DEVICE, lora=True, speculative_decoding="ngram").runner
+    assert drafting.capture_mixed_graphs() == len(drafting.mixed_graphs)
+    kinds = {key[2] for key in drafting.mixed_graphs}
+    assert kinds == {None, "lora", "verify", "lora+verify"}
+    verifying = {(s, t) for s, t, kind in drafting.mixed_graphs if kind == "verify"}
+    assert verifying == set(drafting.mixed_shapes())
+    # They gather the draft rows of every sequence: 8 sequences x 4 drafts past one token each.
+    assert drafting.verify_extra_tokens >= 8 * 4
+    assert drafting.mixed_graphs[(8, 72, "verify")].logits.shape[0] == 8 + drafting.verify_extra_tokens
+    assert make_engine(GPU_DEVICE, speculative_decoding="off").runner.verify_extra_tokens == 0
+
+
+def test_overlapped_steps_run_ahead_between_verification_steps_with_the_same_tokens() -> None:
+    """Overlapped scheduling with drafts: steps run ahead while no sequence would draft (never with drafts of
+    their own), the engine finishes the step in flight once one would, and the tokens are those without either."""
+    def requests() -> list[EngineRequest]:
+        unique = [EngineRequest(f"u{i}", p, greedy(24, ignore_eos=True)) for i, p in enumerate(prompts(4, seed=3))]
+        return looping_requests()[:4] + unique
+
+    expected = generate(make_engine(GPU_DEVICE, lora=True), requests())
+    engine = make_engine(GPU_DEVICE, lora=True, speculative_decoding="ngram", overlap_scheduling=True)
+    assert generate(engine, requests()) == expected
+    stats = engine.stats()
+    assert stats["spec_decode_num_accepted_tokens_total"] > 0
+    assert engine.overlap is not None and engine.overlap.num_steps_ahead > 0
+    assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks

@@ -67,7 +67,8 @@ def test_greedy_tokens_identical_with_ngram_drafts_and_no_block_held(
     assert 0 < stats["spec_decode_num_accepted_tokens_total"] <= stats["spec_decode_num_draft_tokens_total"]
     assert sum(stats["spec_decode_num_accepted_tokens_per_pos"]) == stats["spec_decode_num_accepted_tokens_total"]
     assert sum(stats["spec_decode_num_draft_tokens_per_pos"]) == stats["spec_decode_num_draft_tokens_total"]
-    assert engine.runner.num_eager_steps > 0  # verification rows ran (outside the decode graphs)
+    # Verification steps replayed their graphs (beside the decode graphs of steps without drafts): none ran eagerly.
+    assert engine.runner.num_mixed_graph_steps > 0 and engine.runner.num_eager_steps == 0
     assert plain_engine.runner.num_graph_steps > 0
     for e in (plain_engine, engine):
         assert e.block_manager.num_free_blocks == e.block_manager.num_blocks
