@@ -130,6 +130,30 @@ def test_ngram_proposer_continues_the_latest_match_longest_first() -> None:
         NgramProposer(3, 2)
 
 
+def _latest_longest_match(token_ids: list[int], max_tokens: int, min_n: int, max_n: int) -> list[int]:
+    """The proposer's rule written the slow, obvious way: for n from max_n down, the latest earlier position whose
+    n tokens ending there equal the last n."""
+    length = len(token_ids)
+    if max_tokens <= 0 or length <= min_n:
+        return []
+    for n in range(min(max_n, length - 1), min_n - 1, -1):
+        for end in range(length - 2, n - 2, -1):
+            if token_ids[end - n + 1 : end + 1] == token_ids[length - n :]:
+                return token_ids[end + 1 : end + 1 + max_tokens]
+    return []
+
+
+def test_ngram_proposer_equals_the_obvious_search_on_random_sequences() -> None:
+    generator = torch.Generator().manual_seed(11)
+    for i in range(3000):
+        length, vocab = int(torch.randint(0, 40, (1,), generator=generator)), [2, 3, 5, 50][i % 4]
+        tokens = torch.randint(0, vocab, (length,), generator=generator).tolist()
+        min_n = 1 + i % 3
+        max_n, max_tokens = min_n + i % 4, i % 6
+        expected = _latest_longest_match(tokens, max_tokens, min_n, max_n)
+        assert NgramProposer(min_n, max_n).propose(tokens, max_tokens) == expected, (tokens, min_n, max_n)
+
+
 def _speculation(mode: str) -> Speculation:
     speculation = Speculation.from_config(SpeculationConfig(mode=mode, num_tokens=4, ngram_min=1, ngram_max=3,
                                                             device_type="cpu", max_model_len=64))
