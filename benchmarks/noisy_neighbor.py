@@ -406,14 +406,21 @@ def never_read_streams_attack(url: str, key: str, stopped: threading.Event, quic
     return len(sockets)
 
 
+BATCH_STOPPED = frozenset({"cancelled", "completed", "failed", "expired"})
+BATCH_STOP_TIMEOUT_S = 600
+
+
 def batch_job_attack(url: str, key: str, stopped: threading.Event, quick: bool, *,
                      under_way: threading.Event | None = None) -> int:
     """A Batch API job of long lines running while the victim is timed: batch work is the engine's lowest class,
     run on what interactive requests leave. `under_way` is set once its first line is done (the batch then runs
-    at its full concurrency); cancelled once the attack ends; answers the lines it finished."""
+    at its full concurrency); cancelled once the attack ends, and awaited until it has stopped: a cancel lets the
+    lines in flight finish (as OpenAI's does), and they must not run into the next phase. Lines are a quarter of
+    a flood stream's length, so that those finish within a minute or two on the CPU. Answers the lines it
+    finished."""
     num_lines = 40 if quick else 400
     lines = [{"custom_id": f"line-{i}", "method": "POST", "url": "/v1/chat/completions",
-              "body": {"model": MODEL, "max_tokens": stream_tokens(quick), "ignore_eos": True, "temperature": 0.8,
+              "body": {"model": MODEL, "max_tokens": stream_tokens(quick) // 4, "ignore_eos": True, "temperature": 0.8,
                        "messages": [{"role": "user", "content": f"Write a long story about lighthouse {i}."}]}}
              for i in range(num_lines)]
     jsonl = "".join(json.dumps(line) + "\n" for line in lines).encode()
@@ -433,8 +440,12 @@ def batch_job_attack(url: str, key: str, stopped: threading.Event, quick: bool, 
             under_way.set()
         stopped.wait()
         client.post(f"/v1/batches/{batch_id}/cancel")
-        counts = client.get(f"/v1/batches/{batch_id}").json()["request_counts"]
-    return int(counts["completed"])
+        deadline = time.monotonic() + BATCH_STOP_TIMEOUT_S
+        while (batch := client.get(f"/v1/batches/{batch_id}").json())["status"] not in BATCH_STOPPED:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the cancelled batch is still {batch['status']} after {BATCH_STOP_TIMEOUT_S} s")
+            time.sleep(1.0)
+    return int(batch["request_counts"]["completed"])
 
 
 def refused_attack(name: str) -> Callable[..., int]:
@@ -467,7 +478,7 @@ ATTACKS: dict[str, tuple[Callable[..., int], int, str]] = {
     "poison_parameters": (poison_attack, 2, "numbers past what the engine represents, each a 400 naming it"),
     "flood_long_streams": (flood_long_streams_attack, 1, "100 concurrent 400-token streams, read normally"),
     "never_read_streams": (never_read_streams_attack, 1, "280 400-token streams never read, held open"),
-    "batch_job": (batch_job_attack, 1, "a Batch API job of 400 lines of 400 tokens running"),
+    "batch_job": (batch_job_attack, 1, "a Batch API job of 400 lines of 100 tokens running"),
 }
 
 
