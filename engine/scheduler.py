@@ -198,9 +198,8 @@ class Scheduler:
         # Decodes first, then prefill chunks, each group in admission order.
         order = sorted(self.running, key=lambda s: s.num_uncomputed_tokens > 1)
         caps = self._prefill_caps(order, budget, yielding)
-        num_decodes = sum(1 for s in order if s.num_uncomputed_tokens == 1)
-        drafting = drafts and self.speculation is not None and self.speculation.allows_step(num_decodes)
-        draft_allowance = self.speculation.draft_allowance(num_decodes) if drafting and self.speculation else None
+        drafting = drafts and self.speculation is not None and self.speculation.allows_step(
+            sum(1 for s in order if s.num_uncomputed_tokens == 1))
         for seq in order:
             if budget == 0:
                 break
@@ -216,10 +215,7 @@ class Scheduler:
                     continue
                 caps[seq.tenant_id] -= num_new
             if drafting and num_new == 1:
-                drafted = self._draft(seq, budget - 1 if draft_allowance is None else min(budget - 1, draft_allowance))
-                num_new += drafted
-                if draft_allowance is not None:
-                    draft_allowance -= drafted
+                num_new += self._draft(seq, budget - 1)
             if not self._make_room(seq, num_new, out):
                 continue
             budget -= self._schedule_seq(seq, num_new, out)

@@ -56,7 +56,6 @@ class Sequence:
         "seq_id",
         "spec_acceptance",
         "spec_cooldown",
-        "spec_draft_length",
         "spec_resume_at",
         "spec_token_ids",
         "status",
@@ -112,7 +111,6 @@ class Sequence:
         self.spec_acceptance = 1.0  # moving average of the share of draft tokens accepted
         self.spec_resume_at = 0     # no drafts before this many output tokens
         self.spec_cooldown = 0      # output tokens the next switch-off lasts (doubles each time)
-        self.spec_draft_length = 0  # drafts to propose next where lengths adapt (0: the configured number)
 
     def __len__(self) -> int:
         return len(self.token_ids)

@@ -105,7 +105,7 @@ class CudaModelRunner(ModelRunner):
         speculation = engine_config.speculation(max_model_len)
         self.verify_extra_tokens = 0
         if self.use_mixed_graphs and speculation.drafts:
-            wanted = min(seqs * speculation.max_draft_tokens, COMPUTE_BOUND_TOKENS["cuda"])
+            wanted = min(seqs * speculation.num_tokens, COMPUTE_BOUND_TOKENS["cuda"])
             self.verify_extra_tokens = next((n for n in self.mixed_extra_sizes if n >= wanted),
                                             self.mixed_extra_sizes[-1])
         capacity = 3 * tokens + 4 * seqs + seqs * self.max_blocks_per_seq + 2

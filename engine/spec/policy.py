@@ -32,12 +32,6 @@ AUTO_OFF_DEVICES: frozenset[str] = frozenset()
 # 1.2 ms step; with the jump-forward already taking the grammar's forced text, the benchmark's JSON drafts were
 # accepted 12% of the time: 0.6-0.8x of `off`. `ngram` drafts them everywhere.
 HOST_VERIFIED_GRAMMARS = frozenset({"cuda"})
-# Where `auto` adapts each sequence's draft length: a verification row costs the GPU next to nothing below its
-# compute bound, so a sequence whose drafts were all accepted drafts more next time (up to GROWN_DRAFT_FACTOR x k)
-# and one whose drafts were cut drafts one more than it kept; on the CPU every row costs compute, and drafts stay
-# at k. The step's draft rows stay within the compute bound (and the verification graphs' rows).
-ADAPTIVE_DRAFT_LENGTH = frozenset({"cuda"})
-GROWN_DRAFT_FACTOR = 2
 
 
 @dataclass(slots=True)
@@ -54,12 +48,6 @@ class SpeculationConfig:
         """Whether steps may carry drafts at all on this device."""
         return self.mode != "off" and not (self.mode == "auto" and self.device_type in AUTO_OFF_DEVICES)
 
-    @property
-    def max_draft_tokens(self) -> int:
-        """The most drafts a sequence proposes in one step: k, or where `auto` adapts lengths up to twice that."""
-        adapts = self.mode == "auto" and self.device_type in ADAPTIVE_DRAFT_LENGTH
-        return self.num_tokens * (GROWN_DRAFT_FACTOR if adapts else 1)
-
     def validate(self) -> None:
         if self.mode not in MODES:
             raise ValueError(f"speculative_decoding must be one of {', '.join(MODES)}, not {self.mode!r}")
@@ -75,16 +63,14 @@ class Speculation:
         self.proposer = proposer
         self.adaptive = config.mode == "auto"
         self.compute_bound_tokens = COMPUTE_BOUND_TOKENS.get(config.device_type, COMPUTE_BOUND_TOKENS["cuda"])
-        self.adapts_length = self.adaptive and config.device_type in ADAPTIVE_DRAFT_LENGTH
-        self.max_draft_tokens = config.max_draft_tokens
         self.num_draft_tokens = 0      # proposed and verified
         self.num_accepted_tokens = 0   # of those, the ones the output kept
         self.num_verified_rows = 0
         self.num_skipped_steps = 0     # steps that drafted nothing because they were compute-bound
         # Per draft position (0: the first draft): drafts verified there, and those the output kept. vLLM's
         # acceptance per position divides the latter by verified rows; ours may draft fewer than k tokens.
-        self.num_draft_tokens_per_pos = [0] * self.max_draft_tokens
-        self.num_accepted_tokens_per_pos = [0] * self.max_draft_tokens
+        self.num_draft_tokens_per_pos = [0] * config.num_tokens
+        self.num_accepted_tokens_per_pos = [0] * config.num_tokens
 
     @classmethod
     def from_config(cls, config: SpeculationConfig) -> Speculation | None:
@@ -104,11 +90,6 @@ class Speculation:
     def _step_allowed(self, num_decodes: int) -> bool:
         return not self.adaptive or num_decodes * (1 + self.config.num_tokens) <= self.compute_bound_tokens
 
-    def draft_allowance(self, num_decodes: int) -> int | None:
-        """The draft rows a step of `num_decodes` decodes may carry in all (None: no bound past the step's token
-        budget): where lengths adapt, what keeps the step under the compute bound."""
-        return max(0, self.compute_bound_tokens - num_decodes) if self.adapts_length else None
-
     def may_draft(self, running: list[Sequence]) -> bool:
         """Whether a step of these decodes would likely carry drafts: one of them may draft and the proposer
         continues the tokens it has (a step still in flight holds its newest). Overlapped scheduling runs steps
@@ -122,8 +103,7 @@ class Speculation:
             return []
         # The output's room left, less the token the verification samples past the drafts.
         room = min(seq.sampling.max_tokens - seq.num_output_tokens, self.config.max_model_len - len(seq.token_ids))
-        length = seq.spec_draft_length or self.config.num_tokens
-        limit = min(length if self.adapts_length else self.config.num_tokens, max_tokens, room - 1)
+        limit = min(self.config.num_tokens, max_tokens, room - 1)
         return self.proposer.propose(seq.token_ids, limit) if limit > 0 else []
 
     def _eligible(self, seq: Sequence) -> bool:
@@ -152,9 +132,6 @@ class Speculation:
             self.num_accepted_tokens_per_pos[pos] += 1
         if not self.adaptive:
             return
-        if self.adapts_length:
-            grown = min(self.max_draft_tokens, num_drafts + self.config.num_tokens)
-            seq.spec_draft_length = grown if num_accepted == num_drafts else num_accepted + 1
         rate = num_accepted / num_drafts
         seq.spec_acceptance = (1 - ACCEPTANCE_WEIGHT) * seq.spec_acceptance + ACCEPTANCE_WEIGHT * rate
         if seq.spec_acceptance < MIN_ACCEPTANCE:

@@ -219,33 +219,6 @@ def test_auto_on_a_gpu_leaves_grammar_rows_undrafted_and_says_when_a_step_would_
     assert not auto.may_draft([plain])
 
 
-def test_auto_on_a_gpu_adapts_each_sequences_draft_length_within_the_steps_allowance() -> None:
-    """On a GPU a sequence whose drafts were all accepted drafts up to twice k next time, one whose drafts were cut
-    drafts one more than it kept; the step's draft rows stay under the compute bound. The CPU keeps k."""
-    gpu = Speculation.from_config(SpeculationConfig(mode="auto", num_tokens=4, ngram_min=1, ngram_max=3,
-                                                    device_type="cuda", max_model_len=512))
-    assert gpu is not None and gpu.max_draft_tokens == 8
-    seq = _decoding(list(range(20)) * 3 + [0, 1], max_tokens=200)
-    assert len(gpu.propose(seq, 64)) == 4
-    gpu.record(seq, 4, 4)
-    assert len(gpu.propose(seq, 64)) == 8  # every draft kept: twice as many
-    gpu.record(seq, 8, 3)
-    assert len(gpu.propose(seq, 64)) == 4  # three kept: one more than that
-    gpu.record(seq, 4, 0)
-    assert len(gpu.propose(seq, 64)) == 1
-    assert len(gpu.propose(seq, 0)) == 0  # the step's budget still bounds it
-    stats = gpu.stats()
-    assert stats["spec_decode_num_draft_tokens_per_pos"] == [3, 3, 3, 3, 1, 1, 1, 1]
-    assert stats["spec_decode_num_accepted_tokens_per_pos"] == [2, 2, 2, 1, 0, 0, 0, 0]
-    assert gpu.draft_allowance(50) == 256 - 50 and gpu.draft_allowance(300) == 0
-    cpu = _speculation("auto")
-    assert cpu.max_draft_tokens == 4 and cpu.draft_allowance(3) is None
-    other = _decoding(list(range(10)) * 2 + [0, 1], max_tokens=40)
-    cpu.record(other, 4, 4)
-    assert len(cpu.propose(other, 64)) == 4
-    assert SpeculationConfig(mode="ngram", num_tokens=4, device_type="cuda").max_draft_tokens == 4
-
-
 def test_auto_drafts_nothing_in_a_compute_bound_step_and_drafts_respect_the_limits() -> None:
     auto, fixed = _speculation("auto"), _speculation("ngram")
     assert auto.allows_step(6) and not auto.allows_step(7)  # CPU: 7 decodes x (1 + 4) rows pass 32

@@ -345,11 +345,8 @@ def test_verification_steps_replay_graphs_and_give_the_tokens_of_no_drafts(dtype
         assert run(make_engine("cpu", lora=True)) == expected
     eager = make_engine(GPU_DEVICE, dtype, lora=True, speculative_decoding="ngram", cuda_graph_mixed_steps=False)
     engine = make_engine(GPU_DEVICE, dtype, lora=True, speculative_decoding="ngram")
-    adaptive = make_engine(GPU_DEVICE, dtype, lora=True, speculative_decoding="auto")  # draft lengths adapt
     assert run(eager) == expected
     assert run(engine) == expected
-    assert run(adaptive) == expected
-    assert adaptive.runner.num_eager_steps == 0 and adaptive.stats()["spec_decode_num_accepted_tokens_total"] > 0
     stats = engine.stats()
     assert 0 < stats["spec_decode_num_accepted_tokens_total"] < stats["spec_decode_num_draft_tokens_total"]
     runner = engine.runner
