@@ -445,8 +445,9 @@ class CudaModelRunner(ModelRunner):
         """Every graph's logits: one buffer (graphs replay one at a time), a row per decode-graph row, or per
         token of the largest verification graph."""
         if self._shared_logits is None:
-            widest = max((self._verify_rows(s, t) for s, t in self.mixed_shapes()), default=0)
-            rows = max(self.ladder[-1], widest if self.verify_extra_tokens else 0)
+            rows = self.ladder[-1]
+            if self.verify_extra_tokens:
+                rows = max([rows, *(self._verify_rows(s, t) for s, t in self.mixed_shapes())])
             self._shared_logits = torch.empty(rows, self.vocab_size, dtype=torch.float32, device=self.device)
         return self._shared_logits
 

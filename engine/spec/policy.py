@@ -24,8 +24,6 @@ FIRST_COOLDOWN, MAX_COOLDOWN = 16, 256  # output tokens a switch-off lasts, doub
 # Decode rows times (1 + drafts) past which a step is compute-bound: the CPU's matrix products stop being
 # bound by reading the weights after a few dozen rows; a GPU's after a few hundred.
 COMPUTE_BOUND_TOKENS = {"cpu": 32, "cuda": 256}
-# Where `auto` means off (none: verification steps replay CUDA graphs of their own).
-AUTO_OFF_DEVICES: frozenset[str] = frozenset()
 # Where `auto` never drafts a grammar-constrained sequence. On a GPU a plain greedy row's drafts are verified by
 # an argmax on the device; a grammar row's need its logits on the host and the grammar's mask at each position
 # after the step (a decode fills its mask while the forward runs), ~2 ms a verification on an H100 against a
@@ -45,8 +43,8 @@ class SpeculationConfig:
 
     @property
     def drafts(self) -> bool:
-        """Whether steps may carry drafts at all on this device."""
-        return self.mode != "off" and not (self.mode == "auto" and self.device_type in AUTO_OFF_DEVICES)
+        """Whether steps may carry drafts at all."""
+        return self.mode != "off"
 
     def validate(self) -> None:
         if self.mode not in MODES:
