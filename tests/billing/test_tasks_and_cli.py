@@ -24,11 +24,11 @@ YESTERDAY = NOW - timedelta(days=1)
 
 
 def test_beat_task_rolls_up_closed_days_and_reconciles_quota_counters(
-    db_url, session_factory, make_event, redis_client, key_prefix
+    db_url, session_factory, make_event, redis_url, redis_client, key_prefix
 ):
     Ledger(session_factory).write([make_event(f"y{i}", created_at=YESTERDAY) for i in range(3)]
                                   + [make_event("today", created_at=NOW)])
-    result = rollup_and_reconcile(db_url, "redis://127.0.0.1:6379/0", key_prefix, now=NOW.isoformat())
+    result = rollup_and_reconcile(db_url, redis_url, key_prefix, now=NOW.isoformat())
     assert result["rolled_up_days"] == [YESTERDAY.date().isoformat()]
     assert result["reconciled_counters"] >= 2
     with session_factory() as session:
