@@ -68,33 +68,30 @@ services:
 	@test -x /usr/bin/chromium || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; }
 	@test -x /usr/sbin/haproxy || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq haproxy; }
 
-# The suite is `make lint` (ruff and mypy), then pytest processes in two lanes side by side and one more alone, each
-# with its own summary. The browser tests run in a process of their own because their Playwright sync API leaves an
-# asyncio loop running in the main thread that async tests must never see; the tests that bound wall-clock time
-# (marker `timing`) run alone at the end, so that nothing else is still winding down. Each pytest process stays
-# well under 4 GB of RSS; every group runs even after one fails, and the target fails if any did.
+# The suite is `make lint` (ruff and mypy), then four pytest processes one after another, each with its own
+# summary: the folders that load models and compile grammars; everything else (the servers); the tests that bound
+# wall-clock time (marker `timing`), last so that nothing else is still winding down; and the browser tests, whose
+# Playwright sync API leaves an asyncio loop running in the main thread that async tests must never see. The suite
+# is CPU-bound (about 75 CPU-minutes on two cores), so groups side by side took longer, not less (51 min against
+# 39 one after another). Each stays well under 4 GB of RSS; every group runs even after one fails, and the target fails if
+# any did.
 MODEL_TESTS := tests/engine tests/adapters tests/grammar
-# Server tests that run in the model lane after the model tests, so that both lanes end at about the same time.
-BESIDE_TESTS := tests/batches
 PYTEST := $(VENV)/bin/pytest --timeout=900
 UNTIMED := -m "not gpu and not browser and not timing" $(PYTEST_ARGS)
 
-# The lint, the model tests (mostly computing), BESIDE_TESTS and the browser tests run in one lane, beside the rest
-# (mostly waiting on servers and services), on a Redis database of their own (PostgreSQL databases are per session
-# already); their output follows the rest's. Timing-sensitive tests then run alone.
+# The lint and the model tests (mostly computing) run beside the rest (mostly waiting on servers and services), on
+# a Redis database of their own (PostgreSQL databases are per session already); their output follows the rest's.
+# Timing-sensitive tests then run alone, and the browser's last.
 test: $(TEST_STAMP) services model docs
 	@failed=0; mkdir -p build; \
 	( status=0; ( $(LINT) ) || status=1; \
-	  export LORAPLEX_TEST_REDIS_URL=redis://127.0.0.1:6379/2; \
-	  $(PYTEST) -p no:cacheprovider $(UNTIMED) $(MODEL_TESTS) || status=1; \
-	  $(PYTEST) -p no:cacheprovider $(UNTIMED) $(BESIDE_TESTS) || status=1; \
-	  $(PYTEST) -p no:cacheprovider -m "browser and not gpu" $(PYTEST_ARGS) tests/browser || status=1; \
+	  LORAPLEX_TEST_REDIS_URL=redis://127.0.0.1:6379/2 $(PYTEST) -p no:cacheprovider $(UNTIMED) $(MODEL_TESTS) || status=1; \
 	  exit $$status ) > build/test-models.log 2>&1 & models=$$!; \
-	$(PYTEST) $(UNTIMED) $(addprefix --ignore=,$(MODEL_TESTS) $(BESIDE_TESTS) tests/browser) || failed=1; \
+	$(PYTEST) $(UNTIMED) $(addprefix --ignore=,$(MODEL_TESTS) tests/browser) || failed=1; \
 	wait $$models || failed=1; \
-	echo "---- lint, $(MODEL_TESTS), $(BESIDE_TESTS) and tests/browser (run beside the above) ----"; \
-	cat build/test-models.log; \
+	echo "---- lint and $(MODEL_TESTS) (run beside the above) ----"; cat build/test-models.log; \
 	$(PYTEST) -m "timing and not gpu and not browser" $(PYTEST_ARGS) --ignore=tests/browser tests || failed=1; \
+	$(PYTEST) -m "browser and not gpu" $(PYTEST_ARGS) tests/browser || failed=1; \
 	exit $$failed
 
 # The documentation site (mkdocs.yml, docs/): --strict fails on a broken link or a page left out of the nav.
