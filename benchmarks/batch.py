@@ -146,6 +146,7 @@ def server_env(data_dir: Path, model_path: Path, args: argparse.Namespace, sizes
     }
     if args.device == "cpu":
         settings["kv_cache_memory_mb"] = 256
+    settings.update(args.server_setting)
     env = {k: v for k, v in os.environ.items() if not k.startswith("LORAPLEX_")}
     env.update({f"LORAPLEX_{name.upper()}": str(value) for name, value in settings.items()})
     return env
@@ -373,6 +374,13 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     return {"sizes": sizes, "model": model, "metrics": metrics, "checked": lost_or_duplicated == 0}
 
 
+def _setting(text: str) -> tuple[str, str]:
+    name, sep, value = text.partition("=")
+    if not sep or not name:
+        raise argparse.ArgumentTypeError(f"expected NAME=VALUE, got {text!r}")
+    return name.strip().lower(), value
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="small sizes on the CPU; writes nothing")
@@ -380,7 +388,10 @@ def main() -> None:
     parser.add_argument("--random-weights", type=Path, default=None, metavar="MODEL_DIR",
                         help="serve random weights of this model folder's architecture (config + tokenizer)")
     parser.add_argument("--out", type=Path, default=None, help="where to write the JSON (default: results/ on full runs)")
+    parser.add_argument("--server-setting", action="append", default=[], type=_setting, metavar="NAME=VALUE",
+                        help="a server setting for this run (e.g. overlap_scheduling=false); repeatable")
     args = parser.parse_args()
+    args.server_setting = dict(args.server_setting)
     run = measure(args)
     metrics = run["metrics"]
     for name, value in metrics.items():
@@ -401,7 +412,8 @@ def main() -> None:
         "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "machine": machine,
         "config": {"model": run["model"], "weights": "random" if args.random_weights else "bundled",
-                   "device": args.device, **sizes.__dict__, "tokens": "generated (output) tokens"},
+                   "device": args.device, **sizes.__dict__, "server_settings": args.server_setting,
+                   "tokens": "generated (output) tokens"},
         "metrics": metrics,
         "targets": {"interactive_p95_ratio_under_batch": {"op": "<=", "value": 1.5},
                     "total_throughput_ratio_with_batch": {"op": ">=", "value": 0.9},

@@ -55,6 +55,7 @@ def engine_config(settings: Settings) -> Any:
         tensor_parallel_size=settings.tensor_parallel_size,
         gpu_memory_utilization=settings.gpu_memory_utilization,
         cuda_graph_mixed_steps=settings.cuda_graph_mixed_steps,
+        overlap_scheduling=settings.overlap_scheduling,
         decode_yield_min_tokens=settings.decode_yield_min_tokens,
         fair_sharing=settings.fair_sharing,
         newcomer_reserved_slots=settings.newcomer_reserved_slots,
