@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import random
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -69,6 +69,16 @@ def _apply_token_bitmask_unpacked(logits: torch.Tensor, bitmask: torch.Tensor) -
 def draws_at_random(seq: Sequence) -> bool:
     """The row's token is a draw (temperature > 0 and more than one candidate), not the argmax."""
     return seq.sampling.temperature > 0 and seq.sampling.top_k != 1
+
+
+def _to_device(values: list[Any], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A few host values as a tensor on `device`. To a GPU through pinned memory without blocking: a copy
+    from pageable memory waits for the stream, i.e. for the forward still running, and a draw used to make
+    four such copies a step, each a wait the host could not use."""
+    host = torch.tensor(values, dtype=dtype)
+    if device.type != "cuda":
+        return host
+    return host.pin_memory().to(device, non_blocking=True)
 
 
 def _uniform(seq: Sequence) -> float:
@@ -210,39 +220,40 @@ class Sampler:
     def draw(self, logits: torch.Tensor, seqs: list[Sequence]) -> list[int]:
         """Each row's token from its (masked, penalised) logits: the argmax, or for a random row a draw from
         its temperature/top-k/top-p/min-p distribution. Runs where `logits` are: the CUDA runner draws on
-        the GPU (copying a batch's logits to the host cost more than the step), with the same uniforms."""
-        device = logits.device
-        tokens: list[int] = logits.argmax(dim=-1).tolist()
+        the GPU (copying a batch's logits to the host cost more than the step), with the same uniforms.
+        On the GPU everything is queued behind the forward and the host waits once, for the tokens: the
+        uniforms are drawn on the host while the forward may still run."""
         random_rows = [i for i, s in enumerate(seqs) if draws_at_random(s)]
         if not random_rows:
-            return tokens
-        index = torch.tensor(random_rows, dtype=torch.long, device=device)
-        probs = self._random_probs(logits[index], [seqs[i] for i in random_rows])
+            return logits.argmax(dim=-1).tolist()
+        device = logits.device
         # Inverse-CDF draw with one uniform per row from that row's own generator: cheap,
         # and a row's token never depends on the other rows of the batch.
-        uniforms = torch.tensor([_uniform(seqs[i]) for i in random_rows], device=device)
+        uniforms = _to_device([_uniform(seqs[i]) for i in random_rows], torch.float32, device)
+        index = _to_device(random_rows, torch.long, device)
+        tokens = logits.argmax(dim=-1)
+        probs = self._random_probs(logits[index], [seqs[i] for i in random_rows])
         cdf = probs.cumsum(dim=-1)
         targets = (uniforms * cdf[:, -1]).unsqueeze(1)
         picked = torch.searchsorted(cdf, targets, right=True).squeeze(1).clamp_(max=probs.shape[-1] - 1)
-        for i, token in zip(random_rows, picked.tolist(), strict=True):
-            tokens[i] = token
-        return tokens
+        tokens.index_copy_(0, index, picked.to(tokens.dtype))
+        return tokens.tolist()
 
     @staticmethod
     def _random_probs(sub: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
         """The distribution a random row draws from: temperature, then top-k, top-p and min-p."""
         device = sub.device  # every tensor made here goes where the logits are (the GPU's, on CUDA)
-        temps = torch.tensor([s.sampling.temperature for s in seqs], device=device).unsqueeze(1)
+        temps = _to_device([s.sampling.temperature for s in seqs], torch.float32, device).unsqueeze(1)
         sub = sub / temps
         top_ks = [s.sampling.top_k for s in seqs]
         if any(k > 0 for k in top_ks):
-            k_tensor = torch.tensor([k if k > 0 else sub.shape[-1] for k in top_ks], device=device)
+            k_tensor = _to_device([k if k > 0 else sub.shape[-1] for k in top_ks], torch.long, device)
             k_tensor.clamp_(max=sub.shape[-1])
             sorted_desc = sub.sort(dim=-1, descending=True).values
             kth = sorted_desc.gather(1, (k_tensor - 1).unsqueeze(1))
             sub = sub.masked_fill(sub < kth, float("-inf"))
         if any(s.sampling.top_p < 1.0 for s in seqs):
-            top_ps = torch.tensor([s.sampling.top_p for s in seqs], device=device).unsqueeze(1)
+            top_ps = _to_device([s.sampling.top_p for s in seqs], torch.float32, device).unsqueeze(1)
             sorted_logits, order = sub.sort(dim=-1, descending=True)
             probs_sorted = sorted_logits.softmax(dim=-1)
             before = probs_sorted.cumsum(dim=-1) - probs_sorted  # mass strictly above each token
@@ -251,7 +262,7 @@ class Sampler:
             sub = sub.masked_fill(drop, float("-inf"))
         probs = sub.softmax(dim=-1)
         if any(s.sampling.min_p > 0 for s in seqs):
-            min_ps = torch.tensor([s.sampling.min_p for s in seqs], device=device).unsqueeze(1)
+            min_ps = _to_device([s.sampling.min_p for s in seqs], torch.float32, device).unsqueeze(1)
             probs = probs.masked_fill(probs < min_ps * probs.max(dim=-1, keepdim=True).values, 0.0)
         return probs
 

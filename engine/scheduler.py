@@ -514,10 +514,7 @@ class Scheduler:
         for tenant, queue in self.waiting.items():
             if skip_tenants and tenant in skip_tenants:
                 continue
-            # In admission order, stopping at the first ready one: asking readiness may start an adapter's load
-            # (and evict another's slot), so only the one that would be admitted is asked.
-            candidate = next((s for s in sorted(queue, key=admission_key)
-                              if not (skip_background and s.background) and self._is_ready(s)), None)
+            candidate = self._first_admissible(queue, skip_background)
             if candidate is None:
                 continue
             weight = self.fair.weight(tenant)
@@ -530,6 +527,19 @@ class Scheduler:
             if best_key is None or key < best_key:
                 best, best_key = candidate, key
         return best
+
+    def _first_admissible(self, queue: deque[Sequence], skip_background: bool) -> Sequence | None:
+        """A tenant's first sequence in admission order that may run now, stopping at the first ready one:
+        asking readiness may start an adapter's load (and evict another's slot), so only the one that would
+        be admitted is asked. The front-runner is found without sorting: this runs on every step, and a
+        flooding tenant's queue holds hundreds of requests; the sort is only for when it cannot run."""
+        if not queue:
+            return None
+        head = min(queue, key=admission_key)
+        if not (skip_background and head.background) and self._is_ready(head):
+            return head
+        return next((s for s in sorted(queue, key=admission_key)
+                     if s is not head and not (skip_background and s.background) and self._is_ready(s)), None)
 
     def _is_ready(self, seq: Sequence) -> bool:
         if seq.adapter_id is None or self.adapter_ready is None:

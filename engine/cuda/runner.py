@@ -265,7 +265,8 @@ class CudaModelRunner(ModelRunner):
             graph.sample.replay()
             tokens = graph.tokens[: len(seqs)].tolist()
         else:
-            apply_token_bitmask(logits, self.masks.bitmask[: len(seqs)], self.masks.indices[: len(seqs)])
+            if count > self.masks.max_rows:  # some row has a grammar (a launch saved on every other step)
+                apply_token_bitmask(logits, self.masks.bitmask[: len(seqs)], self.masks.indices[: len(seqs)])
             tokens = self.sampler.draw(logits.float(), seqs) if random else logits.argmax(dim=-1).tolist()
         for seq, token in zip(seqs, tokens, strict=True):
             result.sampled[seq.seq_id] = seq.forced_token_ids[0] if seq.forced_token_ids else token

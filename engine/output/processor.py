@@ -106,17 +106,13 @@ class RequestState:
         markers = self.request.reasoning
         if markers is None:
             return
-        output = seq.output_token_ids
         if seq.reasoning_inside:
             seq.num_reasoning_tokens += 1
-            end = markers.end_token_ids
-            if end and output[-len(end) :] == end:
+            if _output_ends_with(seq, markers.end_token_ids):
                 seq.reasoning_inside = False
-        else:
-            start = markers.start_token_ids
-            if start and output[-len(start) :] == start:
-                seq.reasoning_inside = True
-                seq.num_reasoning_tokens += len(start)
+        elif _output_ends_with(seq, markers.start_token_ids):
+            seq.reasoning_inside = True
+            seq.num_reasoning_tokens += len(markers.start_token_ids)
 
     def _check_reasoning_budget(self, seq: Sequence) -> None:
         """Once the budget is spent inside the segment, force the end marker."""
@@ -169,3 +165,10 @@ def _grammar_finish(seq: Sequence) -> str:
     if isinstance(matcher, BudgetedGrammarMatcher) and matcher.closed_by_budget():
         return FinishReason.LENGTH
     return FinishReason.STOP
+
+
+def _output_ends_with(seq: Sequence, marker: list[int]) -> bool:
+    """Whether the output ends with `marker` (never for an empty one), looking at its last tokens only: this
+    runs for every token, and slicing out the whole output made it cost as much as the output is long."""
+    n = len(marker)
+    return n > 0 and seq.num_output_tokens >= n and seq.token_ids[-n:] == marker
