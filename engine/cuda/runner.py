@@ -265,7 +265,7 @@ class CudaModelRunner(ModelRunner):
             graph.sample.replay()
             tokens = graph.tokens[: len(seqs)].tolist()
         else:
-            if count > self.masks.max_rows:  # some row has a grammar (a launch saved on every other step)
+            if count > self.masks.max_rows:  # some row has a grammar; otherwise the kernel would mask nothing
                 apply_token_bitmask(logits, self.masks.bitmask[: len(seqs)], self.masks.indices[: len(seqs)])
             tokens = self.sampler.draw(logits.float(), seqs) if random else logits.argmax(dim=-1).tolist()
         for seq, token in zip(seqs, tokens, strict=True):
