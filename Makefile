@@ -81,10 +81,13 @@ UNTIMED := -m "not gpu and not browser and not timing" $(PYTEST_ARGS)
 
 # The lint and the model tests (mostly computing) run beside the rest (mostly waiting on servers and services), on
 # a Redis database of their own (PostgreSQL databases are per session already); their output follows the rest's.
+# That lane first trains the adapter fixtures where their cache (outside the checkout) lacks them: otherwise the
+# rest's first test that needs them trains them (minutes, on one thread) while that lane waits.
 # Timing-sensitive tests then run alone, and the browser's last.
 test: $(TEST_STAMP) services model docs
 	@failed=0; mkdir -p build; \
-	( status=0; ( $(LINT) ) || status=1; \
+	( status=0; OMP_NUM_THREADS=1 $(VENV)/bin/python tests/fixtures/train_adapters.py || status=1; \
+	  ( $(LINT) ) || status=1; \
 	  LORAPLEX_TEST_REDIS_URL=redis://127.0.0.1:6379/2 $(PYTEST) -p no:cacheprovider $(UNTIMED) $(MODEL_TESTS) || status=1; \
 	  exit $$status ) > build/test-models.log 2>&1 & models=$$!; \
 	$(PYTEST) $(UNTIMED) $(addprefix --ignore=,$(MODEL_TESTS) tests/browser) || failed=1; \
