@@ -34,8 +34,9 @@ def shared_key(postgres_url: str) -> str:
 def two_servers(postgres_url: str, redis_url: str, redis_prefix: str, smollm_path: Path,
                 tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[str]]:
     data_dir = tmp_path_factory.mktemp("two-servers")
+    # No batch work is sent: each server's idle batch-worker process would cost ~8 CPU-seconds of a 2-core box.
     env = server_env(database_url=postgres_url, data_dir=data_dir, model_path=smollm_path,
-                     redis_url=redis_url, redis_key_prefix=redis_prefix)
+                     redis_url=redis_url, redis_key_prefix=redis_prefix, batch_workers_enabled=False)
     with ExitStack() as stack:
         servers = [stack.enter_context(ServerProcess(env, data_dir, name=f"server-{i}")) for i in range(2)]
         for server in servers:

@@ -88,8 +88,9 @@ def cluster(smollm_path: Path, new_postgres_database: Any, tmp_path_factory: pyt
             session.commit()
         db.dispose()
         storage = tmp / "adapters"  # the one adapter folder both replicas and the worker use
+        # No batch work is sent: each replica's idle batch-worker process would cost ~8 CPU-seconds of a 2-core box.
         settings = {"adapter_storage_dir": storage, "api_servers": 1, "max_num_seqs": 8, "kv_cache_memory_mb": 24,
-                    "billing_journal_lease_s": 2, "session_busy_wait_s": 5}
+                    "billing_journal_lease_s": 2, "session_busy_wait_s": 5, "batch_workers_enabled": False}
         replicas = []
         for index in (1, 2):
             env = server_env(database_url=database_url, data_dir=tmp / f"replica-{index}", model_path=smollm_path,
