@@ -92,8 +92,15 @@ def _load() -> Any:
             stale = build_dir / "lock"  # torch's FileBaton; nobody else is inside while we hold the flock
             if stale.exists():
                 stale.unlink()
+            # Built from a copy inside the build folder: ninja's build file names its sources by path, so two
+            # checkouts (a clean clone beside a working tree) building from their own paths rebuilt the
+            # shared folder in turn, a minute or two each. The name already carries the source's hash.
+            source = build_dir / SOURCE.name
+            text = SOURCE.read_bytes()
+            if not source.exists() or source.read_bytes() != text:
+                source.write_bytes(text)
             module = cpp_extension.load(
-                name=name, sources=[str(SOURCE)], build_directory=str(build_dir),
+                name=name, sources=[str(source)], build_directory=str(build_dir),
                 extra_cflags=CFLAGS, extra_ldflags=["-fopenmp"], verbose=False,
             )
         finally:

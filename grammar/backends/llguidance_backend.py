@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import llguidance
 import llguidance.hf
-import llguidance.torch
 import torch
 from loraplex.grammar.backends.array_lark import array_lark
 from loraplex.grammar.backends.integer_lark import integer_lark
@@ -131,7 +130,7 @@ class LLGuidanceBackend:
         probe = matcher.deep_copy()
         row = torch.zeros((1, self.words), dtype=torch.int32)
         for _ in range(_PROBE_STEPS):
-            llguidance.torch.fill_next_token_bitmask(probe, row, 0)
+            _fill_row(probe, row, 0)
             if probe.is_error() or probe.is_stopped():
                 break
             allowed = torch.nonzero(row[0] & self.not_stop_bits)
@@ -141,6 +140,17 @@ class LLGuidanceBackend:
             bits = int(row[0, word] & self.not_stop_bits[word]) & 0xFFFFFFFF
             probe.consume_token(word * 32 + (bits & -bits).bit_length() - 1)
         return not probe.is_error()
+
+
+def _fill_row(matcher: llguidance.LLMatcher, bitmask: torch.Tensor, row: int) -> None:
+    """`llguidance.torch.fill_next_token_bitmask`, without importing `llguidance.torch`: that module compiles a
+    kernel with `torch.compile` when imported, which loads torch's compiler stack (~5 CPU-seconds in every
+    process that serves grammars). llguidance writes the row through a raw pointer, so what it gets is checked
+    as there: an int32 row in contiguous host memory."""
+    words = bitmask[row]
+    if bitmask.dtype != torch.int32 or not bitmask.is_cpu or not words.is_contiguous():
+        raise ValueError("an llguidance mask row must be contiguous int32 host memory")
+    matcher.unsafe_compute_mask_ptr(words.data_ptr(), words.numel() * words.element_size())
 
 
 class LLGuidanceGrammar:
@@ -178,7 +188,7 @@ class LLGuidanceMatcher:
             self._matcher.rollback(num_tokens)
 
     def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
-        llguidance.torch.fill_next_token_bitmask(self._matcher, bitmask, row)
+        _fill_row(self._matcher, bitmask, row)
 
     def is_completed(self) -> bool:
         return self._matcher.is_accepting()
@@ -193,7 +203,7 @@ class LLGuidanceMatcher:
                 self._terminated = False
             else:
                 row = torch.empty((1, self._backend.words), dtype=torch.int32)
-                llguidance.torch.fill_next_token_bitmask(self._matcher, row, 0)
+                _fill_row(self._matcher, row, 0)
                 self._terminated = not bool(torch.any(row[0] & self._backend.not_stop_bits))
         return self._terminated
 

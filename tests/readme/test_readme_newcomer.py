@@ -122,6 +122,7 @@ def test_structured_output_examples(example: Example, make_serve: MakeServe, pla
     run = run_python(example, placeholders, namespace=dict(calling_run.namespace), cwd=make_serve.workdir)
     record = json.loads(run.value_of('"json_schema"').choices[0].message.content)
     assert set(record) == {"name", "age"} and isinstance(record["name"], str) and isinstance(record["age"], int)
+    assert 0 <= record["age"] <= 150, record  # bounded, so the answer ends (an unbounded integer could run on)
 
     tool_reply = run.value_of("tool_choice").choices[0]
     assert tool_reply.finish_reason == "tool_calls"
