@@ -4,7 +4,7 @@ A real `loraplex serve` (engine-core process + API servers) on the GPU, SmolLM2-
 weights, default settings but rate limits off. A flood tenant opens N concurrent streams of 1,000 tokens
 (N = 64, then 256: the server's whole `max_pending_requests`) from its own client process, while a quiet
 tenant sends 16-token streams one at a time from this process and times the first token. The quiet p95 comes
-from the same server before the floods. The same floods run again on a server with fair sharing off: all
+from 120 requests to the same server before the floods. The same floods run again on a server with fair sharing off: all
 tenants' tokens per second with fair sharing over without it says whether fairness wastes the GPU: judged
 on the engine's steady rate (its generated-token counter from the flood's start until the flood's first stream
 ends), the whole flood's tokens over its wall time reported beside it.
@@ -41,6 +41,9 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULT = ROOT / "benchmarks" / "results" / "noisy_neighbor.json"
 MODEL = "SmolLM2-135M-Instruct"
 TARGET_TTFT_RATIO, TARGET_THROUGHPUT_RATIO = 2.0, 0.9
+# The quiet baseline's requests: its p95 is the ratio's denominator. Of 30 it was the second slowest request
+# and swung between 6.3 and 8.3 ms across two calls on one kind of card; the flood phases time hundreds.
+QUIET_REQUESTS = 120
 
 
 class FloodServer(ServedProcesses):
@@ -283,7 +286,8 @@ def run_server(data_dir: Path, model_path: Path, *, gpu: bool, fair: bool, sizes
                 }
                 out.setdefault(f"flood_{size}_phases", []).append(phase)
                 out[f"flood_{size}"] = merged_phases(out[f"flood_{size}_phases"])
-                print(f"fair={fair} flood={size}: victim ttft p95 {p95(ttfts) * 1e3:.1f} ms over {len(ttfts)} requests "
+                print(f"fair={fair} flood={size}: victim ttft p95 {p95(ttfts) * 1e3:.1f} ms (p50 {statistics.median(ttfts) * 1e3:.1f}, max "
+                      f"{max(ttfts) * 1e3:.1f}) over {len(ttfts)} requests "
                       f"(quiet {p95(out['quiet_ttft_s']) * 1e3:.1f} ms); {phase['tokens_per_s']:.0f} "
                       f"tokens/s (steady {phase['steady_tokens_per_s'] or 0:.0f}); flood served {flood['served']}, refused {flood['refused']}; "
                       f"steps {steps}", flush=True)
@@ -301,17 +305,18 @@ def main() -> None:
                         help="the servers' LORAPLEX_NEWCOMER_RESERVED_SLOTS (default: the server's own); writes nothing")
     parser.add_argument("--mixed-graphs-off-too", action="store_true",
                         help="GPU: also run both servers with mixed-step graphs off (metrics suffixed _mixed_off)")
+    parser.add_argument("--fair-only", action="store_true", help="GPU: only the server with fair sharing on; writes nothing")
     args = parser.parse_args()
     import torch
     from loraplex.engine.model.default_model import ensure_default_model
 
     gpu = torch.cuda.is_available() and not args.quick
     model_path = ROOT / ".bench_model" / "SmolLM2-135M-Instruct" if gpu else ensure_default_model(ROOT / "data" / "models")
-    sizes, max_tokens, victim_tokens, num_quiet = ([64, 256], 1000, 16, 30) if gpu else ([6], 24, 4, 3)
+    sizes, max_tokens, victim_tokens, num_quiet = ([64, 256], 1000, 16, QUIET_REQUESTS) if gpu else ([6], 24, 4, 3)
     metrics: dict[str, float] = {}
     for mixed_graphs in ([True, False] if gpu and args.mixed_graphs_off_too else [True]):
         runs = {}
-        for fair in ([True, False] if gpu else [True]):
+        for fair in ([True, False] if gpu and not args.fair_only else [True]):
             with tempfile.TemporaryDirectory(prefix="flood-") as tmp:
                 runs[fair] = run_server(Path(tmp), model_path, gpu=gpu, fair=fair, sizes=sizes, max_tokens=max_tokens,
                                         victim_tokens=victim_tokens, num_quiet=num_quiet, mixed_graphs=mixed_graphs,
@@ -320,7 +325,7 @@ def main() -> None:
         metrics.update({name + suffix: value for name, value in run_metrics(runs, sizes).items()})
     for name, value in metrics.items():
         print(f"{name:<60}{value:>12.3f}")
-    if args.quick or not gpu or args.newcomer_reserved_slots is not None:
+    if args.quick or not gpu or args.newcomer_reserved_slots is not None or args.fair_only:
         return
     write_result(metrics, sizes, max_tokens, victim_tokens, args.repeats)
 
