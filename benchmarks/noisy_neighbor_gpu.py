@@ -47,8 +47,8 @@ QUIET_REQUESTS = 120
 
 
 class FloodServer(ServedProcesses):
-    def __init__(self, settings: Any, api_servers: int) -> None:
-        names = (*ServedProcesses.setting_names, "fair_sharing", "cuda_graph_mixed_steps")
+    def __init__(self, settings: Any, api_servers: int, extra: tuple[str, ...] = ()) -> None:
+        names = (*ServedProcesses.setting_names, "fair_sharing", "cuda_graph_mixed_steps", *extra)
         if settings.newcomer_reserved_slots is not None:  # unset: the server's own default
             names = (*names, "newcomer_reserved_slots")
         self.setting_names = names
@@ -56,13 +56,14 @@ class FloodServer(ServedProcesses):
 
 
 def server_settings(data_dir: Path, model_path: Path, *, gpu: bool, fair: bool, max_tokens: int,
-                    mixed_graphs: bool = True, kept_slots: int | None = None) -> Any:
+                    mixed_graphs: bool = True, kept_slots: int | None = None,
+                    extra: dict[str, str] | None = None) -> Any:
     from loraplex.platform.settings import Settings
 
     return Settings(
         data_dir=data_dir, model_path=model_path, device="cuda" if gpu else "cpu", random_weights=gpu,
         default_rpm=0, default_tpm=0, log_level="warning", fair_sharing=fair, cuda_graph_mixed_steps=mixed_graphs,
-        newcomer_reserved_slots=kept_slots,
+        newcomer_reserved_slots=kept_slots, **(extra or {}),
         max_model_len=max(2048, 128 + max_tokens), kv_cache_memory_mb=4096 if gpu else 128,
         # Settings' defaults otherwise (max_num_seqs 64, max_pending_requests 256); the benchmark's API
         # servers get what `serve` picks for the machine.
@@ -243,11 +244,11 @@ def merged_phases(phases: list[dict[str, Any]]) -> dict[str, Any]:
 
 def run_server(data_dir: Path, model_path: Path, *, gpu: bool, fair: bool, sizes: list[int], max_tokens: int,
                victim_tokens: int, num_quiet: int, mixed_graphs: bool = True, repeats: int = 1,
-               kept_slots: int | None = None) -> dict[str, Any]:
+               kept_slots: int | None = None, extra: dict[str, str] | None = None) -> dict[str, Any]:
     settings = server_settings(data_dir, model_path, gpu=gpu, fair=fair, max_tokens=max_tokens,
-                               mixed_graphs=mixed_graphs, kept_slots=kept_slots)
+                               mixed_graphs=mixed_graphs, kept_slots=kept_slots, extra=extra)
     keys = seed_keys(settings.resolved_database_url)
-    server = FloodServer(settings, api_servers=4 if gpu else 1)
+    server = FloodServer(settings, api_servers=4 if gpu else 1, extra=tuple(extra or ()))
     out: dict[str, Any] = {}
     try:
         server.wait_healthy()
@@ -305,8 +306,12 @@ def main() -> None:
                         help="the servers' LORAPLEX_NEWCOMER_RESERVED_SLOTS (default: the server's own); writes nothing")
     parser.add_argument("--mixed-graphs-off-too", action="store_true",
                         help="GPU: also run both servers with mixed-step graphs off (metrics suffixed _mixed_off)")
+    parser.add_argument("--server-setting", action="append", default=[], metavar="NAME=VALUE",
+                        help="a server setting for both servers (e.g. overlap_scheduling=true); repeatable; "
+                             "writes nothing")
     parser.add_argument("--fair-only", action="store_true", help="GPU: only the server with fair sharing on; writes nothing")
     args = parser.parse_args()
+    extra = dict(setting.partition("=")[::2] for setting in args.server_setting)
     import torch
     from loraplex.engine.model.default_model import ensure_default_model
 
@@ -320,12 +325,13 @@ def main() -> None:
             with tempfile.TemporaryDirectory(prefix="flood-") as tmp:
                 runs[fair] = run_server(Path(tmp), model_path, gpu=gpu, fair=fair, sizes=sizes, max_tokens=max_tokens,
                                         victim_tokens=victim_tokens, num_quiet=num_quiet, mixed_graphs=mixed_graphs,
-                                        repeats=args.repeats if gpu else 1, kept_slots=args.newcomer_reserved_slots)
+                                        repeats=args.repeats if gpu else 1, kept_slots=args.newcomer_reserved_slots,
+                                        extra=extra)
         suffix = "" if mixed_graphs else "_mixed_off"
         metrics.update({name + suffix: value for name, value in run_metrics(runs, sizes).items()})
     for name, value in metrics.items():
         print(f"{name:<60}{value:>12.3f}")
-    if args.quick or not gpu or args.newcomer_reserved_slots is not None or args.fair_only:
+    if args.quick or not gpu or args.newcomer_reserved_slots is not None or args.fair_only or extra:
         return
     write_result(metrics, sizes, max_tokens, victim_tokens, args.repeats)
 

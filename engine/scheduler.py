@@ -28,6 +28,9 @@ attained service first): short requests of others run at nearly their quiet
 speed, and the long one still advances at a third of its speed or more,
 never starved. (On the 2-core CPU a second sequence makes a step ~1.8x as
 costly; sitting out every other step still left the short one 1.5x slower.)
+A flooding tenant's steps, and batch work's, also run only a few rows while
+another tenant is around and for a grace of steps after: a request arriving
+between another tenant's requests waits for a narrow step, not a whole one.
 """
 
 from __future__ import annotations
@@ -50,6 +53,12 @@ MAX_DECODE_YIELD_PERIOD = 12
 CPU_BATCH_STEP_TOKENS = 256  # the token budget of a CPU step that runs batch work alone (see _has_interactive_work)
 FLOOD_MIN_SEQS, FLOOD_RATIO = 4, 4  # a tenant running this many sequences, this many times another's, floods
 NEWCOMER = "\x00newcomer"  # the tenant that may come next, at the default weight (never a real tenant id)
+# CPU: a flooding tenant's step runs at most this many of its rows while another tenant has work or had some
+# within the last FLOOD_GRACE_STEPS steps, and batch work as many while interactive work had some (see
+# _narrow_step_allowance)
+CPU_FLOOD_STEP_ROWS = 8
+FLOOD_GRACE_STEPS = 32
+BACKGROUND = "\x00background"  # the allowance key of batch work, whatever its tenant (never a real tenant id)
 MAX_FLOOD_SIT_OUT_STEPS = 4  # GPU: a flood sits out at most this many steps in a row for others' prefills
 BATCH_ADMISSION_WAVE = 0.125  # GPU, interactive work running: batch work is admitted once this share of slots is free
 
@@ -109,6 +118,9 @@ class Scheduler:
         self.num_fairness_preemptions = 0
         self.num_swapped_out = 0  # preempted sequences whose blocks went to the host tier
         self._flood_sit_out_streak = 0  # steps in a row the flooding tenants sat out for others' prefills
+        self._recent_floods: set[str] = set()  # CPU: the tenants that last flooded while another had work
+        self._recent_floods_step = -FLOOD_GRACE_STEPS - 1  # and the last step they did
+        self._interactive_seen_step = -FLOOD_GRACE_STEPS - 1  # CPU: the last step interactive work ran or waited
         # False where a step with a prefill replays a mixed-step graph (costing about what a decode graph step
         # costs), so a flood gains nothing by sitting it out
         self.flood_sits_out_for_prefills = flood_sits_out_for_prefills
@@ -191,10 +203,13 @@ class Scheduler:
         batch_waits = batch_trickles = False
         if self.decode_yield_min_tokens:  # the CPU: batch work must never lengthen an interactive request's steps
             batch_waits = self._has_interactive_work()
-            if not batch_waits:
+            if batch_waits:
+                self._interactive_seen_step = self.num_steps
+            else:
                 budget = min(budget, CPU_BATCH_STEP_TOKENS)
         else:
             batch_trickles = self._batch_admission_waits_for_a_wave()
+        allowance = self._narrow_step_allowance(batch_waits)
         # Decodes first, then prefill chunks, each group in admission order.
         order = sorted(self.running, key=lambda s: s.num_uncomputed_tokens > 1)
         caps = self._prefill_caps(order, budget, yielding)
@@ -205,7 +220,8 @@ class Scheduler:
                 break
             if seq.status is not SequenceStatus.RUNNING:
                 continue  # preempted earlier in this loop
-            if seq.seq_id in yielding or seq.tenant_id in flooding or (batch_waits and seq.background):
+            if (seq.seq_id in yielding or seq.tenant_id in flooding or (batch_waits and seq.background)
+                    or not _allowed(seq, allowance)):
                 self.num_yielded_decodes += 1
                 continue
             num_new = min(seq.num_uncomputed_tokens, budget)
@@ -220,7 +236,9 @@ class Scheduler:
                 continue
             budget -= self._schedule_seq(seq, num_new, out)
         if out.num_preempted == 0:
-            self._admit(budget, out, skip_tenants=flooding, skip_background=batch_waits or batch_trickles)
+            room = {t: CPU_FLOOD_STEP_ROWS - len(allowed) for t, allowed in allowance.items()}
+            self._admit(budget, out, skip_tenants=flooding, skip_background=batch_waits or batch_trickles,
+                        tenant_room=room)
         return out
 
     def _batch_admission_waits_for_a_wave(self) -> bool:
@@ -373,6 +391,38 @@ class Scheduler:
             return set()
         return self._floods()
 
+    def _narrow_step_allowance(self, batch_waits: bool) -> dict[str, set[int]]:
+        """CPU: which running sequences of a flooding tenant (by tenant) and of batch work (under BACKGROUND) may
+        run this step; {} when nothing is narrowed.
+
+        On the CPU a step costs in proportion to its rows: a whole flood's step (60-odd rows) or a batch's took
+        many times a short request's, and another tenant's next request, arriving in the moments between its
+        requests, waited for it. So while another tenant has work (in the steps a flood does not sit out) and for
+        FLOOD_GRACE_STEPS steps after it had some, a flooding tenant's step runs only its CPU_FLOOD_STEP_ROWS
+        sequences with the fewest tokens out (all advance alike), admitting new ones only into what is left of
+        that; batch work likewise for FLOOD_GRACE_STEPS steps after interactive work had some (while interactive
+        work has some, batch work sits out). Alone for longer, either runs at full width again."""
+        if not self.decode_yield_min_tokens or not self.running:
+            return {}
+        floods = self._floods()
+        if floods:
+            self._recent_floods, self._recent_floods_step = floods, self.num_steps
+        elif self.num_steps - self._recent_floods_step <= FLOOD_GRACE_STEPS:
+            floods = self._recent_floods
+        else:
+            floods = set()
+        narrow = {*floods}
+        if not batch_waits and self.num_steps - self._interactive_seen_step <= FLOOD_GRACE_STEPS:
+            narrow.add(BACKGROUND)
+        if not narrow:
+            return {}
+        allowance: dict[str, set[int]] = {key: set() for key in narrow}
+        for seq in sorted(self.running, key=lambda s: (s.num_output_tokens, s.seq_id)):
+            allowed = allowance.get(_allowance_key(seq))
+            if allowed is not None and len(allowed) < CPU_FLOOD_STEP_ROWS:
+                allowed.add(seq.seq_id)
+        return allowance
+
     def _floods(self) -> set[str]:
         counts: dict[str, int] = {}
         for seq in self.running:
@@ -478,9 +528,13 @@ class Scheduler:
             del out.seqs[i], out.num_new_tokens[i]
 
     def _admit(self, budget: int, out: SchedulerOutput, skip_tenants: set[str] | None = None,
-               skip_background: bool = False) -> None:
+               skip_background: bool = False, tenant_room: dict[str, int] | None = None) -> None:
+        """Admit waiting sequences while budget and slots last; `tenant_room`: at most this many more for the
+        tenants named."""
+        room = dict(tenant_room or {})
+        skip = set(skip_tenants or ()) | {t for t, n in room.items() if n <= 0}
         while budget > 0 and len(self.running) < self.max_num_seqs:
-            seq = self._next_waiting(skip_tenants, skip_background)
+            seq = self._next_waiting(skip, skip_background or room.get(BACKGROUND, 1) <= 0)
             if seq is None or self._kept_for_newcomers(seq):
                 return  # the best candidate may not take a kept slot: no other one would be allowed either
             first_time = seq.num_cached_tokens < 0
@@ -501,6 +555,11 @@ class Scheduler:
                 seq.protected_until = self.num_steps + fair_share.PROTECT_STEPS
             self.running.append(seq)
             budget -= self._schedule_seq(seq, num_new, out)
+            key = _allowance_key(seq)
+            if key in room:
+                room[key] -= 1
+                if room[key] <= 0 and key != BACKGROUND:
+                    skip.add(key)
 
     def _next_waiting(self, skip_tenants: set[str] | None = None, skip_background: bool = False) -> Sequence | None:
         """Interactive work first; then the tenant furthest under its slot share (running over weight), then
@@ -562,3 +621,13 @@ class Scheduler:
         queue.remove(seq)
         if not queue:
             del self.waiting[seq.tenant_id]
+
+
+def _allowance_key(seq: Sequence) -> str:
+    return BACKGROUND if seq.background else seq.tenant_id
+
+
+def _allowed(seq: Sequence, allowance: dict[str, set[int]]) -> bool:
+    """Whether `seq` may run in a step narrowed by `allowance` (see Scheduler._narrow_step_allowance)."""
+    allowed = allowance.get(_allowance_key(seq))
+    return allowed is None or seq.seq_id in allowed

@@ -215,6 +215,33 @@ def test_on_the_cpu_a_flooding_tenant_sits_out_with_its_long_decodes_but_still_a
     assert all(s.tenant_id == "quiet" for out in outs if out not in flood_steps for s in out.seqs)
 
 
+def test_on_the_cpu_a_flood_runs_narrow_steps_while_another_tenant_is_around_and_all_of_it_advances():
+    """CPU: while another tenant has work, and for a grace of steps after, a flooding tenant's step runs only
+    CPU_FLOOD_STEP_ROWS of its sequences (the ones with the fewest tokens out): the other tenant's next request
+    never waits behind a whole flood's step. Past the grace the flood runs at full width again."""
+    from loraplex.engine.scheduler import CPU_FLOOD_STEP_ROWS, FLOOD_GRACE_STEPS
+
+    bm = BlockManager(4000, 16)
+    sched = Scheduler(bm, max_num_batched_tokens=512, max_num_seqs=32, decode_yield_min_tokens=16)
+    flood = [seq(20, "flood") for _ in range(24)]
+    for s in flood:
+        sched.add(s)
+    run(sched, bm, 4)
+    assert sum(s.tenant_id == "flood" for s in sched.schedule().seqs) == 24, "alone, the flood runs whole steps"
+    victim = seq(12, "quiet")
+    sched.add(victim)
+    outs = run(sched, bm, 12)
+    assert all(victim in out.seqs for out in outs)
+    widths = [sum(s.tenant_id == "flood" for s in out.seqs) for out in outs]
+    assert 0 < max(widths) <= CPU_FLOOD_STEP_ROWS, widths
+    sched.running.remove(victim)  # the quiet request finished: the grace begins
+    grace = run(sched, bm, FLOOD_GRACE_STEPS)
+    assert all(len(out.seqs) == CPU_FLOOD_STEP_ROWS for out in grace), [len(out.seqs) for out in grace]
+    outputs = [s.num_output_tokens for s in flood]
+    assert max(outputs) - min(outputs) <= 2, f"the flood's sequences advance alike: {outputs}"
+    assert sum(s.tenant_id == "flood" for s in run(sched, bm, 2)[-1].seqs) == 24, "past the grace: whole steps"
+
+
 def test_on_the_cpu_batch_work_sits_out_every_step_interactive_work_has_and_runs_short_steps_alone():
     """CPU scheduling (decode yielding on): a step costs in proportion to its rows, so batch rows never share
     a step with interactive work, and a step of batch work alone stays within CPU_BATCH_STEP_TOKENS, so an
@@ -235,6 +262,27 @@ def test_on_the_cpu_batch_work_sits_out_every_step_interactive_work_has_and_runs
     assert all(out.seqs == [victim] for out in shared), [[s.tenant_id for s in out.seqs] for out in shared]
     sched.running.remove(victim)  # the victim finished: batch work resumes
     assert any(s.background for s in sched.schedule().seqs)
+
+
+def test_on_the_cpu_batch_work_runs_narrow_steps_for_a_grace_after_interactive_work():
+    """CPU: after interactive work had some, batch work's steps run only CPU_FLOOD_STEP_ROWS of its lines for
+    FLOOD_GRACE_STEPS steps (an interactive request arriving then waits for a narrow step), then full ones."""
+    from loraplex.engine.scheduler import CPU_FLOOD_STEP_ROWS, FLOOD_GRACE_STEPS
+
+    bm = BlockManager(4000, 16)
+    sched = Scheduler(bm, max_num_batched_tokens=2048, max_num_seqs=32, decode_yield_min_tokens=16)
+    batch = [seq(20, "acme", background=True) for _ in range(20)]
+    for s in batch:
+        sched.add(s)
+    run(sched, bm, 3)
+    assert len(sched.schedule().seqs) == 20, "alone, batch work runs whole steps"
+    victim = seq(12, "globex")
+    sched.add(victim)
+    assert all(out.seqs == [victim] for out in run(sched, bm, 3))
+    sched.running.remove(victim)
+    grace = run(sched, bm, FLOOD_GRACE_STEPS)
+    assert all(len(out.seqs) == CPU_FLOOD_STEP_ROWS and all(s.background for s in out.seqs) for out in grace)
+    assert len(run(sched, bm, 1)[0].seqs) == 20, "past the grace: whole steps"
 
 
 def test_on_a_gpu_batch_work_sits_out_the_interactive_prefill_step_then_runs_beside_the_decodes():
