@@ -56,7 +56,7 @@ NEWCOMER = "\x00newcomer"  # the tenant that may come next, at the default weigh
 # CPU: a flooding tenant's step runs at most this many of its rows while another tenant has work or had some
 # within the last FLOOD_GRACE_STEPS steps, and batch work as many while interactive work had some (see
 # _narrow_step_allowance)
-CPU_FLOOD_STEP_ROWS = 8
+CPU_FLOOD_STEP_ROWS = 4
 FLOOD_GRACE_STEPS = 32
 BACKGROUND = "\x00background"  # the allowance key of batch work, whatever its tenant (never a real tenant id)
 MAX_FLOOD_SIT_OUT_STEPS = 4  # GPU: a flood sits out at most this many steps in a row for others' prefills

@@ -44,7 +44,8 @@ def enabled() -> bool:
 
 
 def paged_decode_kernel() -> Any:
-    """The loaded extension module (its `paged_decode`), or None when it is disabled or cannot build."""
+    """The loaded kernel's operators (`torch.ops.loraplex_cpu`: its `paged_decode`), or None when it is disabled
+    or cannot build."""
     global _module, _tried
     if _tried:
         return _module
@@ -99,10 +100,11 @@ def _load() -> Any:
             text = SOURCE.read_bytes()
             if not source.exists() or source.read_bytes() != text:
                 source.write_bytes(text)
-            module = cpp_extension.load(
+            cpp_extension.load(  # registers the operator namespace torch.ops.loraplex_cpu
                 name=name, sources=[str(source)], build_directory=str(build_dir),
-                extra_cflags=CFLAGS, extra_ldflags=["-fopenmp"], verbose=False,
+                extra_cflags=CFLAGS, extra_ldflags=["-fopenmp"], verbose=False, is_python_module=False,
             )
+            module = torch.ops.loraplex_cpu
         finally:
             fcntl.flock(lock_file, fcntl.LOCK_UN)
     logger.info("CPU paged decode kernel ready in %.1fs (%s)", time.perf_counter() - started, build_dir)
