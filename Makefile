@@ -78,8 +78,8 @@ services:
 MODEL_TESTS := tests/engine tests/adapters tests/grammar
 # Folders of the rest that run in the model tests' lane, after them, so that both lanes end together: alone, the
 # rest took 39 min against the other lane's ~17 (lint, fixtures and the model tests), and ran its last 22 minutes
-# on one of the two cores; with billing and sessions moved, 26.4 min against ~23.5 (suite 34.6 min, from 47.5). These use Redis under their own key prefixes and PostgreSQL databases of their own.
-SECOND_LANE_TESTS := tests/billing tests/sessions tests/responses
+# on one of the two cores. These use Redis under their own key prefixes and PostgreSQL databases of their own.
+SECOND_LANE_TESTS := tests/billing tests/sessions
 PYTEST := $(VENV)/bin/pytest --timeout=900
 UNTIMED := -m "not gpu and not browser and not timing" $(PYTEST_ARGS)
 
