@@ -23,6 +23,7 @@ import asyncio
 import contextlib
 import datetime
 import json
+import shutil
 import statistics
 import sys
 import tempfile
@@ -60,14 +61,15 @@ def server_settings(data_dir: Path, model_path: Path, *, gpu: bool, fair: bool, 
                     extra: dict[str, str] | None = None) -> Any:
     from loraplex.platform.settings import Settings
 
-    return Settings(
-        data_dir=data_dir, model_path=model_path, device="cuda" if gpu else "cpu", random_weights=gpu,
-        default_rpm=0, default_tpm=0, log_level="warning", fair_sharing=fair, cuda_graph_mixed_steps=mixed_graphs,
-        newcomer_reserved_slots=kept_slots, **(extra or {}),
-        max_model_len=max(2048, 128 + max_tokens), kv_cache_memory_mb=4096 if gpu else 128,
+    values: dict[str, Any] = {
+        "data_dir": data_dir, "model_path": model_path, "device": "cuda" if gpu else "cpu", "random_weights": gpu,
+        "default_rpm": 0, "default_tpm": 0, "log_level": "warning", "fair_sharing": fair,
+        "cuda_graph_mixed_steps": mixed_graphs, "newcomer_reserved_slots": kept_slots,
+        "max_model_len": max(2048, 128 + max_tokens), "kv_cache_memory_mb": 4096 if gpu else 128,
         # Settings' defaults otherwise (max_num_seqs 64, max_pending_requests 256); the benchmark's API
         # servers get what `serve` picks for the machine.
-    )
+    }
+    return Settings(**{**values, **(extra or {})})  # --server-setting overrides any of the above
 
 
 def seed_keys(database_url: str) -> dict[str, str]:
@@ -184,13 +186,16 @@ def generated_tokens(base_url: str) -> float:
 
 
 def engine_steps(base_url: str) -> dict[str, float]:
-    """The engine's steps so far by how they ran (`loraplex_engine_steps_total{kind}`; none on the CPU)."""
+    """The engine's steps so far by how they ran (`loraplex_engine_steps_total{kind}`; none on the CPU), and its
+    preemptions (`preemptions`: each one's sequence is computed again, in steps that carry a prefill)."""
     text = httpx.get(base_url.removesuffix("/v1") + "/metrics", timeout=30).text
     steps = {}
     for line in text.splitlines():
         if line.startswith("loraplex_engine_steps_total{"):
             kind = line.split('kind="', 1)[1].split('"', 1)[0]
             steps[kind] = float(line.split()[-1])
+        elif line.startswith("loraplex_engine_preemptions "):
+            steps["preemptions"] = float(line.split()[-1])
     return steps
 
 
@@ -244,7 +249,8 @@ def merged_phases(phases: list[dict[str, Any]]) -> dict[str, Any]:
 
 def run_server(data_dir: Path, model_path: Path, *, gpu: bool, fair: bool, sizes: list[int], max_tokens: int,
                victim_tokens: int, num_quiet: int, mixed_graphs: bool = True, repeats: int = 1,
-               kept_slots: int | None = None, extra: dict[str, str] | None = None) -> dict[str, Any]:
+               kept_slots: int | None = None, extra: dict[str, str] | None = None,
+               keep_logs: Path | None = None) -> dict[str, Any]:
     settings = server_settings(data_dir, model_path, gpu=gpu, fair=fair, max_tokens=max_tokens,
                                mixed_graphs=mixed_graphs, kept_slots=kept_slots, extra=extra)
     keys = seed_keys(settings.resolved_database_url)
@@ -262,6 +268,7 @@ def run_server(data_dir: Path, model_path: Path, *, gpu: bool, fair: bool, sizes
                 for flood_process in floods:
                     flood_process.conn.send("go")
                 time.sleep(1.0 if gpu else 3.0)  # the flood holds its streams before the victim is timed
+                print(f"fair={fair} flood={size}: victim timed from {time.time():.3f}", flush=True)
                 ttfts, victim_tokens_total = [], 0
                 steps_before = engine_steps(server.base_url)
                 sampler = TokenCounterSampler(server.base_url)
@@ -294,6 +301,10 @@ def run_server(data_dir: Path, model_path: Path, *, gpu: bool, fair: bool, sizes
                       f"steps {steps}", flush=True)
     finally:
         server.stop()
+        if keep_logs is not None:  # the temporary data folder goes with the run
+            keep_logs.mkdir(parents=True, exist_ok=True)
+            for log in data_dir.glob("serve-*.log"):
+                shutil.copy(log, keep_logs / f"{'fair' if fair else 'unfair'}-{log.name}")
     return out
 
 
@@ -309,6 +320,8 @@ def main() -> None:
     parser.add_argument("--server-setting", action="append", default=[], metavar="NAME=VALUE",
                         help="a server setting for both servers (e.g. overlap_scheduling=true); repeatable; "
                              "writes nothing")
+    parser.add_argument("--keep-logs", type=Path, default=None, metavar="DIR",
+                        help="copy the servers' logs into DIR (their data folders are temporary)")
     parser.add_argument("--fair-only", action="store_true", help="GPU: only the server with fair sharing on; writes nothing")
     args = parser.parse_args()
     extra = dict(setting.partition("=")[::2] for setting in args.server_setting)
@@ -326,7 +339,7 @@ def main() -> None:
                 runs[fair] = run_server(Path(tmp), model_path, gpu=gpu, fair=fair, sizes=sizes, max_tokens=max_tokens,
                                         victim_tokens=victim_tokens, num_quiet=num_quiet, mixed_graphs=mixed_graphs,
                                         repeats=args.repeats if gpu else 1, kept_slots=args.newcomer_reserved_slots,
-                                        extra=extra)
+                                        extra=extra, keep_logs=args.keep_logs)
         suffix = "" if mixed_graphs else "_mixed_off"
         metrics.update({name + suffix: value for name, value in run_metrics(runs, sizes).items()})
     for name, value in metrics.items():
@@ -343,7 +356,7 @@ def run_metrics(runs: dict[bool, dict[str, Any]], sizes: list[int]) -> dict[str,
     metrics: dict[str, float] = {"gpu_flood_quiet_ttft_ms_p95": quiet * 1e3}
     for size in sizes:
         for kind, count in fair_run[f"flood_{size}"]["engine_steps"].items():
-            metrics[f"gpu_flood_{size}_{kind}_steps"] = count
+            metrics[f"gpu_flood_{size}_{kind}" if kind == "preemptions" else f"gpu_flood_{size}_{kind}_steps"] = count
     for size in sizes:
         flood = fair_run[f"flood_{size}"]
         metrics[f"gpu_flood_{size}_victim_ttft_ms_p95"] = p95(flood["victim_ttft_s"]) * 1e3

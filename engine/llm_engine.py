@@ -11,7 +11,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import torch
 from loraplex.engine.config import AdapterLimits, EngineConfig, ModelConfig
 from loraplex.engine.context import LoRAStepBuilder
 from loraplex.engine.errors import DuplicateRequestError, InvalidRequestError, PromptTooLongError
@@ -28,7 +27,7 @@ from loraplex.engine.parallel.sources import ModelSource, PathModelSource, Rando
 from loraplex.engine.parallel.workers import WorkerGroup, plan_num_blocks
 from loraplex.engine.protocol import EngineRequest, FinishReason, RequestOutput, TokenLogprob
 from loraplex.engine.runner import StepResult, runner_class_for
-from loraplex.engine.sampler import new_generator
+from loraplex.engine.sampler import new_generator, next_uniform
 from loraplex.engine.scheduler import Scheduler, SchedulerOutput
 from loraplex.engine.sequence import Sequence
 from loraplex.engine.spec.policy import Speculation
@@ -448,7 +447,7 @@ class LLMEngine:
         draws = seq.generator is not None and seq.sampling.temperature > 0 and seq.sampling.top_k != 1
         for token in matcher.forced_token_ids():
             if draws:
-                torch.rand(1, generator=seq.generator)  # the draw the skipped step would have made
+                next_uniform(seq.generator)  # the draw the skipped step would have made
             self.num_generation_tokens_total += 1
             self.num_jump_forward_tokens_total += 1
             if state.add_token(seq, token, None):

@@ -1,7 +1,8 @@
 """From logits to tokens: grammar mask, penalties, temperature/top-k/top-p/min-p, seeded draws.
 
-Every random row draws from its own `torch.Generator`, so a seeded
-request's tokens do not depend on its batch mates. Logprobs are those of
+Every random row draws from its own generator (a `random.Random`: one uniform per position, and asking
+a `torch.Generator` for each cost ~3 us a row a step), so a seeded request's tokens do not depend on its
+batch mates. Logprobs are those of
 the model's raw distribution.
 """
 
@@ -22,12 +23,22 @@ if TYPE_CHECKING:
 _BIT_POSITIONS = torch.arange(32, dtype=torch.int32)
 
 
-def new_generator(seed: int | None, choice_index: int) -> torch.Generator:
+def new_generator(seed: int | None, choice_index: int) -> random.Random:
     if seed is None:
         seed = random.getrandbits(62)
     elif choice_index:
         seed = hash((seed, choice_index)) & ((1 << 62) - 1)
-    return torch.Generator().manual_seed(seed)
+    return random.Random(seed)
+
+
+# The largest float32 below 1: a uniform must stay below 1 once it is a float32 (a double within 2^-25 of 1
+# would round up to it, and a draw at the very top of the CDF can land on a masked token)
+MAX_UNIFORM = float(np.nextafter(np.float32(1.0), np.float32(0.0)))
+
+
+def next_uniform(generator: random.Random | None) -> float:
+    """The generator's next uniform in [0, 1) as the draw uses it (float32-safe); None: the process's own."""
+    return min(generator.random() if generator is not None else random.random(), MAX_UNIFORM)
 
 
 _NEG_INF_BITS = int(np.array(-np.inf, dtype=np.float32).view(np.int32))
@@ -81,12 +92,19 @@ def _to_device(values: list[Any], dtype: torch.dtype, device: torch.device) -> t
     return host.pin_memory().to(device, non_blocking=True)
 
 
-def _uniform(seq: Sequence) -> float:
+def draws_by_temperature_alone(seq: Sequence) -> bool:
+    """A random row whose distribution is its temperature's softmax, no top-k, top-p or min-p filter: the
+    CUDA graphs can draw it (engine/cuda/graphs.py) with the arithmetic `Sampler.draw` uses for it."""
+    sampling = seq.sampling
+    return sampling.top_k <= 0 and sampling.top_p >= 1.0 and sampling.min_p <= 0
+
+
+def row_uniform(seq: Sequence) -> float:
     """The row's one uniform for this position, drawn once: a step retried after a batch mate's failure
     (engine/step_isolation.py) reuses it, so the retry samples the same token."""
     position = len(seq.token_ids)
     if seq.drawn_at != position:
-        seq.drawn_at, seq.drawn_value = position, float(torch.rand(1, generator=seq.generator))
+        seq.drawn_at, seq.drawn_value = position, next_uniform(seq.generator)
     return seq.drawn_value
 
 
@@ -229,7 +247,7 @@ class Sampler:
         device = logits.device
         # Inverse-CDF draw with one uniform per row from that row's own generator: cheap,
         # and a row's token never depends on the other rows of the batch.
-        uniforms = _to_device([_uniform(seqs[i]) for i in random_rows], torch.float32, device)
+        uniforms = _to_device([row_uniform(seqs[i]) for i in random_rows], torch.float32, device)
         index = _to_device(random_rows, torch.long, device)
         tokens = logits.argmax(dim=-1)
         probs = self._random_probs(logits[index], [seqs[i] for i in random_rows])
@@ -289,7 +307,7 @@ class Sampler:
         elif not draws_at_random(seq):
             token = int(logits[0].argmax())
         else:
-            token = draw_with_draft(self._random_probs(logits, [seq])[0], draft, _uniform(seq))
+            token = draw_with_draft(self._random_probs(logits, [seq])[0], draft, row_uniform(seq))
         entry = None
         if raw_logprobs is not None and seq.sampling.logprobs is not None:
             entry = self._entry(raw_logprobs[0], token, seq.sampling.logprobs)

@@ -7,7 +7,8 @@ from enum import Enum, auto
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    import torch
+    import random
+
     from loraplex.engine.interfaces import GrammarMatcher
     from loraplex.engine.kv.block_manager import CacheSalt
     from loraplex.engine.protocol import SamplingParams
@@ -91,7 +92,7 @@ class Sequence:
         self.adapter_id = adapter_id
         self.salt = salt
         self.arrival_time = arrival_time
-        self.generator: torch.Generator | None = None
+        self.generator: random.Random | None = None  # a random row's uniforms (engine/sampler.py)
         self.matcher: GrammarMatcher | None = None
         self.min_tokens_ban_ids: list[int] = []  # tokens that would end it, masked until sampling.min_tokens
         self.forced_token_ids: list[int] = []

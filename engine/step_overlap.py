@@ -2,7 +2,7 @@
 
 Without it, each engine step is schedule -> build inputs -> run -> read the tokens back ->
 update outputs, and the device idles through every part but the run. With it, a step that
-only decodes plain greedy sequences is left in flight: the next `step()` call schedules the
+only decodes plain sequences is left in flight: the next `step()` call schedules the
 following step *ahead* of it, launches that step (whose input ids the device takes from the
 in-flight step's sampled tokens, never crossing to the host), and only then waits for the
 in-flight step's tokens and updates the outputs, while the device already computes.
@@ -14,11 +14,12 @@ update. Outputs are unchanged: every sequence gets the same tokens. A sequence t
 at step N has already been scheduled into step N+1; that row is computed and dropped (its
 blocks are freed by then, and anything that reuses them runs later on the same stream).
 
-Run ahead only when nothing can change under the placeholders: every running sequence
-decodes greedily on the device (no grammar, forced tokens, reasoning budget, logprobs,
-penalties or min_tokens), there are blocks for one more token each (no preemption, no pin
-eviction) and no forks are pending. Otherwise the in-flight step is finished first and the
-step runs as before.
+Run ahead only when nothing can change under the placeholders: every running sequence decodes on the
+device, greedily or drawing at its temperature alone (its uniform for the next position is drawn when
+that step launches, the one it would draw when it runs), with no grammar, forced tokens, reasoning
+budget, logprobs, penalties or min_tokens; there are blocks for one more token each (no preemption, no
+pin eviction) and no forks are pending. Otherwise the in-flight step is finished first and the step
+runs as before.
 
 With speculative decoding on, a step scheduled ahead never drafts (its sequences' last tokens are
 placeholders), and steps run ahead only while no sequence would draft: once one would (its known tokens
@@ -34,6 +35,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from loraplex.engine.protocol import RequestOutput
+from loraplex.engine.sampler import draws_at_random, draws_by_temperature_alone
 from loraplex.engine.scheduler import SchedulerOutput
 from loraplex.engine.sequence import Sequence
 
@@ -152,13 +154,14 @@ class StepOverlap:
         return engine.speculation is None or not engine.speculation.may_draft(running)
 
     def _plain(self, seq: Sequence) -> bool:
-        """Decodes greedily on the device, and nothing about its next token depends on the last one."""
+        """Decodes on the device (greedily, or drawing at its temperature alone from its own uniforms), and
+        nothing about its next token depends on the last one."""
         state = self.engine.requests.get(seq.request_id)
         sampling = seq.sampling
         return (state is not None and len(state.choices) == 1 and seq.matcher is None and not seq.forced_token_ids
                 and state.request.reasoning is None and not seq.wants_prompt_logprobs
                 and not seq.min_tokens_ban_ids and sampling.logprobs is None
-                and (sampling.temperature == 0 or sampling.top_k == 1)
+                and (not draws_at_random(seq) or draws_by_temperature_alone(seq))
                 and not (sampling.presence_penalty or sampling.frequency_penalty or sampling.logit_bias)
                 and sampling.repetition_penalty == 1.0)
 

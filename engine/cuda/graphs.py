@@ -6,7 +6,9 @@ lengths, block tables of `max_blocks_per_seq` columns) that the step's one host-
 copy fills, a static LoRA metadata the step's metadata is copied into, and reads the grammar
 bitmask from fixed slices of the runner's mask buffer. Two graphs per size: the forward (to
 float32 logits) and the sampler (bitmask apply + argmax), so the host can fill the grammar
-masks between them while the forward runs. Padding rows write no K/V (slot -1) and attend
+masks between them while the forward runs; a third, the draw, samples rows at their temperature (the
+sampler's inverse-CDF draw from the host's uniforms, engine/sampler.py) and the argmax for the rest, when
+no row of the step filters with top-k, top-p or min-p. Padding rows write no K/V (slot -1) and attend
 to nothing (length 0).
 
 Mixed steps: an eager step costs the host's kernel launches (~17 ms for a 30-layer model on an H100, against
@@ -32,7 +34,7 @@ import torch
 from loraplex.engine.context import LoRAStepContext
 from loraplex.engine.cuda.attention import TritonAttentionMetadata
 from loraplex.engine.cuda.lora_overlap import SideStreamLoRABatch
-from loraplex.engine.cuda.staging import GrammarMaskBuffers
+from loraplex.engine.cuda.staging import DrawBuffers, GrammarMaskBuffers
 from loraplex.engine.kernels.lora_metadata import LoRAMetadata, build_lora_metadata
 from loraplex.engine.kernels.token_bitmask import apply_token_bitmask
 from loraplex.engine.lora.step import KernelLoRABatch
@@ -84,6 +86,8 @@ class DecodeGraph:
     tokens: torch.Tensor            # [b] int64
     forward: torch.cuda.CUDAGraph
     sample: torch.cuda.CUDAGraph
+    draw: torch.cuda.CUDAGraph      # the temperature draw (argmax for rows that do not draw)
+    drawn: torch.Tensor             # [b] int64, its tokens
     lora_meta_source: LoRAMetadata | None = None  # whose content `lora_meta` holds now
 
     def replay_forward(self, lora_batch: GraphLoRABatch | None) -> None:
@@ -104,6 +108,7 @@ def capture_decode_graph(
     num_splits: int,
     lora_batch: GraphLoRABatch | None,
     masks: GrammarMaskBuffers,
+    draws: DrawBuffers,
     step_forward: StepForward,
     logits: torch.Tensor,
     pool: torch.cuda._POOL_HANDLE,  # graph_pool_handle()
@@ -122,8 +127,7 @@ def capture_decode_graph(
     def forward() -> None:
         logits.copy_(step_forward(ids, positions, meta, lora))
 
-    forward_graph, sample_graph, tokens = _capture_pair(forward, _sampler(logits, masks, b), pool, device)
-    return DecodeGraph(b, inputs, lora_meta, logits, tokens, forward_graph, sample_graph)
+    return _captured(b, inputs, lora_meta, logits, forward, masks, draws, pool, device)
 
 
 MixedStepForward = Callable[
@@ -138,6 +142,7 @@ def capture_mixed_graph(
     block_size: int,
     lora_batch: GraphLoRABatch | None,
     masks: GrammarMaskBuffers,
+    draws: DrawBuffers,
     step_forward: MixedStepForward,
     logits: torch.Tensor,
     pool: torch.cuda._POOL_HANDLE,
@@ -160,8 +165,18 @@ def capture_mixed_graph(
     def forward() -> None:
         logits.copy_(step_forward(ids, positions, meta, lora, logit_rows))
 
-    forward_graph, sample_graph, tokens = _capture_pair(forward, _sampler(logits[:b], masks, b), pool, device)
-    return DecodeGraph(b, inputs, lora_meta, logits, tokens, forward_graph, sample_graph)
+    return _captured(b, inputs, lora_meta, logits, forward, masks, draws, pool, device)
+
+
+def _captured(b: int, inputs: torch.Tensor, lora_meta: LoRAMetadata | None, logits: torch.Tensor,
+              forward: Callable[[], None], masks: GrammarMaskBuffers, draws: DrawBuffers,
+              pool: torch.cuda._POOL_HANDLE, device: torch.device) -> DecodeGraph:
+    """The step's three graphs (forward, argmax sampler, temperature draw) over the first `b` logits rows."""
+    sampled = logits[:b]
+    graphs, (tokens, drawn) = _capture(forward, [_sampler(sampled, masks, b), _drawer(sampled, masks, draws, b)],
+                                       pool, device)
+    forward_graph, sample_graph, draw_graph = graphs
+    return DecodeGraph(b, inputs, lora_meta, logits, tokens, forward_graph, sample_graph, draw_graph, drawn)
 
 
 def _graph_lora(lora_batch: GraphLoRABatch | None, num_tokens: int,
@@ -186,20 +201,45 @@ def _sampler(logits: torch.Tensor, masks: GrammarMaskBuffers, rows: int) -> Call
     return sample
 
 
-def _capture_pair(forward: Callable[[], None], sample: Callable[[], torch.Tensor], pool: torch.cuda._POOL_HANDLE,
-                  device: torch.device) -> tuple[torch.cuda.CUDAGraph, torch.cuda.CUDAGraph, torch.Tensor]:
-    """Warm `forward` and `sample` up off the capture, then capture each in its own graph (same pool)."""
+def _drawer(logits: torch.Tensor, masks: GrammarMaskBuffers, draws: DrawBuffers,
+            rows: int) -> Callable[[], torch.Tensor]:
+    """The draw graph's body: the grammar bitmask applied, then each drawing row's inverse-CDF draw at its
+    temperature from its uniform (the ops and order of `Sampler.draw` without filters, row by row the same
+    arithmetic), and the argmax for the others."""
+    bitmask, indices = masks.bitmask[:rows], masks.indices[:rows]
+    uniforms, temperatures, drawing = draws.uniforms[:rows], draws.temperatures[:rows], draws.draws[:rows]
+    last = logits.shape[-1] - 1
+
+    def draw() -> torch.Tensor:
+        apply_token_bitmask(logits, bitmask, indices)
+        greedy = logits.argmax(dim=-1)
+        cdf = (logits / temperatures.unsqueeze(1)).softmax(dim=-1).cumsum(dim=-1)
+        targets = (uniforms * cdf[:, -1]).unsqueeze(1)
+        picked = torch.searchsorted(cdf, targets, right=True).squeeze(1).clamp_(max=last)
+        return torch.where(drawing > 0, picked, greedy)
+
+    return draw
+
+
+def _capture(forward: Callable[[], None], samplers: list[Callable[[], torch.Tensor]], pool: torch.cuda._POOL_HANDLE,
+             device: torch.device) -> tuple[list[torch.cuda.CUDAGraph], list[torch.Tensor]]:
+    """Warm `forward` and each sampler up off the capture, then capture each in its own graph (same pool):
+    the graphs, forward first, and each sampler graph's output."""
     stream = torch.cuda.Stream(device)
     stream.wait_stream(torch.cuda.current_stream(device))
     with torch.cuda.stream(stream):  # compile kernels and settle the allocator off the capture
         for _ in range(2):
             forward()
-            sample()
+            for sample in samplers:
+                sample()
     torch.cuda.current_stream(device).wait_stream(stream)
     forward_graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(forward_graph, pool=pool):
         forward()
-    sample_graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(sample_graph, pool=pool):
-        tokens = sample()
-    return forward_graph, sample_graph, tokens
+    graphs, outputs = [forward_graph], []
+    for sample in samplers:
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=pool):
+            outputs.append(sample())
+        graphs.append(graph)
+    return graphs, outputs

@@ -36,13 +36,13 @@ from loraplex.engine.cuda.graphs import (
 )
 from loraplex.engine.cuda.lora_overlap import SideStreamLoRABatch
 from loraplex.engine.cuda.memory import profile_num_blocks
-from loraplex.engine.cuda.staging import GrammarMaskBuffers, PinnedStaging
+from loraplex.engine.cuda.staging import DrawBuffers, GrammarMaskBuffers, PinnedStaging
 from loraplex.engine.input_batch import InputBatch, StepRows, build_input_batch
 from loraplex.engine.kernels.paged_attention_decode import choose_num_splits
 from loraplex.engine.kernels.token_bitmask import apply_token_bitmask
 from loraplex.engine.model.llama import LlamaForCausalLM
 from loraplex.engine.runner import ForwardOutput, ModelRunner, PendingStep, StepResult, TensorParallelWorkers
-from loraplex.engine.sampler import draws_at_random
+from loraplex.engine.sampler import draws_at_random, draws_by_temperature_alone, row_uniform
 from loraplex.engine.scheduler import SchedulerOutput
 from loraplex.engine.sequence import Sequence
 from loraplex.engine.spec.policy import COMPUTE_BOUND_TOKENS
@@ -119,6 +119,8 @@ class CudaModelRunner(ModelRunner):
         self._num_launched = 0
         self.masks = GrammarMaskBuffers(max(self.ladder[-1], seqs), model_config.vocab_size,
                                         self.sampler.tokenizer_vocab_size, self.device)
+        self.draws = DrawBuffers(max(self.ladder[-1], seqs), self.device)
+        self.num_graph_draws = 0  # steps whose random rows drew inside a graph
         self.graphs: dict[tuple[int, str | None], DecodeGraph] = {}  # (padded size, "lora" or None)
         # (sequences, tokens, kind): kind None (base model), "lora", "verify" or "lora+verify"
         self.mixed_graphs: dict[tuple[int, int, str | None], DecodeGraph] = {}
@@ -193,8 +195,13 @@ class CudaModelRunner(ModelRunner):
             return False
         rows = StepRows.of(step)
         return (rows.is_plain_decode and len(rows.decodes) <= self.ladder[-1]
-                and not any(needs_host_sampler(s) or draws_at_random(s) or s.matcher is not None or s.forced_token_ids
-                            for s in rows.decodes))
+                and not any(needs_host_sampler(s) or s.matcher is not None or s.forced_token_ids
+                            or (draws_at_random(s) and not self._draws_ahead(s)) for s in rows.decodes))
+
+    def _draws_ahead(self, seq: Sequence) -> bool:
+        """A random row a step launched ahead can draw: the graph's temperature draw, from the host's uniform
+        for its next position, on one rank (tensor-parallel ranks would each need the same uniforms)."""
+        return self.workers is None and draws_by_temperature_alone(seq)
 
     @torch.inference_mode()
     def launch(self, step: SchedulerOutput, feed: PendingStep | None = None) -> PendingStep:
@@ -218,13 +225,18 @@ class CudaModelRunner(ModelRunner):
         graph = self.replay_launched(batch, lora, feed_tokens)
         errors: dict[int, Exception] = {}
         self.masks.upload(self.masks.fill(rows.sampled, errors))  # no grammar rows: clears the indices
-        graph.sample.replay()
+        drawing = [i for i, s in enumerate(rows.sampled) if draws_at_random(s)]
+        if drawing:  # each row's uniform is its next position's: the sequences carry the placeholder
+            tokens = self._replay_draw(graph, rows.sampled, drawing)
+        else:
+            graph.sample.replay()
+            tokens = graph.tokens
         count = len(rows.sampled)
         host = self._launch_tokens[which]
-        host[:count].copy_(graph.tokens[:count], non_blocking=True)
+        host[:count].copy_(tokens[:count], non_blocking=True)
         ready = torch.cuda.Event()
         ready.record()
-        return PendingStep(step, rows.sampled, {s.seq_id: i for i, s in enumerate(rows.sampled)}, graph.tokens,
+        return PendingStep(step, rows.sampled, {s.seq_id: i for i, s in enumerate(rows.sampled)}, tokens,
                            host_tokens=host, ready=ready)
 
     def replay_launched(self, batch: InputBatch, lora: LoRAStepContext | None,
@@ -260,16 +272,27 @@ class CudaModelRunner(ModelRunner):
             return
         count = self.masks.fill(seqs, result.errors)  # overlaps the forward still running
         self.masks.upload(count)
-        random = any(draws_at_random(s) for s in seqs)
-        if graph is not None and not random:
+        drawing = [i for i, s in enumerate(seqs) if draws_at_random(s)]
+        if graph is not None and not drawing:
             graph.sample.replay()
             tokens = graph.tokens[: len(seqs)].tolist()
+        elif (graph is not None and len(seqs) <= graph.batch_size
+              and all(draws_by_temperature_alone(seqs[i]) for i in drawing)):
+            tokens = self._replay_draw(graph, seqs, drawing)[: len(seqs)].tolist()
         else:
             if count > self.masks.max_rows:  # some row has a grammar; otherwise the kernel would mask nothing
                 apply_token_bitmask(logits, self.masks.bitmask[: len(seqs)], self.masks.indices[: len(seqs)])
-            tokens = self.sampler.draw(logits.float(), seqs) if random else logits.argmax(dim=-1).tolist()
+            tokens = self.sampler.draw(logits.float(), seqs) if drawing else logits.argmax(dim=-1).tolist()
         for seq, token in zip(seqs, tokens, strict=True):
             result.sampled[seq.seq_id] = seq.forced_token_ids[0] if seq.forced_token_ids else token
+
+    def _replay_draw(self, graph: DecodeGraph, seqs: list[Sequence], drawing: list[int]) -> torch.Tensor:
+        """The graph's temperature draw for rows `drawing` of `seqs` (the others' argmax); its tokens tensor."""
+        self.draws.upload([row_uniform(seqs[i]) for i in drawing], [seqs[i].sampling.temperature for i in drawing],
+                          drawing)
+        graph.draw.replay()
+        self.num_graph_draws += 1
+        return graph.drawn
 
     # ---- decode through graphs ------------------------------------------------------------
     @torch.inference_mode()
@@ -398,7 +421,7 @@ class CudaModelRunner(ModelRunner):
             self._graph_pool = torch.cuda.graph_pool_handle()
         return capture_mixed_graph(
             num_seqs=num_seqs, num_tokens=num_tokens, max_blocks_per_seq=self.max_blocks_per_seq,
-            block_size=self.block_size, lora_batch=graph_lora(lora), masks=self.masks,
+            block_size=self.block_size, lora_batch=graph_lora(lora), masks=self.masks, draws=self.draws,
             step_forward=self._mixed_forward, logits=self._graph_logits(), pool=self._graph_pool,
             device=self.device, num_logit_rows=self._verify_rows(num_seqs, num_tokens) if verify else None,
         )
@@ -437,7 +460,7 @@ class CudaModelRunner(ModelRunner):
             self._graph_pool = torch.cuda.graph_pool_handle()
         return capture_decode_graph(
             batch_size=size, max_blocks_per_seq=self.max_blocks_per_seq, block_size=self.block_size,
-            num_splits=self._decode_splits(size), lora_batch=graph_lora(lora), masks=self.masks,
+            num_splits=self._decode_splits(size), lora_batch=graph_lora(lora), masks=self.masks, draws=self.draws,
             step_forward=self._step_forward, logits=self._graph_logits()[:size], pool=self._graph_pool,
             device=self.device,
         )

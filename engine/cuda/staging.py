@@ -90,3 +90,36 @@ class GrammarMaskBuffers:
 
     def upload(self, count: int) -> None:
         self.device_buffer[:count].copy_(self.host[:count], non_blocking=True)
+
+
+class DrawBuffers:
+    """A random draw's values for the sampled rows of a step, read by the decode graphs' draw graph.
+
+    Rows of a pinned float32 buffer and its device twin: `uniforms [max_rows]` (the row's uniform for this
+    position), `temperatures [max_rows]`, `draws [max_rows]` (1: the row draws; 0: it takes the argmax). A
+    graph reads fixed slices, so one copy a step is all it needs: a draw used to make four small copies and a
+    dozen launches a step, ~0.4 ms of host work at 64 rows. Two host buffers take turns: a step launched
+    ahead (engine/step_overlap.py) fills one while the copy from the other may still wait on the stream.
+    """
+
+    def __init__(self, max_rows: int, device: torch.device) -> None:
+        self.max_rows = max_rows
+        pin = device.type == "cuda"
+        self._hosts = [torch.zeros((3, max_rows), dtype=torch.float32, pin_memory=pin) for _ in range(2)]
+        self._turn = 0
+        self.device_buffer = torch.zeros((3, max_rows), dtype=torch.float32, device=device)
+        self.uniforms, self.temperatures, self.draws = self.device_buffer.unbind(0)
+
+    def upload(self, uniforms: Sequence[float], temperatures: Sequence[float], rows: Sequence[int]) -> None:
+        """Row `rows[i]` draws with `uniforms[i]` at `temperatures[i]`; every other row takes the argmax.
+        The buffer filled is refilled two uploads later: by then the step that read it has been read back."""
+        self._turn ^= 1
+        host = self._hosts[self._turn]
+        array = host.numpy()
+        array[0].fill(0.0)
+        array[1].fill(1.0)  # never 0: a greedy row's (unused) draw must not divide by it
+        array[2].fill(0.0)
+        array[0, rows] = uniforms
+        array[1, rows] = temperatures
+        array[2, rows] = 1.0
+        self.device_buffer.copy_(host, non_blocking=True)

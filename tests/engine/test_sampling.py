@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 import torch
 from enginecore_helpers import output_tokens, run_to_completion, tiny_random_config
@@ -52,7 +54,7 @@ def seqs_for(params: list[SamplingParams], history: list[list[int]] | None = Non
         tokens = (history or [[1, 2]] * len(params))[i]
         seq = Sequence(f"r{i}", 0, tokens[:1], p, "t", None, (), 0.0)
         seq.token_ids = list(tokens)
-        seq.generator = torch.Generator().manual_seed(i)
+        seq.generator = random.Random(i)
         out.append(seq)
     return out
 

@@ -12,6 +12,7 @@ standard errors at these sample sizes.
 from __future__ import annotations
 
 import math
+import random
 
 import pytest
 import torch
@@ -29,7 +30,7 @@ NUM_SAMPLES = 4_000
 
 def _sequence(sampling: SamplingParams, seed: int) -> Sequence:
     seq = Sequence("r", 0, [1, 2, 3], sampling, "tenant", None, ("tenant", None, None), 0.0)
-    seq.generator = torch.Generator().manual_seed(seed)
+    seq.generator = random.Random(seed)
     return seq
 
 

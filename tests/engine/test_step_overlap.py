@@ -34,13 +34,18 @@ def prompt(seed: int, length: int) -> list[int]:
 
 
 def workload(engine: LLMEngine) -> dict[str, list[int]]:
-    """Greedy requests finishing at different steps, one admitted and one aborted mid-run, one
-    sampled on the host with a seed, one reaching the context limit."""
+    """Greedy requests finishing at different steps, one admitted and one aborted mid-run, seeded ones
+    drawing at a temperature alone (they run ahead) and one with top-p too (it does not), one reaching the
+    context limit."""
     def greedy(n: int, **kw: Any) -> SamplingParams:
         return SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True, **kw)
 
     requests = [EngineRequest(f"g{i}", prompt(i, 5 + 7 * i), greedy(6 + 5 * i)) for i in range(4)]
     requests.append(EngineRequest("edge", prompt(9, 100), greedy(28)))  # ends at max_model_len 128
+    requests += [EngineRequest(f"hot{i}", prompt(20 + i, 10), SamplingParams(
+        max_tokens=12 + 3 * i, temperature=[0.7, 1.5][i], seed=30 + i, ignore_eos=True)) for i in range(2)]
+    filtered = EngineRequest("filtered", prompt(11, 7), SamplingParams(max_tokens=6, temperature=0.8, top_p=0.9,
+                                                                       seed=6, ignore_eos=True))
     late = EngineRequest("late", prompt(7, 40), greedy(9))
     seeded = EngineRequest("seeded", prompt(8, 12), SamplingParams(max_tokens=8, temperature=0.8, seed=5,
                                                                     ignore_eos=True))
@@ -55,6 +60,8 @@ def workload(engine: LLMEngine) -> dict[str, list[int]]:
             engine.abort("doomed")
         if step == 14:
             engine.add_request(seeded)
+        if step == 24:
+            engine.add_request(filtered)
         for out in engine.step():
             tokens.setdefault(out.request_id, []).extend(t for c in out.choices for t in c.token_ids)
         if step > 14 and not engine.has_unfinished_requests():

@@ -133,6 +133,32 @@ def test_seeded_random_rows_draw_on_the_gpu_and_equal_the_cpu_engine() -> None:
     assert host_calls == []
 
 
+def temperature_requests(max_tokens: int = 10) -> list[EngineRequest]:
+    """Seeded rows at a temperature alone (no top-k, top-p or min-p) beside greedy ones."""
+    temperatures = [0.0, 0.7, 2.0, 5.0]
+    return [EngineRequest(f"r{i}", prompt, SamplingParams(max_tokens=max_tokens, temperature=temperatures[i % 4],
+                                                          seed=200 + i, ignore_eos=True))
+            for i, prompt in enumerate(prompts(8))]
+
+
+def test_temperature_rows_draw_inside_the_graphs_and_equal_the_cpu_engine() -> None:
+    """The graphs' own draw (one upload, one replay) takes the CPU engine's tokens from the same uniforms."""
+    expected = generate(make_engine("cpu"), temperature_requests())
+    engine = make_engine(GPU_DEVICE)
+    assert generate(engine, temperature_requests()) == expected
+    assert engine.runner.num_graph_draws > 0
+    assert len({tuple(tokens) for tokens in expected.values()}) == len(expected)
+
+
+def test_temperature_draws_with_graphs_on_and_off_give_the_same_tokens_bf16() -> None:
+    """Row by row the graph's draw is `Sampler.draw`'s arithmetic: graphs on and off agree token for token."""
+    on = make_engine(GPU_DEVICE, "bfloat16")
+    off = make_engine(GPU_DEVICE, "bfloat16", enable_cuda_graphs=False, cuda_graph_mixed_steps=False)
+    tokens_on = generate(on, temperature_requests(20))
+    assert tokens_on == generate(off, temperature_requests(20))
+    assert on.runner.num_graph_draws > 0 and off.runner.num_graph_draws == 0
+
+
 def test_graphs_on_and_off_give_the_same_tokens_bf16() -> None:
     on = make_engine(GPU_DEVICE, "bfloat16")
     assert on.runner.capture_decode_graphs() == len(on.runner.ladder)  # start-up capture of every size
@@ -254,7 +280,8 @@ def test_kv_pool_is_sized_from_the_memory_fraction() -> None:
 def test_overlapped_steps_give_the_same_tokens_as_steps_one_at_a_time(dtype: str) -> None:
     """Decode steps launched ahead of the previous step's tokens (the ids gathered on the GPU):
     the workload of tests/engine/test_step_overlap.py (requests finishing at different steps, one
-    admitted and one aborted mid-run, one sampled on the host, one at the context limit)."""
+    admitted and one aborted mid-run, seeded rows drawing at a temperature in the graphs, one at the context
+    limit)."""
     from test_step_overlap import make_engine as overlap_engine
     from test_step_overlap import workload
 
@@ -265,7 +292,7 @@ def test_overlapped_steps_give_the_same_tokens_as_steps_one_at_a_time(dtype: str
     assert doomed == doomed_expected[: len(doomed)]
     assert got == expected
     assert engine.overlap.num_steps_ahead > 10 and engine.overlap.num_rows_dropped > 0
-    assert engine.runner.num_graph_steps > 10
+    assert engine.runner.num_graph_steps > 10 and engine.runner.num_graph_draws > 10
 
 
 def test_lora_graphs_captured_at_start_up_equal_cpu_engine_and_follow_a_new_manager() -> None:
