@@ -158,8 +158,8 @@ class EngineConfig:
     # Small all-reduces under tensor parallelism in one kernel over symmetric (peer-mapped) memory
     # where the machine supports it; False: NCCL for every all-reduce
     tp_one_shot_all_reduce: bool = True
-    # Launch each plain greedy decode step before the previous one's tokens are read back, so the
-    # host schedules and updates outputs while the GPU runs (engine/step_overlap.py); same outputs
+    # Launch each plain decode step (greedy, or drawing at a temperature alone) before the previous one's tokens are
+    # read back, so the host schedules and updates outputs while the GPU runs (engine/step_overlap.py); same outputs
     overlap_scheduling: bool = False
     # A long decode sits out two steps of three for a much shorter sequence of another tenant
     # (engine/scheduler.py); None: on (16 tokens) on the CPU, where a step's cost grows with its batch,
