@@ -82,11 +82,12 @@ class ClientTransport(Protocol):
 class _Stream:
     """One request's outputs, read on the loop that asked for them."""
 
-    __slots__ = ("loop", "output")
+    __slots__ = ("loop", "output", "started")
 
     def __init__(self, loop: asyncio.AbstractEventLoop, output: OutputStream) -> None:
         self.loop = loop
         self.output = output
+        self.started = False  # an output was handed over already (its next ones are not a first token)
 
 
 class EngineFrontend:
@@ -252,6 +253,10 @@ class EngineFrontend:
                 future.set_result(message)
 
     def _dispatch(self, message: Outputs) -> None:
+        """Hand a step's outputs to their streams, first tokens first: each stream's reader wakes in the order
+        its items are handed over and writes its chunk, so a request's first token handed over after the ~15
+        tokens of another tenant's streams on the same API server waited for their ~1 ms of writes."""
+        first: list[tuple[_Stream, RequestOutput | BaseException]] = []
         items: list[tuple[_Stream, RequestOutput | BaseException]] = []
         with self._lock:
             for output in message.outputs:
@@ -259,12 +264,13 @@ class EngineFrontend:
                 if output.finished:
                     self._streams.pop(output.request_id, None)
                 if stream is not None:
-                    items.append((stream, output))
+                    (items if stream.started else first).append((stream, output))
+                    stream.started = True
             for item in message.failures:
                 stream = self._streams.pop(item.request_id, None)
                 if stream is not None:
                     items.append((stream, error_of(item)))
-        _hand_over(items)
+        _hand_over(first + items)
 
     def _fail_all(self, reason: str) -> None:
         with self._lock:
