@@ -2,8 +2,7 @@
 
 Every random row draws from its own generator (a `random.Random`: one uniform per position, and asking
 a `torch.Generator` for each cost ~3 us a row a step), so a seeded request's tokens do not depend on its
-batch mates. Logprobs are those of
-the model's raw distribution.
+batch mates. Logprobs are those of the model's raw distribution.
 """
 
 from __future__ import annotations
