@@ -323,6 +323,8 @@ def main() -> None:
     parser.add_argument("--keep-logs", type=Path, default=None, metavar="DIR",
                         help="copy the servers' logs into DIR (their data folders are temporary)")
     parser.add_argument("--fair-only", action="store_true", help="GPU: only the server with fair sharing on; writes nothing")
+    parser.add_argument("--sizes", type=int, nargs="+", default=None, metavar="N",
+                        help="GPU: these flood sizes instead of 64 and 256 (for profiling one); writes nothing")
     args = parser.parse_args()
     extra = dict(setting.partition("=")[::2] for setting in args.server_setting)
     import torch
@@ -331,6 +333,8 @@ def main() -> None:
     gpu = torch.cuda.is_available() and not args.quick
     model_path = ROOT / ".bench_model" / "SmolLM2-135M-Instruct" if gpu else ensure_default_model(ROOT / "data" / "models")
     sizes, max_tokens, victim_tokens, num_quiet = ([64, 256], 1000, 16, QUIET_REQUESTS) if gpu else ([6], 24, 4, 3)
+    if gpu and args.sizes:
+        sizes = args.sizes
     metrics: dict[str, float] = {}
     for mixed_graphs in ([True, False] if gpu and args.mixed_graphs_off_too else [True]):
         runs = {}
@@ -344,7 +348,7 @@ def main() -> None:
         metrics.update({name + suffix: value for name, value in run_metrics(runs, sizes).items()})
     for name, value in metrics.items():
         print(f"{name:<60}{value:>12.3f}")
-    if args.quick or not gpu or args.newcomer_reserved_slots is not None or args.fair_only or extra:
+    if args.quick or not gpu or args.newcomer_reserved_slots is not None or args.fair_only or extra or args.sizes:
         return
     write_result(metrics, sizes, max_tokens, victim_tokens, args.repeats)
 
