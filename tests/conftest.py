@@ -37,6 +37,10 @@ if not torch.cuda.is_available():
     # The in-process engines compute on one thread: on the two cores the suite shares with its servers and
     # clients, a second spinning OpenMP thread costs far more than it gives (tests/engine did so already).
     torch.set_num_threads(1)
+    # And so do the processes the tests start (benchmarks' --quick runs, `make serve`, the README's commands)
+    # where they leave torch its default: a quick benchmark's server took 308 s instead of 97 with two threads
+    # while the other test lane ran. A setting that names threads (LORAPLEX_ENGINE_CPU_THREADS) still wins.
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 MODELS_DIR = REPO_ROOT / "data" / "models"
@@ -290,7 +294,7 @@ def engine_core(smollm_path: Path, tmp_path_factory: pytest.TempPathFactory) -> 
     from loraplex.platform.settings import Settings
 
     config = {k: v for k, v in TEST_ENGINE_CONFIG.items() if k != "kv_cache_bytes"}
-    settings = Settings(data_dir=tmp_path_factory.mktemp("engine-core"), model_path=smollm_path,
+    settings = Settings(data_dir=tmp_path_factory.mktemp("engine-core"), model_path=smollm_path, engine_cpu_threads=1,
                         kv_cache_memory_mb=TEST_ENGINE_CONFIG["kv_cache_bytes"] // 2**20, **config)
     migrate.upgrade(settings.resolved_database_url)  # the core reads adapters from this database
     core = start_engine_core(settings)
