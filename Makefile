@@ -74,7 +74,7 @@ services:
 # Playwright sync API leaves an asyncio loop running in the main thread that async tests must never see. The suite
 # is CPU-bound (35-40 CPU-minutes on two cores), and every process it starts computes on one thread (tests/conftest.py
 # sets OMP_NUM_THREADS): two spinning OpenMP threads per process beside the other lane made it 41 min instead of
-# 25-28. The pytest processes peak under 3 GB of RSS; every group runs even after one fails, and the target fails if
+# 25-29. The pytest processes peak under 3 GB of RSS; every group runs even after one fails, and the target fails if
 # any did.
 MODEL_TESTS := tests/engine tests/adapters tests/grammar
 # Folders of the rest that run in the model tests' lane, after them, so that both lanes end together: alone, the
