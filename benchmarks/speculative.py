@@ -177,12 +177,13 @@ def spec_counters(after: dict[str, Any], before: dict[str, Any] | None = None) -
     return out
 
 
-def run(loaded, mode: str, batch_requests: list[EngineRequest]) -> dict:
+def run(loaded, mode: str, batch_requests: list[EngineRequest], num_tokens: int) -> dict:
     model, config, tokenizer = loaded
     batch = len(batch_requests)
     # KV room for every row at once (a SmolLM2 token's KV is ~46 KB in float32): no preemption in the figures.
     engine = LLMEngine(model, config, EngineConfig(kv_cache_bytes=max(128, 12 * batch) << 20, max_model_len=2048,
-                                                   max_num_seqs=max(16, batch), speculative_decoding=mode), tokenizer)
+                                                   max_num_seqs=max(16, batch), speculative_decoding=mode,
+                                                   speculative_num_tokens=num_tokens), tokenizer)
     clock = Clock()
     tokens, steps = drain(engine, batch_requests)
     cpu_s, wall_s = clock.read()
@@ -194,12 +195,12 @@ def run(loaded, mode: str, batch_requests: list[EngineRequest]) -> dict:
 
 
 def case(loaded, compiler: GrammarCompilerService, task: str, batch: int, modes: list[str], max_tokens: int,
-         repeats: int) -> dict:
+         repeats: int, num_tokens: int) -> dict:
     batch_requests = requests(loaded[2], compiler, task, batch, max_tokens)
     runs: dict[str, list[dict]] = {mode: [] for mode in modes}
     for _ in range(repeats):
         for mode in modes:  # interleaved, so load on the shared machine hits every mode alike
-            runs[mode].append(run(loaded, mode, batch_requests))
+            runs[mode].append(run(loaded, mode, batch_requests, num_tokens))
     best = {mode: max(r, key=lambda x: x["tokens_per_cpu_s"]) for mode, r in runs.items()}
     base = best["off"]
     out = {"task": task, "batch": batch, "max_tokens": max_tokens}
@@ -243,22 +244,25 @@ def per_position(runs: list[dict]) -> list[float | None]:
 GPU_KV_TOKENS_PER_SEQ = 1024  # KV room per row: a prompt (under 200 tokens), its answer and drafts
 
 
-def gpu_engine_config(mode: str, max_num_seqs: int, dtype: str = "bfloat16") -> EngineConfig:
+def gpu_engine_config(mode: str, max_num_seqs: int, num_tokens: int, dtype: str = "bfloat16") -> EngineConfig:
     """`loraplex serve`'s engine for device=cuda (platform/wiring.py over the Settings defaults) but for the KV
     pool, sized for the rows rather than 0.9 of the card (an engine per mode shares it), and prefix caching, off
     so that every run prefills its prompts as fresh requests do."""
     return EngineConfig(block_size=16, num_blocks=max_num_seqs * GPU_KV_TOKENS_PER_SEQ // 16,
                         max_num_batched_tokens=512, max_num_seqs=max_num_seqs, max_model_len=2048,
-                        dtype=dtype, device="cuda", enable_prefix_caching=False, speculative_decoding=mode)
+                        dtype=dtype, device="cuda", enable_prefix_caching=False, speculative_decoding=mode,
+                        speculative_num_tokens=num_tokens)
 
 
-def gpu_engines(loaded, modes: list[str], max_num_seqs: int, dtype: str = "bfloat16") -> dict[str, LLMEngine]:
+def gpu_engines(loaded, modes: list[str], max_num_seqs: int, num_tokens: int, dtype: str = "bfloat16"
+                ) -> dict[str, LLMEngine]:
     model, config, tokenizer = loaded
     engines = {}
     for mode in modes:
         # As the engine-core process: no text (the API servers make it), every decode graph and every mixed-step
         # graph (verification steps' too, where the mode drafts) captured at start.
-        engine = LLMEngine(model, config, gpu_engine_config(mode, max_num_seqs, dtype), tokenizer, detokenize=False)
+        engine = LLMEngine(model, config, gpu_engine_config(mode, max_num_seqs, num_tokens, dtype), tokenizer,
+                           detokenize=False)
         engine.runner.capture_decode_graphs()
         engine.runner.capture_mixed_graphs()
         engines[mode] = engine
@@ -352,7 +356,7 @@ def run_gpu(args: argparse.Namespace, sizes: dict[str, Any]) -> dict[str, Any]:
     model_config = ModelConfig.from_pretrained(path)
     loaded = (load_model(path, 2048, torch.bfloat16, "cuda"), model_config, AutoTokenizer.from_pretrained(path))
     compiler = GrammarCompilerService(loaded[2], model_config.vocab_size)
-    engines = gpu_engines(loaded, sizes["modes"], max(64, *sizes["batches"]))
+    engines = gpu_engines(loaded, sizes["modes"], max(64, *sizes["batches"]), sizes["num_tokens"])
     cases = []
     for task in args.tasks:
         for batch in sizes["batches"]:
@@ -378,7 +382,7 @@ def run_gpu(args: argparse.Namespace, sizes: dict[str, Any]) -> dict[str, Any]:
                         "sequences, 512-token steps; one engine per mode over one copy of the weights; KV pool "
                         f"{GPU_KV_TOKENS_PER_SEQ} tokens a row; prefix caching off (each run prefills)",
               "warm_up": "each case once per mode, untimed, before its timed runs",
-              "speculative_num_tokens": 4, "ngram": [2, 4], "tasks": list(TASKS),
+              "ngram": [2, 4], "tasks": list(TASKS),
               "seconds_total": round(time.perf_counter() - started, 1)}
     section = {"date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"), "machine": gpu_machine(),
                "config": config, "cases": cases, "float32_identity": identity, "checked": checked}
@@ -396,7 +400,8 @@ def float32_identity(path: Path, model_config: ModelConfig, tokenizer, compiler:
     """Every case once more in float32, untimed, `off` against each drafting mode: are the greedy tokens the
     same request for request?"""
     model = load_model(path, 2048, torch.float32, "cuda")
-    engines = gpu_engines((model, model_config, tokenizer), sizes["modes"], max(64, *sizes["batches"]), "float32")
+    engines = gpu_engines((model, model_config, tokenizer), sizes["modes"], max(64, *sizes["batches"]),
+                          sizes["num_tokens"], "float32")
     differing: dict[str, int] = {}
     for task in tasks:
         for batch in sizes["batches"]:
@@ -429,11 +434,13 @@ def run_cpu(args: argparse.Namespace, sizes: dict[str, Any]) -> dict[str, Any]:
     path = ensure_default_model(REPO / "data" / "models")
     loaded = (load_model(path, max_model_len=2048), ModelConfig.from_pretrained(path), AutoTokenizer.from_pretrained(path))
     compiler = GrammarCompilerService(loaded[2], loaded[1].vocab_size)
-    run(loaded, "ngram", requests(loaded[2], compiler, "extraction", 1, 4))  # warm-up: allocator, kernels
+    # warm-up: allocator, kernels
+    run(loaded, "ngram", requests(loaded[2], compiler, "extraction", 1, 4), sizes["num_tokens"])
     cases = []
     for task in TASKS:
         for batch in sizes["batches"]:
-            result = case(loaded, compiler, task, batch, sizes["modes"], sizes["max_tokens"], sizes["repeats"])
+            result = case(loaded, compiler, task, batch, sizes["modes"], sizes["max_tokens"], sizes["repeats"],
+                          sizes["num_tokens"])
             cases.append(result)
             print(f"{task} batch {batch}: {case_line(result, sizes['modes'], 'tokens_per_cpu_s')}", flush=True)
     compiler.close()
@@ -445,7 +452,7 @@ def run_cpu(args: argparse.Namespace, sizes: dict[str, Any]) -> dict[str, Any]:
         "machine": cpu_benchmark_machine(),
         "config": {"model": DEFAULT_MODEL_NAME, "dtype": "float32", "threads": args.threads, "quick": args.quick,
                    "clock": "process CPU time (time.process_time), one intra-op thread; wall times beside it",
-                   "load_average_at_start": load_at_start, "speculative_num_tokens": 4, "ngram": [2, 4],
+                   "load_average_at_start": load_at_start, "ngram": [2, 4],
                    "tasks": list(TASKS), **sizes},
         "metrics": figures,
         "metric_names": METRIC_NAMES,
@@ -467,6 +474,7 @@ def run_sizes(args: argparse.Namespace) -> dict[str, Any]:
     else:
         sizes = {"max_tokens": 64, "repeats": 2, "modes": ["off", "ngram", "auto"],
                  "batches": args.batches or list(FULL_BATCHES)}
+    sizes["num_tokens"] = args.num_tokens or EngineConfig().speculative_num_tokens  # the server's default
     return sizes | {k: v for k, v in (("max_tokens", args.max_tokens), ("repeats", args.repeats)) if v is not None}
 
 
@@ -479,6 +487,8 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, help="tokens per request (default: CPU 64, GPU 128, quick 16)")
     parser.add_argument("--repeats", type=int, help="timed runs per mode (default: CPU 2 (best), GPU 3 (median))")
     parser.add_argument("--tasks", nargs="+", choices=TASKS, default=list(TASKS), help="GPU: the tasks to run")
+    parser.add_argument("--num-tokens", type=int, help="draft tokens per sequence and step (default: the server's "
+                        "speculative_num_tokens)")
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (1: the box is shared)")
     args = parser.parse_args()
     if args.device == "cuda" and not torch.cuda.is_available():
