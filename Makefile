@@ -72,10 +72,10 @@ services:
 # summary: the folders that load models and compile grammars; everything else (the servers); the tests that bound
 # wall-clock time (marker `timing`), last so that nothing else is still winding down; and the browser tests, whose
 # Playwright sync API leaves an asyncio loop running in the main thread that async tests must never see. The suite
-# is CPU-bound (35-40 CPU-minutes on two cores), and every process it starts computes on one thread (tests/conftest.py
-# sets OMP_NUM_THREADS): two spinning OpenMP threads per process beside the other lane made it 41 min instead of
-# 25-29. The pytest processes peak under 3 GB of RSS; every group runs even after one fails, and the target fails if
-# any did.
+# is CPU-bound (35-40 CPU-minutes on two Xeon cores, ~77 on two AMD EPYC cores, where it takes 52 min), and every
+# process it starts computes on one thread (tests/conftest.py sets OMP_NUM_THREADS): two spinning OpenMP threads per
+# process beside the other lane made it 41 min instead of 25-29 on the Xeon cores. The pytest processes peak under
+# 3 GB of RSS; every group runs even after one fails, and the target fails if any did.
 MODEL_TESTS := tests/engine tests/adapters tests/grammar
 # Folders of the rest that run in the model tests' lane, after them, so that both lanes end together: alone, the
 # rest took 39 min against the other lane's ~17 (lint, fixtures and the model tests), and ran its last 22 minutes
