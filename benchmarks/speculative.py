@@ -356,7 +356,7 @@ def run_gpu(args: argparse.Namespace, sizes: dict[str, Any]) -> dict[str, Any]:
     model_config = ModelConfig.from_pretrained(path)
     loaded = (load_model(path, 2048, torch.bfloat16, "cuda"), model_config, AutoTokenizer.from_pretrained(path))
     compiler = GrammarCompilerService(loaded[2], model_config.vocab_size)
-    engines = gpu_engines(loaded, sizes["modes"], max(64, *sizes["batches"]), sizes["num_tokens"])
+    engines = gpu_engines(loaded, sizes["modes"], max(64, *sizes["batches"]), sizes["speculative_num_tokens"])
     cases = []
     for task in args.tasks:
         for batch in sizes["batches"]:
@@ -401,7 +401,7 @@ def float32_identity(path: Path, model_config: ModelConfig, tokenizer, compiler:
     same request for request?"""
     model = load_model(path, 2048, torch.float32, "cuda")
     engines = gpu_engines((model, model_config, tokenizer), sizes["modes"], max(64, *sizes["batches"]),
-                          sizes["num_tokens"], "float32")
+                          sizes["speculative_num_tokens"], "float32")
     differing: dict[str, int] = {}
     for task in tasks:
         for batch in sizes["batches"]:
@@ -435,12 +435,12 @@ def run_cpu(args: argparse.Namespace, sizes: dict[str, Any]) -> dict[str, Any]:
     loaded = (load_model(path, max_model_len=2048), ModelConfig.from_pretrained(path), AutoTokenizer.from_pretrained(path))
     compiler = GrammarCompilerService(loaded[2], loaded[1].vocab_size)
     # warm-up: allocator, kernels
-    run(loaded, "ngram", requests(loaded[2], compiler, "extraction", 1, 4), sizes["num_tokens"])
+    run(loaded, "ngram", requests(loaded[2], compiler, "extraction", 1, 4), sizes["speculative_num_tokens"])
     cases = []
     for task in TASKS:
         for batch in sizes["batches"]:
             result = case(loaded, compiler, task, batch, sizes["modes"], sizes["max_tokens"], sizes["repeats"],
-                          sizes["num_tokens"])
+                          sizes["speculative_num_tokens"])
             cases.append(result)
             print(f"{task} batch {batch}: {case_line(result, sizes['modes'], 'tokens_per_cpu_s')}", flush=True)
     compiler.close()
@@ -474,7 +474,7 @@ def run_sizes(args: argparse.Namespace) -> dict[str, Any]:
     else:
         sizes = {"max_tokens": 64, "repeats": 2, "modes": ["off", "ngram", "auto"],
                  "batches": args.batches or list(FULL_BATCHES)}
-    sizes["num_tokens"] = args.num_tokens or EngineConfig().speculative_num_tokens  # the server's default
+    sizes["speculative_num_tokens"] = args.num_tokens or EngineConfig().speculative_num_tokens  # the server's default
     return sizes | {k: v for k, v in (("max_tokens", args.max_tokens), ("repeats", args.repeats)) if v is not None}
 
 
