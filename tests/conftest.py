@@ -264,13 +264,15 @@ def start_server(
 ) -> Iterator[ServerFactory]:
     """`with start_server(**settings_overrides) as server:` a fresh app (own SQLite DB) on the shared engine.
 
+    `send_buffer_bytes=` fixes each connection's kernel send buffer (see `serve_in_thread`).
+
     The shared engine is loaded the first time a server needs it: one given `engine_core_address=` does not."""
     from loraplex.platform.app import create_app
     from loraplex.platform.db import migrate
     from loraplex.platform.settings import Settings
 
     @contextmanager
-    def start(**overrides: Any) -> Iterator[RunningServer]:
+    def start(*, send_buffer_bytes: int | None = None, **overrides: Any) -> Iterator[RunningServer]:
         data_dir = tmp_path_factory.mktemp("server")
         values = {"data_dir": data_dir, "model_path": smollm_path, "migrate_on_start": True, **TEST_SERVER_SETTINGS,
                   **overrides}
@@ -280,7 +282,7 @@ def start_server(
         # An app given an engine-core address connects to that process; otherwise it shares the in-process engine.
         engine = None if settings.engine_core_address else request.getfixturevalue("smollm_engine")
         app = create_app(settings, engine=engine)
-        with serve_in_thread(app, free_port()) as base_url:
+        with serve_in_thread(app, free_port(), send_buffer_bytes=send_buffer_bytes) as base_url:
             yield RunningServer(base_url=base_url, app=app, settings=settings, keys=keys, key_ids=key_ids, tenants=tenants)
 
     yield start

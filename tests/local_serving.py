@@ -23,12 +23,24 @@ def free_port() -> int:
 
 
 @contextmanager
-def serve_in_thread(app: Any, port: int) -> Iterator[str]:
-    """uvicorn in a background thread with its own event loop; yields the base URL once it accepts."""
+def serve_in_thread(app: Any, port: int, *, send_buffer_bytes: int | None = None) -> Iterator[str]:
+    """uvicorn in a background thread with its own event loop; yields the base URL once it accepts.
+
+    `send_buffer_bytes` fixes the kernel send buffer of every connection (accepted sockets inherit it from the
+    listener). Over loopback Linux grows a socket's send buffer up to 4 MB, so a response of a few hundred KB never
+    makes a send wait however little the client reads; a client on a real network holds far less in flight.
+    """
     import uvicorn
 
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on"))
-    thread = threading.Thread(target=server.run, name=f"uvicorn-{port}", daemon=True)
+    sockets = None
+    if send_buffer_bytes is not None:
+        listener = socket.socket()
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, send_buffer_bytes)
+        listener.bind(("127.0.0.1", port))
+        sockets = [listener]
+    thread = threading.Thread(target=server.run, kwargs={"sockets": sockets}, name=f"uvicorn-{port}", daemon=True)
     thread.start()
 
     def started() -> bool:
@@ -42,3 +54,5 @@ def serve_in_thread(app: Any, port: int) -> Iterator[str]:
     finally:
         server.should_exit = True
         thread.join(timeout=30)
+        for listener in sockets or ():
+            listener.close()

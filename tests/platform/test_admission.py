@@ -31,7 +31,8 @@ def _post(server: Any, path: str, body: dict[str, Any], key: str) -> httpx.Respo
 
 @pytest.fixture(scope="module")
 def server(start_server: Any) -> Any:
-    with start_server(max_inflight_per_tenant=2, stream_send_timeout_s=1) as running:
+    # a small kernel send buffer, as a remote client's path gives: over loopback a whole response fits in the buffers
+    with start_server(max_inflight_per_tenant=2, stream_send_timeout_s=1, send_buffer_bytes=16384) as running:
         yield running
 
 
@@ -90,6 +91,7 @@ def test_a_stream_nobody_reads_is_ended_and_its_slot_returns(server: Any) -> Non
                      + f"Authorization: Bearer {server.keys['inference']}\r\nContent-Length: {len(body)}\r\n\r\n".encode()
                      + body)
         engine = server.services.engine
+        generated_before = engine.stats()["generation_tokens_total"]
         wait_until(lambda: engine.stats()["num_running"], timeout_s=10, interval_s=0.05,
                    what="the request to start running")
         assert engine.stats()["num_running"] == 1
@@ -97,6 +99,8 @@ def test_a_stream_nobody_reads_is_ended_and_its_slot_returns(server: Any) -> Non
         wait_until(lambda: not server.services.num_inflight, timeout_s=60, interval_s=0.2,
                    what="the unread stream to give back its slot")
         assert engine.stats()["num_running"] == 0
+        generated = engine.stats()["generation_tokens_total"] - generated_before
+        assert generated < 200, f"the stream ran {generated} of its 400 tokens: it was not cut when its sends stalled"
     finally:
         sock.close()
 
