@@ -97,7 +97,9 @@ def rope_inv_freq(config: ModelConfig, max_model_len: int) -> tuple[torch.Tensor
         original = config.max_position_embeddings
         if max_model_len > original:
             base = base * ((factor * max_model_len / original) - (factor - 1)) ** (dim / (dim - 2))
-    inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+    # Always on the CPU, whatever default device is in force: under the loader's `torch.device("meta")` these ops
+    # would run through torch._refs, whose first call imports torch._dynamo (~2 s of every engine start).
+    inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.int64, device="cpu").float() / dim))
     if rope_type == "linear":
         inv_freq = inv_freq / scaling["factor"]
     elif rope_type == "llama3":

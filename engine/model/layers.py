@@ -57,7 +57,7 @@ class RotaryEmbedding(nn.Module):
 
     def __init__(self, inv_freq: torch.Tensor, max_positions: int, scaling: float = 1.0) -> None:
         super().__init__()
-        positions = torch.arange(max_positions, dtype=torch.float32)
+        positions = torch.arange(max_positions, dtype=torch.float32, device=inv_freq.device)
         freqs = torch.outer(positions, inv_freq.float())
         emb = torch.cat((freqs, freqs), dim=-1)
         self.register_buffer("cos", emb.cos() * scaling, persistent=False)

@@ -295,8 +295,10 @@ def test_database_outage_under_load(private_postgres: PrivatePostgres, redis_url
     event once.
     """
     tenant = seed_tenant(private_postgres.url)
+    # No batch work is sent: an idle batch-worker process costs each start ~10 CPU-seconds of a 2-core box.
     env = server_env(database_url=private_postgres.url, data_dir=tmp_path / "data", model_path=smollm_path,
-                     redis_url=redis_url, redis_key_prefix=key_prefix, billing_journal_lease_s=JOURNAL_LEASE_S)
+                     redis_url=redis_url, redis_key_prefix=key_prefix, billing_journal_lease_s=JOURNAL_LEASE_S,
+                     batch_workers_enabled=False)
     clock = Clock()
     with ServerProcess(env, tmp_path, name="outage") as server, ledger_reader(private_postgres.url) as read:
         server.start()
@@ -383,7 +385,8 @@ def test_sigkill_under_load_then_restart(journal: str, private_postgres: Private
     tenant = seed_tenant(private_postgres.url)
     redis_settings = {"redis_url": redis_url, "redis_key_prefix": key_prefix} if journal == "redis" else {}
     env = server_env(database_url=private_postgres.url, data_dir=tmp_path / "data", model_path=smollm_path,
-                     billing_journal_lease_s=JOURNAL_LEASE_S, **redis_settings)
+                     billing_journal_lease_s=JOURNAL_LEASE_S, batch_workers_enabled=False,  # none sent (see above)
+                     **redis_settings)
     clock = Clock()
     with ServerProcess(env, tmp_path, name=f"killed-{journal}") as server, \
             ledger_reader(private_postgres.url) as read:

@@ -13,6 +13,7 @@ import torch
 from loraplex.engine.model.tokenizer_repair import needs_repair, repair_byte_level_tokenizer
 from loraplex.grammar.compiler import GrammarCompilerService
 from loraplex.grammar.spec import GrammarKind, GrammarSpec
+from token_bitmask import allowed_token_ids
 from transformers import AutoTokenizer
 
 SCHEMA = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
@@ -38,7 +39,7 @@ def allowed_after(model_dir: Path, text: str) -> set[int]:
         assert all(matcher.accept_token(t) for t in tokenizer.encode(text, add_special_tokens=False))
         bitmask = torch.zeros((1, (len(tokenizer) + 31) // 32), dtype=torch.int32)
         matcher.fill_bitmask(bitmask, 0)
-        return {t for t in range(len(tokenizer)) if (int(bitmask[0, t // 32]) >> (t % 32)) & 1}
+        return set(allowed_token_ids(bitmask[0], len(tokenizer)))
     finally:
         service.close()
 

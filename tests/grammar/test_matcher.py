@@ -6,13 +6,13 @@ import pytest
 import torch
 from grammar_helpers import SMOLLM2_VOCAB, feed
 from loraplex.grammar.spec import GrammarKind, GrammarSpec
+from token_bitmask import allowed_token_ids
 
 WORDS = (SMOLLM2_VOCAB + 31) // 32
 
 
 def allowed(bitmask: torch.Tensor, row: int) -> set[int]:
-    bits = bitmask[row]
-    return {t for t in range(SMOLLM2_VOCAB) if (int(bits[t // 32]) >> (t % 32)) & 1}
+    return set(allowed_token_ids(bitmask[row], SMOLLM2_VOCAB))
 
 
 def test_json_ends_at_the_closing_brace_without_a_stop_token(compiler, tokenizer):

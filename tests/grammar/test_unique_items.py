@@ -14,6 +14,7 @@ from grammar_helpers import SMOLLM2_VOCAB
 from loraplex.engine.errors import InvalidRequestError
 from loraplex.grammar.schema.unique_items import without_checked_unique_items
 from loraplex.grammar.spec import GrammarKind, GrammarSpec
+from token_bitmask import allowed_token_ids
 
 TAGS = {"type": "array", "items": {"type": "string"}, "uniqueItems": True}
 SCHEMAS = [
@@ -100,7 +101,8 @@ def test_random_walks_never_dead_end_and_end_valid(compiler, tokenizer):
         for _ in range(40):
             mask = torch.zeros((1, (SMOLLM2_VOCAB + 31) // 32), dtype=torch.int32)
             matcher.fill_bitmask(mask, 0)
-            choices = [i for i in short if (int(mask[0, i // 32]) >> (i % 32)) & 1]
+            allowed = set(allowed_token_ids(mask[0], SMOLLM2_VOCAB))
+            choices = [i for i in short if i in allowed]
             if matcher.is_completed():
                 break
             assert choices, tokenizer.decode(tokens)  # never a dead end
@@ -178,8 +180,7 @@ def test_a_set_of_enum_values_never_dead_ends_when_every_value_is_used(compiler,
         while not matcher.is_terminated() and len(tokens) < 200:
             mask = torch.zeros((1, (SMOLLM2_VOCAB + 31) // 32), dtype=torch.int32)
             matcher.fill_bitmask(mask, 0)
-            choices = [i for i in range(len(token_bytes)) if (int(mask[0, i // 32]) >> (i % 32)) & 1
-                       and i not in grammar.stop_token_ids]
+            choices = [i for i in allowed_token_ids(mask[0], len(token_bytes)) if i not in grammar.stop_token_ids]
             assert choices, tokenizer.decode(tokens)  # never a dead end
             going_on = [i for i in choices if b"]" not in token_bytes[i]]
             token = rng.choice(going_on or choices)
