@@ -72,7 +72,7 @@ services:
 # summary: the folders that load models and compile grammars; everything else (the servers); the tests that bound
 # wall-clock time (marker `timing`), last so that nothing else is still winding down; and the browser tests, whose
 # Playwright sync API leaves an asyncio loop running in the main thread that async tests must never see. The suite
-# is CPU-bound (35-40 CPU-minutes on two Xeon cores, ~77 on two AMD EPYC cores, where it takes 52 min), and every
+# is CPU-bound (~45 CPU-minutes on two AMD EPYC cores, where a fresh clone takes 30 min), and every
 # process it starts computes on one thread (tests/conftest.py sets OMP_NUM_THREADS): two spinning OpenMP threads per
 # process beside the other lane made it 41 min instead of 25-29 on the Xeon cores. The pytest processes peak under
 # 3 GB of RSS; every group runs even after one fails, and the target fails if any did.
