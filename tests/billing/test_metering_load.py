@@ -1,8 +1,8 @@
 """Metering under load through the real server (ledger on PostgreSQL), with the openai client.
 
-250 requests run from 12 concurrent lanes: plain, streamed, n=2, stop strings,
+120 requests run from 12 concurrent lanes: plain, streamed, n=2, stop strings,
 session turns, the trained `pirate` adapter, the trained `thinker` with and without
-a thinking budget, forced tool calls and /v1/completions; 25 of them (10%) are
+a thinking budget, forced tool calls and /v1/completions; 12 of them (10%) are
 streams the client drops mid-way (see metering_load_traffic.MIX). Then: one
 ledger event per request; each completed request's event equals the usage the
 server returned, names its adapter and session; the dropped ones are aborted;
@@ -29,8 +29,8 @@ from metering_load_traffic import MIX, MODEL, Sent, send, shuffled_kinds
 from sqlalchemy import select
 from waiting import wait_until
 
-NUM_REQUESTS = 250
-NUM_DROPPED = 25
+NUM_REQUESTS = 120
+NUM_DROPPED = 12
 NUM_LANES = 12
 
 

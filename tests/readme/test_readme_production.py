@@ -185,6 +185,10 @@ def test_serving_installs_no_test_tools_and_testing_does(tmp_path: Path) -> None
     assert ".venv/bin/pip install -e .\n" in serve and "[test]" not in serve
     assert ".venv/bin/pip install  torch==" in serve and "--index-url" not in serve
     assert "pip install -e '.[test,docs]'" in dry_run("test")
+    # A fresh machine's `make test` resolves the project once: the test install stands for the serving one too
+    # (a dry run of `test` also lists the serving install, which the real run then finds done).
+    test_install = dry_run(".venv/.loraplex-test-installed")
+    assert test_install.count("pip install -e") == 1 and "touch .venv/.loraplex-installed" in test_install, test_install
 
     import tomllib
 
