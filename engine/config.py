@@ -174,6 +174,9 @@ class EngineConfig:
     # one more tenant came), so one tenant's flood never fills the engine and another's request starts without
     # a preemption (engine/scheduler.py); None: max_num_seqs // 32 (2 of 64; 0 below 32 slots).
     newcomer_reserved_slots: int | None = None
+    # Where mixed steps replay graphs: a flood sits out the step admitting another tenant's prompt of at most this
+    # many tokens (engine/scheduler.py, _floods_sitting_out_for_a_prefill); 0: never
+    flood_sit_out_prompt_tokens: int = 0
     # Speculative decoding (engine/spec): off | ngram (decodes draft up to speculative_num_tokens tokens by
     # prompt lookup, n-grams of speculative_ngram_min..max tokens) | auto (the same, switched off per
     # sequence where drafts are mostly rejected and per step where the batch is compute-bound)

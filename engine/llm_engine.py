@@ -83,7 +83,8 @@ class LLMEngine:
             self._adapter_ready, decode_yield_min_tokens=engine_config.resolve_decode_yield_min_tokens(),
             fair_sharing=engine_config.fair_sharing,
             newcomer_reserved_slots=engine_config.resolve_newcomer_reserved_slots(),
-            flood_sits_out_for_prefills=not engine_config.mixed_steps_replay_graphs(),
+            flood_sit_out_prompt_tokens=(engine_config.flood_sit_out_prompt_tokens
+                                         if engine_config.mixed_steps_replay_graphs() else None),
         )
         if adapters is not None:
             self.lora = self._new_lora_manager(model, workers, adapters, adapter_limits or AdapterLimits())

@@ -60,6 +60,9 @@ CPU_FLOOD_STEP_ROWS = 4
 FLOOD_GRACE_STEPS = 32
 BACKGROUND = "\x00background"  # the allowance key of batch work, whatever its tenant (never a real tenant id)
 MAX_FLOOD_SIT_OUT_STEPS = 4  # GPU: a flood sits out at most this many steps in a row for others' prefills
+# GPU with mixed-step graphs: a flood sits out the step admitting another tenant's short prompt at most once in this
+# many steps, so many tiny requests of one tenant cannot hold a flood below 3/4 of its speed
+FLOOD_SHORT_SIT_OUT_EVERY = 4
 BATCH_ADMISSION_WAVE = 0.125  # GPU, interactive work running: batch work is admitted once this share of slots is free
 
 
@@ -98,7 +101,7 @@ class Scheduler:
         decode_yield_min_tokens: int = 0,
         fair_sharing: bool = True,
         newcomer_reserved_slots: int = 0,
-        flood_sits_out_for_prefills: bool = True,
+        flood_sit_out_prompt_tokens: int | None = None,
     ) -> None:
         self.block_manager = block_manager
         self.max_num_batched_tokens = max_num_batched_tokens
@@ -121,9 +124,11 @@ class Scheduler:
         self._recent_floods: set[str] = set()  # CPU: the tenants that last flooded while another had work
         self._recent_floods_step = -FLOOD_GRACE_STEPS - 1  # and the last step they did
         self._interactive_seen_step = -FLOOD_GRACE_STEPS - 1  # CPU: the last step interactive work ran or waited
-        # False where a step with a prefill replays a mixed-step graph (costing about what a decode graph step
-        # costs), so a flood gains nothing by sitting it out
-        self.flood_sits_out_for_prefills = flood_sits_out_for_prefills
+        # None: a flood sits out every step that runs another tenant's interactive prefill (steps with a prefill run
+        # eagerly); a number: steps with a prefill replay mixed-step graphs, and a flood sits out only the step
+        # admitting another tenant's prompt of at most that many tokens (0: never)
+        self.flood_sit_out_prompt_tokens = flood_sit_out_prompt_tokens
+        self._last_short_sit_out_step = -FLOOD_SHORT_SIT_OUT_EVERY
         # Waiting sequences whose adapter_ready raised: the engine fails their requests.
         self.failed: dict[int, tuple[Sequence, Exception]] = {}
         self.speculation: Speculation | None = None  # drafts for decodes (engine/spec); None: off
@@ -433,15 +438,21 @@ class Scheduler:
         return fair_share.flooding_tenants(counts, FLOOD_MIN_SEQS, FLOOD_RATIO)
 
     def _floods_sitting_out_for_a_prefill(self) -> set[str]:
-        """On a GPU (decode yielding off) without mixed-step graphs, the flooding tenants' rows sit out a step that
-        runs another tenant's interactive prefill. A step with a prefill cannot replay the decode graphs: mixed with a flood's 63
-        decodes it ran eagerly in ~15 ms (H200, SmolLM2 shapes) against ~3 ms for the flood's graph step, and
-        that step is the other tenant's time to first token. Alone, the prefill's step costs what it costs on
-        a quiet server, and the flood loses one graph step. A flood sits out at most
-        `MAX_FLOOD_SIT_OUT_STEPS` steps in a row, so others' long prompts cannot starve it."""
-        if (self.decode_yield_min_tokens or not self.fair_sharing or not self.flood_sits_out_for_prefills
-                or not self.running):
+        """On a GPU (decode yielding off), the flooding tenants' rows that sit out this step for another tenant.
+
+        Without mixed-step graphs, a step that runs another tenant's interactive prefill: it cannot replay the
+        decode graphs, and mixed with a flood's 63 decodes it ran eagerly in ~15 ms (H200, SmolLM2 shapes) against
+        ~3 ms for the flood's graph step; that step is the other tenant's time to first token. A flood sits out at
+        most `MAX_FLOOD_SIT_OUT_STEPS` steps in a row, so others' long prompts cannot starve it.
+
+        With mixed-step graphs, the step admitting another tenant's short prompt (`flood_sit_out_prompt_tokens`):
+        beside the flood's rows it replays a graph of ~63 rows (~3 ms), alone one of its own few rows (~1 ms), and
+        that step is the newcomer's time to first token. The flood loses one step per such request, at most one in
+        `FLOOD_SHORT_SIT_OUT_EVERY`; a long prompt costs about the same with or without the flood, which joins it."""
+        if self.decode_yield_min_tokens or not self.fair_sharing or not self.running:
             return set()
+        if self.flood_sit_out_prompt_tokens is not None:
+            return self._floods_sitting_out_for_a_short_prompt(self.flood_sit_out_prompt_tokens)
         if self._flood_sit_out_streak >= MAX_FLOOD_SIT_OUT_STEPS:
             self._flood_sit_out_streak = 0
             return set()
@@ -451,6 +462,19 @@ class Scheduler:
             return floods
         self._flood_sit_out_streak = 0
         return set()
+
+    def _floods_sitting_out_for_a_short_prompt(self, max_prompt_tokens: int) -> set[str]:
+        if (max_prompt_tokens <= 0 or len(self.running) >= self.max_num_seqs
+                or self.num_steps - self._last_short_sit_out_step < FLOOD_SHORT_SIT_OUT_EVERY):
+            return set()
+        floods = self._floods()
+        if not floods:
+            return set()
+        newcomer = self._next_waiting(skip_tenants=floods, skip_background=True)
+        if newcomer is None or newcomer.num_uncomputed_tokens > max_prompt_tokens:
+            return set()
+        self._last_short_sit_out_step = self.num_steps
+        return floods
 
     def _others_want_prefill(self, floods: set[str]) -> bool:
         """Whether a tenant outside `floods` has an interactive prefill chunk to run now: a running one, or

@@ -59,6 +59,7 @@ def engine_config(settings: Settings) -> Any:
         decode_yield_min_tokens=settings.decode_yield_min_tokens,
         fair_sharing=settings.fair_sharing,
         newcomer_reserved_slots=settings.newcomer_reserved_slots,
+        flood_sit_out_prompt_tokens=settings.flood_sit_out_prompt_tokens,
         speculative_decoding=settings.speculative_decoding,
         speculative_num_tokens=settings.speculative_num_tokens,
         speculative_ngram_min=settings.speculative_ngram_min,

@@ -407,23 +407,60 @@ def test_the_default_keeps_one_slot_in_32_and_none_below_32():
     assert EngineConfig(max_num_seqs=4, newcomer_reserved_slots=9).resolve_newcomer_reserved_slots() == 3
 
 
-def test_the_flood_sits_out_a_quiet_prefill_only_where_such_steps_cannot_replay_graphs():
+def test_without_mixed_step_graphs_the_flood_sits_out_every_quiet_prefill():
     """Without mixed-step graphs (eager steps), the flood's decodes sit out the step running another tenant's
-    prompt, so that step costs what it costs alone; with them, the step costs about a decode step and the flood
-    joins it."""
-    for sits_out in (True, False):
+    prompt, whatever its length, so that step costs what it costs alone; with the sit-out off they join it."""
+    for max_prompt_tokens in (None, 0):
         bm = BlockManager(1000, 16)
-        sched = Scheduler(bm, max_num_batched_tokens=256, max_num_seqs=32, flood_sits_out_for_prefills=sits_out)
+        sched = Scheduler(bm, max_num_batched_tokens=256, max_num_seqs=32,
+                          flood_sit_out_prompt_tokens=max_prompt_tokens)
         flood = [seq(20, "flood") for _ in range(16)]
         for s in flood:
             sched.add(s)
         run(sched, bm, 3)
-        victim = seq(40, "quiet")
+        victim = seq(200, "quiet")
         sched.add(victim)
         out = sched.schedule()
-        assert victim in out.seqs and out.num_new_tokens[out.seqs.index(victim)] == 40
+        assert victim in out.seqs and out.num_new_tokens[out.seqs.index(victim)] == 200
         flood_rows = [s for s in out.seqs if s.tenant_id == "flood"]
-        assert flood_rows == [] if sits_out else len(flood_rows) == 16
+        assert flood_rows == [] if max_prompt_tokens is None else len(flood_rows) == 16
+
+
+def test_with_mixed_step_graphs_the_flood_sits_out_only_a_short_prompts_first_step_and_not_often():
+    """With mixed-step graphs, the step admitting another tenant's short prompt runs without the flood (its own
+    rows alone: the newcomer's first token comes from a small step); the flood runs in the next step beside the
+    newcomer's decode, does not sit out again for FLOOD_SHORT_SIT_OUT_EVERY steps whoever arrives, and never
+    for a long prompt, which costs about the same with or without it."""
+    from loraplex.engine.scheduler import FLOOD_SHORT_SIT_OUT_EVERY
+
+    bm = BlockManager(2000, 16)
+    sched = Scheduler(bm, max_num_batched_tokens=512, max_num_seqs=32, flood_sit_out_prompt_tokens=64)
+    flood = [seq(20, "flood") for _ in range(16)]
+    for s in flood:
+        sched.add(s)
+    run(sched, bm, FLOOD_SHORT_SIT_OUT_EVERY + 1)
+
+    def flood_rows(out: SchedulerOutput) -> int:
+        return sum(s.tenant_id == "flood" for s in out.seqs)
+
+    short = seq(40, "quiet")
+    sched.add(short)
+    first = sched.schedule()
+    complete(first, bm)
+    assert first.seqs == [short] and first.num_new_tokens == [40]
+    second = sched.schedule()
+    complete(second, bm)
+    assert short in second.seqs and flood_rows(second) == 16
+    another = seq(30, "other")
+    sched.add(another)
+    soon = sched.schedule()
+    complete(soon, bm)
+    assert another in soon.seqs and flood_rows(soon) == 16, "a second sit-out this soon"
+    run(sched, bm, FLOOD_SHORT_SIT_OUT_EVERY)
+    long = seq(65, "quiet")
+    sched.add(long)
+    out = sched.schedule()
+    assert long in out.seqs and flood_rows(out) == 16, "a long prompt's step is not sat out"
 
 
 def test_only_single_rank_cuda_engines_with_graphs_replay_mixed_steps():
@@ -434,3 +471,12 @@ def test_only_single_rank_cuda_engines_with_graphs_replay_mixed_steps():
     assert not EngineConfig(device="cuda", cuda_graph_mixed_steps=False).mixed_steps_replay_graphs()
     assert not EngineConfig(device="cuda", enable_cuda_graphs=False).mixed_steps_replay_graphs()
     assert not EngineConfig(device="cuda", tensor_parallel_size=2).mixed_steps_replay_graphs()
+
+
+def test_the_short_prompt_sit_out_is_an_operator_setting_off_by_default():
+    from loraplex.engine.config import EngineConfig
+    from loraplex.platform.settings import Settings
+    from loraplex.platform.wiring import engine_config
+
+    assert EngineConfig().flood_sit_out_prompt_tokens == 0 and Settings().flood_sit_out_prompt_tokens == 0
+    assert engine_config(Settings(flood_sit_out_prompt_tokens=64)).flood_sit_out_prompt_tokens == 64
