@@ -201,7 +201,8 @@ def validation_param(errors: Sequence[Mapping[str, Any]]) -> tuple[str | None, s
             param += ("." if param else "") + part
     message = first.get("msg", "invalid value")
     if first.get("type") == "json_invalid":
-        return None, "the request body is not valid JSON"
+        reason = (first.get("ctx") or {}).get("error")
+        return None, f"the request body is not valid JSON: {reason}" if reason else "the request body is not valid JSON"
     return param or None, f"{param}: {message}" if param else message
 
 

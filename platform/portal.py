@@ -15,6 +15,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
+from loraplex.platform.api.strict_json import StrictJSONRoute
 from starlette.types import Scope
 
 DEFAULT_WEB_DIR = Path(__file__).resolve().parents[1] / "web"
@@ -56,7 +57,7 @@ class RevalidatedStaticFiles(StaticFiles):
 def build_portal_router(web_dir: Path = DEFAULT_WEB_DIR) -> APIRouter:
     """Register with `app.include_router(build_portal_router())`; no prefix needed."""
     templates = Jinja2Templates(directory=web_dir / "templates")
-    router = APIRouter(include_in_schema=False)
+    router = APIRouter(include_in_schema=False, route_class=StrictJSONRoute)
     router.mount("/portal/static", RevalidatedStaticFiles(directory=web_dir / "static"), name="portal-static")
 
     def render(request: Request, template: str, *, page: str, title: str) -> HTMLResponse:

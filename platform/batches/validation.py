@@ -13,13 +13,13 @@ their 400 becomes that line's result in the error file.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from loraplex.engine.errors import DomainError
 from loraplex.platform.api.schemas import ChatCompletionRequest, CompletionRequest
+from loraplex.platform.api.strict_json import loads_strict
 from loraplex.platform.batches.objects import batch_error
 from loraplex.platform.errors import ApiError, validation_param
 from loraplex.platform.responses.schemas import ResponseCreate
@@ -91,7 +91,7 @@ def validate_file(path: Path, *, endpoint: str, max_requests: int, max_custom_id
 def _check_line(raw: bytes, number: int, *, endpoint: str, max_custom_id_chars: int, result: ValidatedFile
                 ) -> tuple[str, str] | None:
     try:
-        request = json.loads(raw)
+        request = loads_strict(raw)
     except (UnicodeDecodeError, ValueError):
         result.refuse("invalid_json_line", "This line is not parseable as valid JSON.", line=number)
         return None

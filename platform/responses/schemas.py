@@ -81,7 +81,7 @@ class ResponseCreate(BaseModel):
     stream: bool = False
     stream_options: StreamOptions | None = None
     include: list[str] | None = None
-    top_logprobs: int | None = Field(default=None, ge=0, le=0)  # logprobs are not returned here
+    top_logprobs: int | None = Field(default=None, ge=0)  # logprobs are not returned here: only 0 passes (_check)
     # Accepted and harmless: no tier is faster, the prefix cache needs no key.
     service_tier: str | None = None
     safety_identifier: str | None = None
@@ -111,4 +111,8 @@ class ResponseCreate(BaseModel):
         if self.include:
             # Reasoning comes back in the clear (reasoning items); no other output can be included.
             raise UnsupportedParameterError(f"include {self.include[0]!r} is not supported", param="include")
+        if self.top_logprobs:
+            raise UnsupportedParameterError("top_logprobs: log probabilities are not returned by /v1/responses; "
+                                            "ask /v1/chat/completions with logprobs and top_logprobs",
+                                            param="top_logprobs")
         return self

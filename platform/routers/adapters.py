@@ -29,6 +29,7 @@ from loraplex.adapters.tasks import CeleryValidationDispatcher, ThreadValidation
 from loraplex.adapters.upload_slots import TenantUploads
 from loraplex.engine.config import AdapterLimits, ModelConfig
 from loraplex.engine.core.client import EngineClient
+from loraplex.platform.api.strict_json import StrictJSONRoute
 from loraplex.platform.deps import AdaptersKey, AppServices
 from loraplex.platform.errors import NotFoundError
 from loraplex.platform.extensions import Extensions, ServedModel
@@ -37,7 +38,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from starlette.requests import ClientDisconnect
 
 log = logging.getLogger(__name__)
-router = APIRouter(prefix="/v1", tags=["adapters"])
+router = APIRouter(prefix="/v1", tags=["adapters"], route_class=StrictJSONRoute)
 
 
 def adapter_public(info: AdapterInfo) -> dict[str, Any]:

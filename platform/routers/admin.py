@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from fastapi import APIRouter
+from loraplex.platform.api.strict_json import StrictJSONRoute
 from loraplex.platform.auth import store
 from loraplex.platform.deps import AdminKey, AppServices, DbSession
 from loraplex.platform.errors import ConflictError, NotFoundError
@@ -15,7 +16,7 @@ from loraplex.platform.routers.admin_schemas import (
     TenantUpdate,
 )
 
-router = APIRouter(prefix="/v1/admin", tags=["admin"])
+router = APIRouter(prefix="/v1/admin", tags=["admin"], route_class=StrictJSONRoute)
 
 
 @router.post("/tenants", status_code=201)

@@ -15,6 +15,7 @@ from loraplex.adapters.models import AdapterRecord
 from loraplex.billing.budget_status import budget_status
 from loraplex.billing.pricing import Price, list_prices, validate_new_price
 from loraplex.billing.quotas import delete_budget, set_budget, validate_budget_limits
+from loraplex.platform.api.strict_json import StrictJSONRoute
 from loraplex.platform.auth import store
 from loraplex.platform.db.models import ApiKey, Tenant
 from loraplex.platform.deps import AdminKey, Billing, DbSession
@@ -22,7 +23,7 @@ from loraplex.platform.errors import NotFoundError
 from loraplex.platform.routers.billing_schemas import BudgetUpdate, PriceCreate, PricePublic
 from sqlalchemy.orm import Session
 
-router = APIRouter(prefix="/v1/admin", tags=["admin", "billing"])
+router = APIRouter(prefix="/v1/admin", tags=["admin", "billing"], route_class=StrictJSONRoute)
 
 
 @router.get("/prices")

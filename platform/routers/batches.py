@@ -12,6 +12,7 @@ from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Query
 from loraplex.engine.errors import InvalidRequestError
+from loraplex.platform.api.strict_json import StrictJSONRoute
 from loraplex.platform.batches.objects import (
     COMPLETION_WINDOWS,
     ENDPOINTS,
@@ -23,7 +24,7 @@ from loraplex.platform.deps import AppServices, InferenceKey
 from loraplex.platform.routers.files import MAX_EXPIRES_AFTER_S, MIN_EXPIRES_AFTER_S, batches_domain
 from pydantic import BaseModel, ConfigDict, Field
 
-router = APIRouter(prefix="/v1", tags=["batches"])
+router = APIRouter(prefix="/v1", tags=["batches"], route_class=StrictJSONRoute)
 MAX_METADATA_PAIRS, MAX_METADATA_KEY_CHARS, MAX_METADATA_VALUE_CHARS = 16, 64, 512  # OpenAI's
 
 

@@ -20,6 +20,7 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import FileResponse, JSONResponse, Response
 from loraplex.adapters.upload import run_upload_work
 from loraplex.engine.errors import InvalidRequestError
+from loraplex.platform.api.strict_json import StrictJSONRoute
 from loraplex.platform.batches.objects import INPUT_PURPOSE, file_public, list_page
 from loraplex.platform.batches.upload import receive_file
 from loraplex.platform.batches.worker import BatchesDomain
@@ -27,7 +28,7 @@ from loraplex.platform.deps import AppServices, InferenceKey
 from loraplex.platform.services import Services
 from starlette.requests import ClientDisconnect
 
-router = APIRouter(prefix="/v1", tags=["files"])
+router = APIRouter(prefix="/v1", tags=["files"], route_class=StrictJSONRoute)
 MIN_EXPIRES_AFTER_S, MAX_EXPIRES_AFTER_S = 3600, 30 * 86400   # OpenAI's bounds for expires_after.seconds
 
 

@@ -7,12 +7,13 @@ import os
 
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
+from loraplex.platform.api.strict_json import StrictJSONRoute
 from loraplex.platform.deps import AppServices
 from loraplex.platform.metrics_vllm import check_metrics_token
 from loraplex.platform.readiness import check_readiness
 from prometheus_client import CONTENT_TYPE_LATEST
 
-router = APIRouter(tags=["ops"])
+router = APIRouter(tags=["ops"], route_class=StrictJSONRoute)
 
 
 @router.get("/healthz")

@@ -14,11 +14,12 @@ from loraplex.platform.api.preparation import prepare_chat, prepare_completion
 from loraplex.platform.api.request_limits import check_request_limits
 from loraplex.platform.api.respond import respond
 from loraplex.platform.api.schemas import ChatCompletionRequest, CompletionRequest
+from loraplex.platform.api.strict_json import StrictJSONRoute
 from loraplex.platform.deps import AppServices, InferenceKey
 from loraplex.platform.extensions import ServedModel
 from loraplex.platform.services import Services
 
-router = APIRouter(prefix="/v1", tags=["openai"])
+router = APIRouter(prefix="/v1", tags=["openai"], route_class=StrictJSONRoute)
 
 
 @router.get("/models")

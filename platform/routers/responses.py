@@ -22,6 +22,7 @@ from loraplex.platform.affinity import (
 from loraplex.platform.api.admission import admit_early
 from loraplex.platform.api.generation import Generation
 from loraplex.platform.api.respond import respond
+from loraplex.platform.api.strict_json import StrictJSONRoute
 from loraplex.platform.deps import AppServices, InferenceKey
 from loraplex.platform.responses.answer import collect_response, stream_response
 from loraplex.platform.responses.chain import ResponseChains
@@ -31,7 +32,7 @@ from loraplex.platform.responses.schemas import ResponseCreate
 from loraplex.platform.responses.turn import ResponseTurn
 from loraplex.platform.services import Services
 
-router = APIRouter(prefix="/v1", tags=["responses"])
+router = APIRouter(prefix="/v1", tags=["responses"], route_class=StrictJSONRoute)
 
 
 def _chains(services: Services) -> ResponseChains:

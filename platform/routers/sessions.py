@@ -11,13 +11,14 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query, Request, Response
 from loraplex.engine.errors import InvalidRequestError
 from loraplex.platform.affinity import affinity_headers
+from loraplex.platform.api.strict_json import StrictJSONRoute
 from loraplex.platform.deps import AppServices, InferenceKey
 from loraplex.sessions.limits import SessionLimits, check_session_create
 from loraplex.sessions.store import KVState, SessionRecord, new_session_id
 from loraplex.sessions.turns import SessionTurns
 from pydantic import BaseModel, ConfigDict
 
-router = APIRouter(prefix="/v1", tags=["sessions"])
+router = APIRouter(prefix="/v1", tags=["sessions"], route_class=StrictJSONRoute)
 
 
 class SessionCreate(BaseModel):

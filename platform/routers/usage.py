@@ -25,13 +25,14 @@ from loraplex.billing.request_log import (
     requests_csv,
 )
 from loraplex.engine.errors import InvalidRequestError
+from loraplex.platform.api.strict_json import StrictJSONRoute
 from loraplex.platform.auth.scopes import Scope
 from loraplex.platform.deps import AppServices, Billing, CurrentKey, Principal, UsageKey
 from loraplex.platform.errors import NotFoundError, PermissionDeniedError
 
 LOOKUP_WAIT_S = 3.0
 
-router = APIRouter(prefix="/v1", tags=["usage"])
+router = APIRouter(prefix="/v1", tags=["usage"], route_class=StrictJSONRoute)
 
 ALL_TENANTS = "*"
 

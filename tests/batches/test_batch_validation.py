@@ -39,6 +39,9 @@ def test_each_hostile_line_is_one_error_naming_its_line(tmp_path: Path) -> None:
         {**chat_line("stream", "x", stream=True)},
         {**chat_line("bad", "x"), "body": {"model": "m", "messages": "not a list"}},
         {**chat_line("x" * 65, "x")},
+        # half a surrogate pair, escaped: JSON's syntax allows it, but it is not text
+        '{"custom_id": "s", "method": "POST", "url": "' + ENDPOINT + '", "body": {"model": "m", "messages": '
+        '[{"role": "user", "content": "\\ud800"}]}}',
     ]
     checked = _check(tmp_path, lines)
     found = [(e["line"], e["code"], e["param"]) for e in checked.errors]
@@ -52,6 +55,7 @@ def test_each_hostile_line_is_one_error_naming_its_line(tmp_path: Path) -> None:
         (8, "invalid_request", "body.stream"),
         (9, "invalid_request", "body.messages"),
         (10, "invalid_request", "custom_id"),
+        (11, "invalid_json_line", None),
     ]
     assert all(e["message"] for e in checked.errors)
 

@@ -121,3 +121,38 @@ def test_poisoned_chat_completions_and_responses_never_hurt_the_other_tenant(api
     assert background.results, "the victim's request never completed"
     for status, text in background.results:
         assert status == 200 and text == victim["text"]
+
+
+# Half of a UTF-16 surrogate pair, escaped: valid JSON syntax, but not Unicode text. Python's parser would hand the
+# tokenizer (and PostgreSQL, Redis, the grammar compiler) a string none of them can encode.
+LONE_SURROGATE = "\\ud800"
+SURROGATE_BODIES = {
+    "chat message": ("/v1/chat/completions",
+                     '{"model": "%s", "messages": [{"role": "user", "content": "hi %s"}], "max_tokens": 2}'),
+    "chat user": ("/v1/chat/completions",
+                  '{"model": "%s", "messages": [{"role": "user", "content": "hi"}], "user": "%s", "max_tokens": 2}'),
+    "chat stop": ("/v1/chat/completions",
+                  '{"model": "%s", "messages": [{"role": "user", "content": "hi"}], "stop": ["%s"], "max_tokens": 2}'),
+    "schema key": ("/v1/chat/completions",
+                   '{"model": "%s", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "response_format": '
+                   '{"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object", "properties": '
+                   '{"a%s": {"type": "string"}}}}}}'),
+    "completion prompt": ("/v1/completions", '{"model": "%s", "prompt": "%s", "max_tokens": 2}'),
+    "responses input": ("/v1/responses", '{"model": "%s", "input": "x%s", "max_output_tokens": 2}'),
+}
+
+
+@pytest.mark.parametrize("case", sorted(SURROGATE_BODIES))
+def test_a_lone_surrogate_anywhere_in_a_body_is_a_400(api_server, case: str) -> None:
+    path, template = SURROGATE_BODIES[case]
+    with httpx.Client(timeout=120) as client:
+        reply = client.post(api_server.base_url + path, content=template % (MODEL, LONE_SURROGATE),
+                            headers={"Authorization": f"Bearer {api_server.keys['all']}",
+                                     "Content-Type": "application/json"})
+        assert reply.status_code == 400, reply.text
+        assert "lone UTF-16 surrogate" in reply.json()["error"]["message"]
+        # A whole pair, escaped (how Python's json.dumps writes an emoji), is text and is served.
+        paired = client.post(api_server.base_url + path, content=template % (MODEL, "\\ud83d\\ude00"),
+                             headers={"Authorization": f"Bearer {api_server.keys['all']}",
+                                      "Content-Type": "application/json"})
+        assert paired.status_code == 200, paired.text

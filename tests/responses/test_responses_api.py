@@ -228,6 +228,7 @@ def test_unstored_response_cannot_be_retrieved_or_continued(server):
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "http://x"}]}]},
      "input[0].content[0].type"),
     ({"frobnicate": 1}, "frobnicate"),
+    ({"top_logprobs": 5}, "top_logprobs"),
 ])
 def test_unsupported_features_are_refused_by_name(server, extra, param):
     body = {"model": MODEL, "input": "Hi.", **extra}

@@ -1,0 +1,80 @@
+"""JSON bodies as the API accepts them: Python's parser, less the strings that are not Unicode text.
+
+JSON lets a string hold `\\ud800`, half of a UTF-16 surrogate pair, on its own. Python's `json.loads` turns
+it into a `str` that cannot be encoded: the tokenizer refuses it (a 500 on a chat request, reached after
+admission), and so would PostgreSQL, Redis clients and the grammar compiler wherever such a string went.
+Such a body is refused here, as a 400 for malformed JSON, before any route sees it.
+
+Every API router is built on `StrictJSONRoute`; `loads_strict` serves the other JSON a tenant sends (the
+lines of a batch input file).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from fastapi import Request, Response
+from fastapi.routing import APIRoute
+
+# Only an escape can make a lone surrogate (raw surrogate bytes are not UTF-8 and fail decoding), so a body
+# without one is not walked.
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
+
+
+def loads_strict(raw: bytes | str) -> Any:
+    """`json.loads`, raising `json.JSONDecodeError` for a string (key or value) holding a lone surrogate."""
+    value = json.loads(raw)
+    data = raw.encode("utf-8", "surrogatepass") if isinstance(raw, str) else raw
+    match = _SURROGATE_ESCAPE.search(data)
+    if match is not None and _holds_lone_surrogate(value):
+        text = raw if isinstance(raw, str) else raw.decode("utf-8", "replace")
+        raise json.JSONDecodeError("a string holds a lone UTF-16 surrogate escape, which is not Unicode text",
+                                   text, match.start())
+    return value
+
+
+def _holds_lone_surrogate(value: Any) -> bool:
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            if not _is_text(item):
+                return True
+        elif isinstance(item, dict):
+            for key, child in item.items():
+                if not _is_text(key):
+                    return True
+                stack.append(child)
+        elif isinstance(item, list):
+            stack.extend(item)
+    return False
+
+
+def _is_text(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+class StrictJSONRequest(Request):
+    async def json(self) -> Any:
+        if not hasattr(self, "_json"):
+            self._json = loads_strict(await self.body())
+        return self._json
+
+
+class StrictJSONRoute(APIRoute):
+    """A route whose JSON body is parsed by `loads_strict` (FastAPI's documented custom-request pattern)."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+
+        async def strict_handler(request: Request) -> Response:
+            return await handler(StrictJSONRequest(request.scope, request.receive))
+
+        return strict_handler
