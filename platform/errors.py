@@ -200,6 +200,9 @@ def validation_param(errors: Sequence[Mapping[str, Any]]) -> tuple[str | None, s
         elif isinstance(part, str) and part[:1].islower() and not _is_type_tag(part):
             param += ("." if param else "") + part
     message = first.get("msg", "invalid value")
+    if loc == [] and isinstance(first.get("input"), bytes | str):
+        # FastAPI parses a body as JSON only when it is sent as such (`curl -d` sends a form's content type).
+        return None, "the request body must be a JSON object sent with 'Content-Type: application/json'"
     if first.get("type") == "json_invalid":
         reason = (first.get("ctx") or {}).get("error")
         return None, f"the request body is not valid JSON: {reason}" if reason else "the request body is not valid JSON"

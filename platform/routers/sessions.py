@@ -22,7 +22,7 @@ router = APIRouter(prefix="/v1", tags=["sessions"], route_class=StrictJSONRoute)
 
 
 class SessionCreate(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="forbid")  # a misspelt field (`ttl`) is a 400, not a silent default
 
     model: str
     system: str | None = None

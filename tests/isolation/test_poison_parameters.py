@@ -156,3 +156,13 @@ def test_a_lone_surrogate_anywhere_in_a_body_is_a_400(api_server, case: str) -> 
                              headers={"Authorization": f"Bearer {api_server.keys['all']}",
                                       "Content-Type": "application/json"})
         assert paired.status_code == 200, paired.text
+
+
+def test_a_json_body_sent_as_a_form_is_told_to_send_json(api_server) -> None:
+    """`curl -d '{...}'` without a content type sends a form: the 400 says what to change."""
+    body = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
+    reply = httpx.post(api_server.base_url + "/v1/chat/completions", content=body, timeout=60,
+                       headers={"Authorization": f"Bearer {api_server.keys['all']}",
+                                "Content-Type": "application/x-www-form-urlencoded"})
+    assert reply.status_code == 400
+    assert "Content-Type: application/json" in reply.json()["error"]["message"]

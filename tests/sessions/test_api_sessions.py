@@ -182,6 +182,9 @@ def test_bad_session_requests_are_typed_errors(server):
     bad_ttl = httpx.post(f"{server.base_url}/v1/sessions", json={"model": MODEL, "ttl_seconds": 0},
                          headers=headers, timeout=30)
     assert bad_ttl.status_code == 400 and bad_ttl.json()["error"]["param"] == "ttl_seconds"
+    misspelt = httpx.post(f"{server.base_url}/v1/sessions", json={"model": MODEL, "ttl": 60}, headers=headers,
+                          timeout=30)
+    assert misspelt.status_code == 400 and misspelt.json()["error"]["param"] == "ttl"
     unknown_model = httpx.post(f"{server.base_url}/v1/sessions", json={"model": "nope"}, headers=headers, timeout=30)
     assert unknown_model.status_code == 404
     two_choices = httpx.post(f"{server.base_url}/v1/chat/completions", headers=headers, timeout=30, json={
