@@ -143,6 +143,38 @@ def test_a_long_decode_yields_every_other_step_to_another_tenants_short_one():
     assert sched.num_yielded_decodes == 7
 
 
+def test_a_short_request_about_to_end_is_not_interrupted_but_a_stream_of_them_never_stops_the_long_one():
+    bm = BlockManager(800, 16)
+    sched = Scheduler(bm, max_num_batched_tokens=64, max_num_seqs=8, decode_yield_min_tokens=16)
+    long = seq(10, tenant="attacker")
+    sched.add(long)
+    run_steps(sched, bm, 40)
+
+    def short_request(max_tokens: int) -> tuple[int, int]:
+        """(steps the short request took, steps the long decode ran meanwhile), finishing it at max_tokens."""
+        short = seq(10, tenant="victim", first=500)
+        short.sampling = SamplingParams(max_tokens=max_tokens)
+        sched.add(short)
+        steps = long_steps = 0
+        while short.num_output_tokens < max_tokens:
+            out = sched.schedule()
+            steps += 1
+            long_steps += long in out.seqs
+            complete(out, bm)
+        sched.finish(short)
+        return steps, long_steps
+
+    # A request ending within the long decode's yield period (3 steps here) runs alone to its end.
+    assert short_request(2) == (2, 0)
+    # A longer one still shares: the long decode runs one step in three of it (every step once the short one
+    # is half as long).
+    steps, long_steps = short_request(24)
+    assert steps == 24 and long_steps >= 6
+    # Short requests back to back: the long decode waits at most two periods at a time, so it keeps running.
+    ran = sum(short_request(2)[1] for _ in range(30))
+    assert ran >= 30 * 2 // 6 - 1
+
+
 def test_no_yield_within_one_tenant_between_comparable_lengths_or_when_off():
     for min_tokens, tenants, expected in [(16, ("a", "a"), 10), (0, ("a", "b"), 10)]:
         bm = BlockManager(400, 16)
