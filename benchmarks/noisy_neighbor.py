@@ -76,6 +76,7 @@ from datetime import UTC
 from multiprocessing import get_context
 from multiprocessing.connection import Connection
 from pathlib import Path
+from typing import Any
 
 import httpx
 import psutil
@@ -709,8 +710,21 @@ def main() -> None:
         "checked": True,
     }
     result["config"]["attack_dates"] = dict.fromkeys(ATTACKS, result["date"])
+    keep_gpu_figures(result)
     RESULT.write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {RESULT.relative_to(ROOT)}")
+
+
+def keep_gpu_figures(result: dict[str, Any]) -> None:
+    """A full CPU run rewrites the file but keeps the GPU flood figures (benchmarks/noisy_neighbor_gpu.py writes
+    them, on a lent GPU) with their own date, machine and targets."""
+    if not RESULT.exists():
+        return
+    old = json.loads(RESULT.read_text())
+    result["metrics"].update({k: v for k, v in old.get("metrics", {}).items() if k.startswith("gpu_flood_")})
+    result["targets"].update({k: v for k, v in old.get("targets", {}).items() if k.startswith("gpu_flood_")})
+    if "gpu_flood" in old.get("config", {}):
+        result["config"]["gpu_flood"] = old["config"]["gpu_flood"]
 
 
 def merge_into_results(chosen: list[str], metrics: dict[str, float], quiet_p95: float) -> None:

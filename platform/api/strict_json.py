@@ -37,28 +37,13 @@ def loads_strict(raw: bytes | str) -> Any:
 
 
 def _holds_lone_surrogate(value: Any) -> bool:
-    stack = [value]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, str):
-            if not _is_text(item):
-                return True
-        elif isinstance(item, dict):
-            for key, child in item.items():
-                if not _is_text(key):
-                    return True
-                stack.append(child)
-        elif isinstance(item, list):
-            stack.extend(item)
-    return False
-
-
-def _is_text(text: str) -> bool:
+    """Whether any string in `value` (keys included) cannot be encoded: one C-level pass, not a walk in Python
+    (a body with many escaped non-ASCII characters, as `ensure_ascii` clients send, holds escapes throughout)."""
     try:
-        text.encode("utf-8")
+        json.dumps(value, ensure_ascii=False).encode("utf-8")
     except UnicodeEncodeError:
-        return False
-    return True
+        return True
+    return False
 
 
 class StrictJSONRequest(Request):
