@@ -10,11 +10,15 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 
 class TenantCreate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
     name: str = Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
     weight: float = Field(default=1.0, ge=MIN_TENANT_WEIGHT, le=MAX_TENANT_WEIGHT, allow_inf_nan=False)
 
 
 class TenantUpdate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
     weight: float = Field(ge=MIN_TENANT_WEIGHT, le=MAX_TENANT_WEIGHT, allow_inf_nan=False)
 
 
@@ -28,6 +32,8 @@ class TenantPublic(BaseModel):
 
 
 class ApiKeyCreate(BaseModel):
+    model_config = ConfigDict(extra="forbid")  # a field we do not have (`expires_at`) is a 400, never ignored
+
     name: str = Field(default="", max_length=200)
     scopes: list[Scope] = Field(default_factory=lambda: [Scope.INFERENCE])
     rpm_limit: int | None = Field(default=None, ge=0)

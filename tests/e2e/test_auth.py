@@ -87,6 +87,12 @@ def test_admin_creates_tenants_and_rejects_duplicates(api_server) -> None:  # ty
     assert {"acme", "globex", "initech"} <= set(names)
     bad_scope = httpx.post(f"{base}/v1/admin/tenants/initech/keys", json={"scopes": ["root"]}, headers=admin)
     assert_openai_error(bad_scope, 400, param="scopes")
+    # A field the key does not have is refused by name: an operator asking for an expiry must not get a key
+    # that never expires.
+    expiring = httpx.post(f"{base}/v1/admin/tenants/initech/keys", json={"expires_at": "2027-01-01"}, headers=admin)
+    assert_openai_error(expiring, 400, param="expires_at")
+    assert_openai_error(httpx.post(f"{base}/v1/admin/tenants", json={"name": "x", "wieght": 2}, headers=admin), 400,
+                        param="wieght")
     assert_openai_error(httpx.post(f"{base}/v1/admin/tenants/nope/keys", json={}, headers=admin), 404)
 
 
