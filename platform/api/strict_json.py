@@ -20,19 +20,18 @@ from fastapi import Request, Response
 from fastapi.routing import APIRoute
 
 # Only an escape can make a lone surrogate (raw surrogate bytes are not UTF-8 and fail decoding), so a body
-# without one is not walked.
+# without one is not checked further.
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
 
 
-def loads_strict(raw: bytes | str) -> Any:
-    """`json.loads`, raising `json.JSONDecodeError` for a string (key or value) holding a lone surrogate."""
+def loads_strict(raw: bytes) -> Any:
+    """`json.loads` of a body as received, raising `json.JSONDecodeError` for a string (key or value) holding a
+    lone surrogate."""
     value = json.loads(raw)
-    data = raw.encode("utf-8", "surrogatepass") if isinstance(raw, str) else raw
-    match = _SURROGATE_ESCAPE.search(data)
+    match = _SURROGATE_ESCAPE.search(raw)
     if match is not None and _holds_lone_surrogate(value):
-        text = raw if isinstance(raw, str) else raw.decode("utf-8", "replace")
         raise json.JSONDecodeError("a string holds a lone UTF-16 surrogate escape, which is not Unicode text",
-                                   text, match.start())
+                                   raw.decode("utf-8", "replace"), match.start())
     return value
 
 
