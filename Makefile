@@ -126,7 +126,7 @@ MYPY_PACKAGES := platform engine adapters grammar sessions billing migrations
 
 # One command line, so that `make test` runs it too (never through $(MAKE): `make -n test` would run that).
 LINT := $(VENV)/bin/ruff check . && mkdir -p $(MYPY_LINKS) \
-	&& for p in $(MYPY_PACKAGES); do ln -sfn ../../../$$p $(MYPY_LINKS)/$$p; done && $(VENV)/bin/mypy
+	&& for p in $(MYPY_PACKAGES); do ln -sfn $(CURDIR)/$$p $(MYPY_LINKS)/$$p; done && $(VENV)/bin/mypy
 
 lint: $(TEST_STAMP)
 	$(LINT)
