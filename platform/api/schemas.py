@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from loraplex.engine.errors import InvalidRequestError
+from loraplex.platform.api.json_types import JSONBool, JSONFloat, JSONInt
 from loraplex.platform.api.param_policy import check_harmless, screen_fields
 from loraplex.platform.api.vllm_compat import structured_response_format
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -31,7 +32,7 @@ class _Body(BaseModel):
 
 
 class StreamOptions(_Body):
-    include_usage: bool = False
+    include_usage: JSONBool = False
 
 
 class ContentPart(_Body):
@@ -51,20 +52,20 @@ class _SamplingFields(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     model: str
-    temperature: float | None = None
-    top_p: float | None = None
-    n: int = 1
+    temperature: JSONFloat | None = None
+    top_p: JSONFloat | None = None
+    n: JSONInt = 1
     stop: str | list[str] | None = None
-    seed: int | None = None
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
+    seed: JSONInt | None = None
+    presence_penalty: JSONFloat = 0.0
+    frequency_penalty: JSONFloat = 0.0
     user: str | None = Field(default=None, max_length=MAX_USER_CHARS)
-    stream: bool = False
+    stream: JSONBool = False
     stream_options: StreamOptions | None = None
-    logit_bias: dict[str, float] | None = None  # token id (as a string, as JSON keys are) -> bias in [-100, 100]
+    logit_bias: dict[str, JSONFloat] | None = None  # token id (as a string, as JSON keys are) -> bias in [-100, 100]
     response_format: dict[str, Any] | None = None
     # Accepted and harmless: nothing is stored, no tier is faster, the prefix cache needs no key.
-    store: bool | None = None
+    store: JSONBool | None = None
     metadata: dict[str, str] | None = None
     service_tier: str | None = None
     prompt_cache_key: str | None = None
@@ -72,20 +73,20 @@ class _SamplingFields(BaseModel):
     prompt_cache_options: dict[str, Any] | None = None
     safety_identifier: str | None = None
     # Extensions beyond OpenAI (vLLM-compatible names)
-    top_k: int | None = None
-    min_p: float | None = None
-    repetition_penalty: float | None = None
-    ignore_eos: bool = False
-    min_tokens: int | None = None
-    stop_token_ids: list[int] | None = None
-    include_stop_str_in_output: bool = False
-    skip_special_tokens: bool = True
+    top_k: JSONInt | None = None
+    min_p: JSONFloat | None = None
+    repetition_penalty: JSONFloat | None = None
+    ignore_eos: JSONBool = False
+    min_tokens: JSONInt | None = None
+    stop_token_ids: list[JSONInt] | None = None
+    include_stop_str_in_output: JSONBool = False
+    skip_special_tokens: JSONBool = True
     guided_json: dict[str, Any] | str | None = None
     guided_regex: str | None = None
     guided_choice: list[str] | None = None
     guided_grammar: str | None = None
     structured_outputs: dict[str, Any] | None = None
-    priority: int = Field(default=0, ge=-(2**31), le=2**31 - 1)  # vLLM's: within the tenant, lower runs first
+    priority: JSONInt = Field(default=0, ge=-(2**31), le=2**31 - 1)  # vLLM's: within the tenant, lower runs first
 
     @model_validator(mode="before")
     @classmethod
@@ -111,31 +112,31 @@ class _SamplingFields(BaseModel):
 
 class ChatCompletionRequest(_SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_tokens: int | None = None
-    max_completion_tokens: int | None = None
-    logprobs: bool = False
-    top_logprobs: int | None = None
+    max_tokens: JSONInt | None = None
+    max_completion_tokens: JSONInt | None = None
+    logprobs: JSONBool = False
+    top_logprobs: JSONInt | None = None
     # Read by the grammar, sessions and reasoning stages
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
-    parallel_tool_calls: bool | None = None
+    parallel_tool_calls: JSONBool | None = None
     session_id: str | None = None
     reasoning_effort: ReasoningEffort | None = None
-    max_reasoning_tokens: int | None = None  # extension: thinking budget (tokens), wins over reasoning_effort
+    max_reasoning_tokens: JSONInt | None = None  # extension: thinking budget (tokens), wins over reasoning_effort
     modalities: list[str] | None = None      # only ["text"]
     # vLLM's chat template controls
     chat_template_kwargs: dict[str, Any] | None = None
-    add_generation_prompt: bool | None = None
-    continue_final_message: bool = False
+    add_generation_prompt: JSONBool | None = None
+    continue_final_message: JSONBool = False
 
     def explicit_max_tokens(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
 
 
 class CompletionRequest(_SamplingFields):
-    prompt: str | list[str] | list[int] | list[list[int]]
-    max_tokens: int | None = 16
-    echo: bool = False
-    logprobs: int | None = None
-    best_of: int | None = None
+    prompt: str | list[str] | list[JSONInt] | list[list[JSONInt]]
+    max_tokens: JSONInt | None = 16
+    echo: JSONBool = False
+    logprobs: JSONInt | None = None
+    best_of: JSONInt | None = None
     suffix: str | None = None

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
+from loraplex.platform.api.json_types import JSONBool, JSONFloat, JSONInt
 from loraplex.platform.api.param_policy import (
     UnknownParameterError,
     UnsupportedParameterError,
@@ -40,7 +41,7 @@ class TextFormat(_Lenient):
     type: Literal["text", "json_object", "json_schema"] = "text"
     name: str | None = None
     schema_: dict[str, Any] | None = Field(default=None, alias="schema")
-    strict: bool | None = None
+    strict: JSONBool | None = None
     description: str | None = None
 
 
@@ -56,7 +57,7 @@ class ReasoningConfig(_Lenient):
 
 
 class StreamOptions(_Lenient):
-    include_obfuscation: bool | None = None  # no obfuscation padding is ever sent
+    include_obfuscation: JSONBool | None = None  # no obfuscation padding is ever sent
 
 
 class ResponseCreate(BaseModel):
@@ -66,22 +67,22 @@ class ResponseCreate(BaseModel):
     input: str | list[dict[str, Any]] = Field(min_length=1)
     instructions: str | None = None
     previous_response_id: str | None = None
-    store: bool = True
+    store: JSONBool = True
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
-    parallel_tool_calls: bool | None = None
+    parallel_tool_calls: JSONBool | None = None
     text: TextConfig | None = None
     reasoning: ReasoningConfig | None = None
-    max_output_tokens: int | None = Field(default=None, ge=1)
-    temperature: float | None = None
-    top_p: float | None = None
+    max_output_tokens: JSONInt | None = Field(default=None, ge=1)
+    temperature: JSONFloat | None = None
+    top_p: JSONFloat | None = None
     metadata: dict[str, str] | None = None
     truncation: Literal["auto", "disabled"] | None = None
     user: str | None = Field(default=None, max_length=MAX_USER_CHARS)
-    stream: bool = False
+    stream: JSONBool = False
     stream_options: StreamOptions | None = None
     include: list[str] | None = None
-    top_logprobs: int | None = Field(default=None, ge=0)  # logprobs are not returned here: only 0 passes (_check)
+    top_logprobs: JSONInt | None = Field(default=None, ge=0)  # logprobs are not returned here: only 0 passes (_check)
     # Accepted and harmless: no tier is faster, the prefix cache needs no key.
     service_tier: str | None = None
     safety_identifier: str | None = None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
+from loraplex.platform.api.json_types import JSONFloat, JSONInt
 from loraplex.platform.auth.scopes import Scope, parse_scopes
 from loraplex.platform.auth.store import MAX_TENANT_WEIGHT, MIN_TENANT_WEIGHT
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -13,13 +14,13 @@ class TenantCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     name: str = Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
-    weight: float = Field(default=1.0, ge=MIN_TENANT_WEIGHT, le=MAX_TENANT_WEIGHT, allow_inf_nan=False)
+    weight: JSONFloat = Field(default=1.0, ge=MIN_TENANT_WEIGHT, le=MAX_TENANT_WEIGHT, allow_inf_nan=False)
 
 
 class TenantUpdate(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    weight: float = Field(ge=MIN_TENANT_WEIGHT, le=MAX_TENANT_WEIGHT, allow_inf_nan=False)
+    weight: JSONFloat = Field(ge=MIN_TENANT_WEIGHT, le=MAX_TENANT_WEIGHT, allow_inf_nan=False)
 
 
 class TenantPublic(BaseModel):
@@ -36,8 +37,8 @@ class ApiKeyCreate(BaseModel):
 
     name: str = Field(default="", max_length=200)
     scopes: list[Scope] = Field(default_factory=lambda: [Scope.INFERENCE])
-    rpm_limit: int | None = Field(default=None, ge=0)
-    tpm_limit: int | None = Field(default=None, ge=0)
+    rpm_limit: JSONInt | None = Field(default=None, ge=0)
+    tpm_limit: JSONInt | None = Field(default=None, ge=0)
 
     @field_validator("scopes", mode="before")
     @classmethod

@@ -12,6 +12,7 @@ from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Query
 from loraplex.engine.errors import InvalidRequestError
+from loraplex.platform.api.json_types import JSONInt
 from loraplex.platform.api.strict_json import StrictJSONRoute
 from loraplex.platform.batches.objects import (
     COMPLETION_WINDOWS,
@@ -32,7 +33,7 @@ class OutputExpiresAfter(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     anchor: Literal["created_at"]
-    seconds: int = Field(ge=MIN_EXPIRES_AFTER_S, le=MAX_EXPIRES_AFTER_S)
+    seconds: JSONInt = Field(ge=MIN_EXPIRES_AFTER_S, le=MAX_EXPIRES_AFTER_S)
 
 
 class BatchCreate(BaseModel):

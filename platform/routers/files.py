@@ -25,6 +25,7 @@ from loraplex.platform.batches.objects import INPUT_PURPOSE, file_public, list_p
 from loraplex.platform.batches.upload import receive_file
 from loraplex.platform.batches.worker import BatchesDomain
 from loraplex.platform.deps import AppServices, InferenceKey
+from loraplex.platform.errors import ApiError
 from loraplex.platform.services import Services
 from starlette.requests import ClientDisconnect
 
@@ -55,6 +56,9 @@ async def create_file(request: Request, key: InferenceKey, services: AppServices
         if purpose != INPUT_PURPOSE:
             raise InvalidRequestError(f"purpose {purpose!r} is not supported here; files are for the Batch API: "
                                       "purpose 'batch'", param="purpose")
+        if received.num_bytes == 0:  # no batch can be made of it: say so now, not when a batch of it fails
+            raise ApiError("the file is empty; a batch input file holds one request per line", param="file",
+                           code="empty_file")
         expires_at = int(time.time()) + _expires_after(received.fields, settings.batch_file_expires_after_s)
         row = await run_upload_work(files.add, tenant_id=key.tenant_id, purpose=purpose,
                                     filename=received.filename or "upload.jsonl", path=path, expires_at=expires_at)

@@ -11,6 +11,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query, Request, Response
 from loraplex.engine.errors import InvalidRequestError
 from loraplex.platform.affinity import affinity_headers
+from loraplex.platform.api.json_types import JSONInt
 from loraplex.platform.api.strict_json import StrictJSONRoute
 from loraplex.platform.deps import AppServices, InferenceKey
 from loraplex.sessions.limits import SessionLimits, check_session_create
@@ -26,7 +27,7 @@ class SessionCreate(BaseModel):
 
     model: str
     system: str | None = None
-    ttl_seconds: int | None = None
+    ttl_seconds: JSONInt | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
     response_format: dict[str, Any] | None = None

@@ -159,6 +159,9 @@ def test_requests_refused_at_the_door(server: BatchServer) -> None:
         client.batches.create(input_file_id=good.id, endpoint="/v1/chat/completions", completion_window="1h")
     with pytest.raises(openai.BadRequestError, match="purpose"):
         client.files.create(file=("x.jsonl", b"{}\n"), purpose="fine-tune")
+    with pytest.raises(openai.BadRequestError, match="empty") as empty:
+        client.files.create(file=("empty.jsonl", b""), purpose="batch")
+    assert empty.value.code == "empty_file"
     with pytest.raises(openai.APIStatusError) as too_large:
         client.files.create(file=("big.jsonl", b"x" * (65 * 1024)), purpose="batch")
     assert too_large.value.status_code == 413 and too_large.value.code == "file_too_large"

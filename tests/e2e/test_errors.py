@@ -19,6 +19,16 @@ def test_wrong_type_is_400_naming_the_field(api_server) -> None:  # type: ignore
     assert_openai_error(r, 400, param="max_tokens")
     r = post(api_server, "/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}]}, key)
     assert_openai_error(r, 400, param="model")
+    # Strings and numbers are not read as booleans, nor strings and booleans as numbers (lax parsing would stream,
+    # or fix a seed, on a client's typo).
+    r = post(api_server, "/v1/chat/completions", chat_body(stream="yes"), key)
+    assert_openai_error(r, 400, param="stream")
+    r = post(api_server, "/v1/chat/completions", chat_body(seed="1"), key)
+    assert_openai_error(r, 400, param="seed")
+    r = post(api_server, "/v1/chat/completions", chat_body(stream_options={"include_usage": 1}), key)
+    assert_openai_error(r, 400, param="stream_options.include_usage")
+    r = post(api_server, "/v1/responses", {"model": MODEL, "input": "hi", "stream": "true"}, key)
+    assert_openai_error(r, 400, param="stream")
 
 
 def test_out_of_range_values_are_400(api_server) -> None:  # type: ignore[no-untyped-def]

@@ -13,7 +13,9 @@ from loraplex.platform.api.request_limits import RequestLimits, check_request_li
 from loraplex.platform.api.retry_hints import retry_headers
 from loraplex.platform.api.schemas import ChatCompletionRequest, CompletionRequest
 from loraplex.platform.api.vllm_compat import chat_template_options
+from loraplex.platform.errors import validation_param
 from loraplex.platform.settings import Settings
+from pydantic import ValidationError
 
 MESSAGES = [{"role": "user", "content": "hi"}]
 
@@ -40,6 +42,36 @@ def test_screening_names_the_parameter(fields: dict, error: type, param: str) ->
     with pytest.raises(error) as raised:
         chat(**fields)
     assert raised.value.param == param
+
+
+@pytest.mark.parametrize(("fields", "param"), [
+    ({"stream": "yes"}, "stream"),
+    ({"stream": 1}, "stream"),
+    ({"stream_options": {"include_usage": "yes"}}, "stream_options.include_usage"),
+    ({"parallel_tool_calls": "false"}, "parallel_tool_calls"),
+    ({"seed": "1"}, "seed"),
+    ({"max_tokens": True}, "max_tokens"),
+    ({"temperature": "0.5"}, "temperature"),
+    ({"logit_bias": {"5": "10"}}, "logit_bias"),
+    ({"stop_token_ids": [1, "2"]}, "stop_token_ids[1]"),
+])
+def test_scalars_take_json_types_as_sent(fields: dict, param: str) -> None:
+    """A string or boolean where a number goes (or anything but true/false where a boolean goes) is refused, as
+    OpenAI does, where lax parsing would run `"stream": "yes"` as a stream and `"seed": "1"` as a seed."""
+    with pytest.raises(ValidationError) as raised:
+        chat(**fields)
+    assert validation_param(raised.value.errors())[0] == param
+
+
+def test_whole_floats_are_integers_and_integers_are_floats() -> None:
+    body = chat(max_tokens=16.0, temperature=1, seed=7)
+    assert (body.max_tokens, body.temperature, body.seed) == (16, 1.0, 7)
+    assert isinstance(body.max_tokens, int)
+    with pytest.raises(ValidationError):
+        chat(max_tokens=16.5)
+    with pytest.raises(ValidationError) as raised:
+        CompletionRequest.model_validate({"model": "m", "prompt": [1, "2"]})
+    assert "prompt" in validation_param(raised.value.errors())[0]
 
 
 def test_completions_refuse_chat_only_fields() -> None:
