@@ -12,6 +12,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from loraplex.engine.model.gguf_read_once import read_gguf_once
 from loraplex.engine.model.tokenizer_repair import repair_byte_level_tokenizer
 from tqdm import tqdm
 
@@ -70,7 +71,7 @@ def _convert(gguf_path: Path, out_dir: Path) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     steps = ["tokenizer", "dequantize weights", "save weights"]
-    with tqdm(total=len(steps), desc=f"converting {gguf_path.name}", unit="step") as bar:
+    with read_gguf_once(), tqdm(total=len(steps), desc=f"converting {gguf_path.name}", unit="step") as bar:
         bar.set_postfix_str(steps[0])
         tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
         tokenizer.save_pretrained(out_dir)

@@ -117,3 +117,28 @@ def test_cpu_head_for_a_few_rows_equals_the_plain_product_and_keeps_the_argmax()
         assert logits.shape == (rows, 1000) and logits.is_contiguous()
         torch.testing.assert_close(logits, plain, rtol=1e-5, atol=1e-4)
         assert torch.equal(logits.argmax(-1), plain.argmax(-1))
+
+
+def test_a_gguf_header_is_read_once_during_a_conversion_and_gguf_is_left_as_it_was(tmp_path: Path) -> None:
+    import gguf
+    import numpy as np
+    from loraplex.engine.model.gguf_read_once import read_gguf_once
+
+    path = tmp_path / "tiny.gguf"
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_block_count(2)
+    writer.add_tensor("token_embd.weight", np.zeros((4, 8), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    real_reader, real_name_map = gguf.GGUFReader, gguf.get_tensor_name_map
+    with read_gguf_once():
+        first = gguf.GGUFReader(path)
+        assert gguf.GGUFReader(str(path)) is first  # the same file by another spelling: the same reader
+        assert first.fields["llama.block_count"].contents() == 2
+        arch = gguf.MODEL_ARCH.LLAMA
+        assert gguf.get_tensor_name_map(arch, 2) is gguf.get_tensor_name_map(arch, 2)
+        assert gguf.get_tensor_name_map(arch, 2).get_name("model.layers.1.self_attn.q_proj") == "blk.1.attn_q"
+    assert gguf.GGUFReader is real_reader and gguf.get_tensor_name_map is real_name_map
+    assert gguf.GGUFReader(path) is not first
