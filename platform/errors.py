@@ -186,12 +186,17 @@ def response_for(exc: Exception) -> JSONResponse:
     return error_response(500, "internal server error", code="internal_error")
 
 
+_REQUEST_PARTS = frozenset({"body", "query", "path", "header", "cookie"})
+
+
 def validation_param(errors: Sequence[Mapping[str, Any]]) -> tuple[str | None, str]:
     """(param, message) for the first pydantic error: `messages[0].content`, `temperature`, ..."""
     if not errors:
         return None, "invalid request"
     first = errors[0]
-    loc = [part for part in first.get("loc", ()) if part != "body"]
+    loc = list(first.get("loc", ()))
+    if loc and loc[0] in _REQUEST_PARTS:  # FastAPI's prefix: `limit`, not `query.limit`, as OpenAI names it
+        loc = loc[1:]
     # Pydantic adds the union member's type name to the location ("stop.str"); it is noise to a client.
     param = ""
     for part in loc:

@@ -29,6 +29,10 @@ def test_wrong_type_is_400_naming_the_field(api_server) -> None:  # type: ignore
     assert_openai_error(r, 400, param="stream_options.include_usage")
     r = post(api_server, "/v1/responses", {"model": MODEL, "input": "hi", "stream": "true"}, key)
     assert_openai_error(r, 400, param="stream")
+    # A query parameter is named as the client wrote it, not with FastAPI's `query.` prefix.
+    r = httpx.get(api_server.base_url + "/v1/files?limit=abc", headers=auth(key), timeout=30)
+    error = assert_openai_error(r, 400, param="limit")
+    assert error["message"].startswith("limit: ")
 
 
 def test_out_of_range_values_are_400(api_server) -> None:  # type: ignore[no-untyped-def]
