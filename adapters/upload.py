@@ -21,19 +21,16 @@ import functools
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from pathlib import Path, PurePath
-from typing import TYPE_CHECKING, BinaryIO, TypeVar
+from pathlib import Path
+from typing import BinaryIO, TypeVar
 
 from loraplex.adapters.archive import UploadLimits, extract_adapter_archive
 from loraplex.adapters.errors import UnsafeUploadError, UnsupportedMediaError, UploadTooLargeError
+from loraplex.adapters.multipart_form import MAX_FIELD_BYTES, FormParts
 from loraplex.adapters.peft_format import CONFIG_NAME, PICKLE_SUFFIXES, WEIGHTS_NAME
 from python_multipart.exceptions import MultipartParseError
 from python_multipart.multipart import MultipartParser, parse_options_header
 
-if TYPE_CHECKING:  # python-multipart declares it for type checkers only
-    from python_multipart.multipart import MultipartCallbacks
-
-MAX_FIELD_BYTES = 4096
 UPLOAD_WORKERS = 2
 T = TypeVar("T")
 _UPLOAD_POOL = ThreadPoolExecutor(max_workers=UPLOAD_WORKERS, thread_name_prefix="adapter-upload")
@@ -47,89 +44,42 @@ class ReceivedUpload:
     folder: Path | None = None  # holds adapter_config.json + adapter_model.safetensors once complete
 
 
-class _PartSink:
-    """Callbacks for one multipart body: routes each part to a field buffer or a staging file."""
+class _PartSink(FormParts):
+    """The adapter's files into the staging folder: the two PEFT files, or one archive."""
 
     def __init__(self, staging: Path, limits: UploadLimits) -> None:
+        super().__init__()
         self.staging = staging
         self.limits = limits
-        self.fields: dict[str, str] = {}
         self.files: dict[str, Path] = {}  # kept file name -> path
-        self._header_field = b""
-        self._header_value = b""
-        self._headers: dict[str, bytes] = {}
-        self._field_name: str | None = None
-        self._field_buf = bytearray()
-        self._file: BinaryIO | None = None
         self._file_bytes = 0
 
-    def callbacks(self) -> MultipartCallbacks:
-        return {
-            "on_part_begin": self._part_begin,
-            "on_header_field": lambda d, s, e: self._add("_header_field", d[s:e]),
-            "on_header_value": lambda d, s, e: self._add("_header_value", d[s:e]),
-            "on_header_end": self._header_end,
-            "on_headers_finished": self._headers_finished,
-            "on_part_data": self._part_data,
-            "on_part_end": self._part_end,
-        }
-
-    def _add(self, attr: str, data: bytes) -> None:
-        setattr(self, attr, getattr(self, attr) + data)
-
-    def _part_begin(self) -> None:
-        self._headers, self._field_name, self._field_buf, self._file, self._file_bytes = {}, None, bytearray(), None, 0
-
-    def _header_end(self) -> None:
-        self._headers[self._header_field.decode("latin-1").lower()] = self._header_value
-        self._header_field, self._header_value = b"", b""
-
-    def _headers_finished(self) -> None:
-        _, params = parse_options_header(self._headers.get("content-disposition", b""))
-        name = params.get(b"name", b"").decode("utf-8", "replace")
-        filename = params.get(b"filename")
-        if filename is None:
-            self._field_name = name
-            return
-        base = PurePath(filename.decode("utf-8", "replace").replace("\\", "/")).name
-        if base.endswith(PICKLE_SUFFIXES):
-            raise UnsafeUploadError(f"{base}: pickled weights are refused; upload adapter_model.safetensors")
-        if base in _DIRECT_FILES:
-            kept = base
-        elif base.endswith(_ARCHIVE_SUFFIXES):
+    def open_file(self, name: str, filename: str) -> BinaryIO:
+        if filename.endswith(PICKLE_SUFFIXES):
+            raise UnsafeUploadError(f"{filename}: pickled weights are refused; upload adapter_model.safetensors")
+        if filename in _DIRECT_FILES:
+            kept = filename
+        elif filename.endswith(_ARCHIVE_SUFFIXES):
             kept = "archive"
         else:
             raise UnsupportedMediaError(
-                f"unexpected file {base!r}: upload {CONFIG_NAME} and {WEIGHTS_NAME}, or one .zip / .tar.gz"
+                f"unexpected file {filename!r}: upload {CONFIG_NAME} and {WEIGHTS_NAME}, or one .zip / .tar.gz"
             )
         if kept in self.files:
             raise UnsafeUploadError(f"more than one {kept} in the upload")
         path = self.staging / ("upload.archive" if kept == "archive" else kept)
         self.files[kept] = path
-        self._file = path.open("wb")
+        self._file_bytes = 0
+        return path.open("wb")
 
-    def _part_data(self, data: bytes, start: int, end: int) -> None:
-        chunk = data[start:end]
-        if self._file is None:
-            self._field_buf += chunk
-            if len(self._field_buf) > MAX_FIELD_BYTES:
-                raise UploadTooLargeError(f"form field {self._field_name!r} is longer than {MAX_FIELD_BYTES} bytes")
-            return
+    def write_file(self, chunk: bytes) -> None:
         self._file_bytes += len(chunk)
         if self._file_bytes > self.limits.max_upload_bytes:
             raise UploadTooLargeError(f"an uploaded file is larger than {self.limits.max_upload_bytes} bytes")
-        self._file.write(chunk)
+        super().write_file(chunk)
 
-    def _part_end(self) -> None:
-        if self._file is not None:
-            self._file.close()
-            self._file = None
-        elif self._field_name:
-            self.fields[self._field_name] = self._field_buf.decode("utf-8", "replace")
-
-    def close(self) -> None:
-        if self._file is not None:
-            self._file.close()
+    def field_too_long(self, name: str | None) -> Exception:
+        return UploadTooLargeError(f"form field {name!r} is longer than {MAX_FIELD_BYTES} bytes")
 
 
 async def receive_adapter_upload(

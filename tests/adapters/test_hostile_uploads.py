@@ -194,3 +194,15 @@ def test_archive_upload_accepted(server, good):  # type: ignore[no-untyped-def]
     zipped = _zip([("adapter_config.json", good["adapter_config.json"]),
                    ("adapter_model.safetensors", good["adapter_model.safetensors"])])
     assert upload(server, [("adapter.zip", zipped)], "from-zip").status_code == 202
+
+
+def test_a_body_of_many_form_fields_is_refused_before_it_piles_up(server, good):  # type: ignore[no-untyped-def]
+    """Each field is small, but without a count thousands of them would sit in memory until the upload ended."""
+    before = _leftovers(server)
+    fields = {f"note{i}": "x" * 4000 for i in range(2000)}
+    response = httpx.post(f"{server.base_url}/v1/adapters", data={"name": "many-fields", **fields},
+                          files=[("file", (n, data, "application/octet-stream")) for n, data in good.items()],
+                          headers={"Authorization": f"Bearer {server.keys['adapters']}"}, timeout=120)
+    assert response.status_code == 400, response.text
+    assert "more than 16 form fields" in response.json()["error"]["message"]
+    assert _leftovers(server) == before
