@@ -25,6 +25,7 @@ from loraplex.platform.extensions import (
     RequestStatus,
 )
 from loraplex.platform.metrics import Metrics
+from loraplex.platform.pin_sweeper import sweep_while_running
 from loraplex.platform.pipeline import StageAdditions
 from loraplex.platform.settings import Settings
 from loraplex.sessions.errors import SessionNotFoundError
@@ -174,24 +175,5 @@ def install_sessions(extensions: Extensions, settings: Settings, *, engine: Engi
     extensions.stages["session"] = SessionStage(turns, metrics.session_turns_moved.inc if metrics else lambda: None)
     if metrics is not None:
         metrics.register_collector(_SessionCollector(turns, engine))
-    try:
-        loop = asyncio.get_running_loop()
-    except RuntimeError:
-        return turns  # no loop (a synchronous caller): nothing sweeps, sessions still work
-    sweeper = loop.create_task(_sweep_forever(turns, settings.session_sweep_interval_s))
-
-    async def stop_sessions() -> None:
-        sweeper.cancel()
-        turns.release_all_here()  # an engine that outlives this app (shared, in tests) must not keep the pins
-
-    extensions.on_shutdown.append(stop_sessions)
+    sweep_while_running(extensions, turns, settings.session_sweep_interval_s, "session")
     return turns
-
-
-async def _sweep_forever(turns: SessionTurns, interval_s: float) -> None:
-    while True:
-        await asyncio.sleep(interval_s)
-        try:
-            await asyncio.to_thread(turns.sweep)
-        except Exception:
-            log.exception("session sweep failed")

@@ -29,6 +29,7 @@ from typing import Any
 from loraplex.engine.core.client import EngineClient
 from loraplex.platform.errors import NotFoundError
 from loraplex.platform.extensions import Extensions
+from loraplex.platform.pin_sweeper import sweep_while_running
 from loraplex.platform.settings import Settings
 from loraplex.sessions.quota import NO_QUOTA, StoreQuota
 from loraplex.sessions.response_redis_store import RedisResponseStore
@@ -144,24 +145,5 @@ def install_responses(extensions: Extensions, settings: Settings, *, engine: Eng
     chains = ResponseChains(make_response_store(settings), engine=engine, retention_s=settings.response_retention_s,
                             quota=response_quota(settings))
     extensions.domain_state["responses"] = chains
-    try:
-        loop = asyncio.get_running_loop()
-    except RuntimeError:
-        return chains  # no loop (a synchronous caller): nothing sweeps, responses still work
-    sweeper = loop.create_task(_sweep_forever(chains, settings.session_sweep_interval_s))
-
-    async def stop_responses() -> None:
-        sweeper.cancel()
-        chains.release_all_here()  # an engine that outlives this app (shared, in tests) must not keep the pins
-
-    extensions.on_shutdown.append(stop_responses)
+    sweep_while_running(extensions, chains, settings.session_sweep_interval_s, "response pin")
     return chains
-
-
-async def _sweep_forever(chains: ResponseChains, interval_s: float) -> None:
-    while True:
-        await asyncio.sleep(interval_s)
-        try:
-            await asyncio.to_thread(chains.sweep)
-        except Exception:
-            log.exception("response pin sweep failed")
