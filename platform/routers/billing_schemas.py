@@ -10,6 +10,7 @@ from __future__ import annotations
 from datetime import datetime
 
 from loraplex.billing.pricing import Price, micro_to_usd, usd_text
+from loraplex.platform.api.json_types import JSONInt
 from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
 Usd = str | StrictInt | float
@@ -52,7 +53,7 @@ class BudgetUpdate(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     api_key_id: str | None = Field(default=None, max_length=64, description="one key's budget; omit for the tenant's")
-    monthly_token_limit: StrictInt | None = Field(default=None, ge=0)
+    monthly_token_limit: JSONInt | None = Field(default=None, ge=0)
     monthly_cost_limit_usd: Usd | None = None
 
 
