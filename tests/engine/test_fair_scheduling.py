@@ -242,6 +242,53 @@ def test_on_the_cpu_a_flood_runs_narrow_steps_while_another_tenant_is_around_and
     assert sum(s.tenant_id == "flood" for s in run(sched, bm, 2)[-1].seqs) == 24, "past the grace: whole steps"
 
 
+def test_on_the_cpu_a_flood_that_starts_after_another_tenants_request_runs_narrow_steps_from_its_first():
+    """CPU: a flood arriving all at once just after another tenant's request ended (that tenant's next one is
+    likely on its way) is admitted and run CPU_FLOOD_STEP_ROWS at a time for the grace, not in one step of all
+    its prefills that the next request would wait behind; past the grace it runs whole steps."""
+    from loraplex.engine.scheduler import CPU_FLOOD_STEP_ROWS, FLOOD_GRACE_STEPS
+
+    bm = BlockManager(4000, 16)
+    sched = Scheduler(bm, max_num_batched_tokens=512, max_num_seqs=32, decode_yield_min_tokens=16)
+    quiet = seq(12, "quiet")
+    sched.add(quiet)
+    run(sched, bm, 2)
+    sched.finish(quiet)  # its request ended; the engine may idle for a while, which takes no steps
+    flood = [seq(20, "flood") for _ in range(24)]
+    for s in flood:
+        sched.add(s)
+    grace = run(sched, bm, FLOOD_GRACE_STEPS - 2)
+    assert all(0 < len(out.seqs) <= CPU_FLOOD_STEP_ROWS for out in grace), [len(out.seqs) for out in grace]
+    assert sum(len(s.token_ids) > 20 for s in flood) >= CPU_FLOOD_STEP_ROWS, "the flood advances meanwhile"
+    widths = [len(out.seqs) for out in run(sched, bm, 12)]
+    assert max(widths) == 24, f"past the grace: whole steps {widths}"
+
+
+def test_on_the_cpu_a_flood_does_not_join_the_first_step_of_a_short_request_about_to_start():
+    """CPU: the step in which a flood would run (one in `yield_period`) is deferred, once, when what runs
+    without it ends within the period, a short request of another tenant that waits to start included: a
+    steady client whose cycle matched the period otherwise had the flood in the first step of every request."""
+    from loraplex.engine.scheduler import yield_period
+
+    bm = BlockManager(4000, 16)
+    sched = Scheduler(bm, max_num_batched_tokens=512, max_num_seqs=32, decode_yield_min_tokens=16)
+    flood = [seq(20, "flood") for _ in range(6)]
+    for s in flood:
+        sched.add(s)
+    run(sched, bm, 20)  # the flood alone, past 16 tokens each
+    period = yield_period(len(flood))
+    while (sched.num_steps + 1) % period:
+        run(sched, bm, 1)
+    short = seq(12, "quiet")
+    short.sampling = SamplingParams(max_tokens=period - 1)
+    sched.add(short)
+    first = sched.schedule()
+    assert [s.tenant_id for s in first.seqs] == ["quiet"], "the short request's first step runs without the flood"
+    complete(first, bm)
+    outs = run(sched, bm, 2 * period)
+    assert any(any(s.tenant_id == "flood" for s in out.seqs) for out in outs), "the flood still advances"
+
+
 def test_on_the_cpu_batch_work_sits_out_every_step_interactive_work_has_and_runs_short_steps_alone():
     """CPU scheduling (decode yielding on): a step costs in proportion to its rows, so batch rows never share
     a step with interactive work, and a step of batch work alone stays within CPU_BATCH_STEP_TOKENS, so an
