@@ -321,7 +321,7 @@ def test_on_the_cpu_batch_work_runs_narrow_steps_for_a_grace_after_interactive_w
     batch = [seq(20, "acme", background=True) for _ in range(20)]
     for s in batch:
         sched.add(s)
-    run(sched, bm, 3)
+    run(sched, bm, 8)  # 400 prompt tokens, at most CPU_BATCH_STEP_TOKENS a step
     assert len(sched.schedule().seqs) == 20, "alone, batch work runs whole steps"
     victim = seq(12, "globex")
     sched.add(victim)
