@@ -29,8 +29,9 @@ speed, and the long one still advances at a third of its speed or more,
 never starved. (On the 2-core CPU a second sequence makes a step ~1.8x as
 costly; sitting out every other step still left the short one 1.5x slower.)
 A flooding tenant's steps, and batch work's, also run only a few rows while
-another tenant is around and for a grace of steps after: a request arriving
-between another tenant's requests waits for a narrow step, not a whole one.
+another tenant is around and for a grace of steps after (a flood that begins
+in that grace is narrowed from its first step): a request arriving between
+another tenant's requests waits for a narrow step, not a whole one.
 """
 
 from __future__ import annotations
@@ -464,15 +465,15 @@ class Scheduler:
 
     def _work_counts(self, with_waiting: bool = False) -> dict[str, int]:
         """Running sequences per tenant; a tenant whose requests only wait counts as running one, or (with_waiting)
-        every tenant's waiting sequences count too."""
+        every tenant's waiting interactive sequences count too (batch work is narrowed on its own)."""
         counts: dict[str, int] = {}
         for seq in self.running:
             counts[seq.tenant_id] = counts.get(seq.tenant_id, 0) + 1
         for tenant, queue in self.waiting.items():
-            if with_waiting and queue:
-                counts[tenant] = counts.get(tenant, 0) + len(queue)
-            elif queue and tenant not in counts:
-                counts[tenant] = 1
+            if not queue:
+                continue
+            waiting = sum(not s.background for s in queue) if with_waiting else 0
+            counts[tenant] = max(1, counts.get(tenant, 0) + waiting)
         return counts
 
     def _floods_beside_recent_tenants(self) -> set[str]:
