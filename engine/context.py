@@ -44,8 +44,9 @@ class LoRAStepBuilder(Protocol):
     def token_slots(self, seqs_in_batch_order: AdapterRows, token_counts: list[int]) -> list[int] | None:
         """Each token's adapter slot (-1: base); None when no token has an adapter."""
 
-    def batch_of(self, token_slots: list[int]) -> LoRAStepContext:
-        """The context of tokens whose slots are known (tensor parallelism sends them to the workers)."""
+    def batch_of(self, token_slots: list[int], signature: str | None = None) -> LoRAStepContext:
+        """The context of tokens whose slots are known (tensor parallelism sends them to the workers);
+        `signature`: with that set of linears' slot stacks rather than the adapted ones (a graph's capture)."""
 
 
 @dataclass(slots=True)

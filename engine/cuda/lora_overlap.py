@@ -29,7 +29,7 @@ from loraplex.engine.context import LoRAStepContext
 from loraplex.engine.kernels import lora_triton
 from loraplex.engine.kernels.lora_metadata import LoRAMetadata
 from loraplex.engine.kernels.lora_weights import LoRAStack
-from loraplex.engine.lora.slot_pool import StackKey
+from loraplex.engine.lora.slot_pool import EVERY_LINEAR, StackKey
 from loraplex.engine.lora.step import AddLoRA, KernelLoRABatch
 
 Slices = tuple[tuple[str, int, int], ...]
@@ -58,6 +58,8 @@ class SideStreamLoRABatch:
     add_lora: AddLoRA
     stream: torch.cuda.Stream
     mode: str = "delta"
+    signature: str = EVERY_LINEAR
+
 
     @classmethod
     def wrap(cls, batch: LoRAStepContext | None, stream: torch.cuda.Stream,
@@ -65,7 +67,7 @@ class SideStreamLoRABatch:
         """`batch` if it is not a kernel LoRA batch, else its side-stream twin."""
         if not isinstance(batch, KernelLoRABatch):
             return batch
-        return cls(batch.meta, batch.stacks, batch.add_lora, stream, mode)
+        return cls(batch.meta, batch.stacks, batch.add_lora, stream, mode, batch.signature)
 
     def apply(self, x: torch.Tensor, y: torch.Tensor, layer_index: int, slices: Slices) -> None:
         stack = self.stacks.get((layer_index, slices))

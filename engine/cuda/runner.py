@@ -40,6 +40,7 @@ from loraplex.engine.cuda.staging import DrawBuffers, GrammarMaskBuffers, Pinned
 from loraplex.engine.input_batch import InputBatch, StepRows, build_input_batch
 from loraplex.engine.kernels.paged_attention_decode import choose_num_splits
 from loraplex.engine.kernels.token_bitmask import apply_token_bitmask
+from loraplex.engine.lora.slot_pool import EVERY_LINEAR
 from loraplex.engine.model.llama import LlamaForCausalLM
 from loraplex.engine.runner import ForwardOutput, ModelRunner, PendingStep, StepResult, TensorParallelWorkers
 from loraplex.engine.sampler import draws_at_random, draws_by_temperature_alone, row_uniform
@@ -121,8 +122,10 @@ class CudaModelRunner(ModelRunner):
                                         self.sampler.tokenizer_vocab_size, self.device)
         self.draws = DrawBuffers(max(self.ladder[-1], seqs), self.device)
         self.num_graph_draws = 0  # steps whose random rows drew inside a graph
-        self.graphs: dict[tuple[int, str | None], DecodeGraph] = {}  # (padded size, "lora" or None)
-        # (sequences, tokens, kind): kind None (base model), "lora", "verify" or "lora+verify"
+        # (padded size, LoRA kind): None (base rows only), "lora" (every linear's LoRA stacks) or "lora:<linears>"
+        # (those some resident adapter adapts: `_lora_kind`)
+        self.graphs: dict[tuple[int, str | None], DecodeGraph] = {}
+        # (sequences, tokens, kind): kind None (base model), a LoRA kind, "verify" or "<LoRA kind>+verify"
         self.mixed_graphs: dict[tuple[int, int, str | None], DecodeGraph] = {}
         self._graph_pool: torch.cuda._POOL_HANDLE | None = None
         self.last_graph: DecodeGraph | None = None
@@ -311,7 +314,8 @@ class CudaModelRunner(ModelRunner):
         kinds: list[str | None] = [None] + (["lora"] if self.lora is not None and self.workers is None else [])
         missing = [(size, kind) for kind in kinds for size in self.ladder if (size, kind) not in self.graphs]
         for size, kind in sorted(missing, key=lambda key: -key[0]):  # largest first: smaller ones reuse the pool
-            lora = None if kind is None or self.lora is None else self._on_side_stream(self.lora.batch_of([-1] * size))
+            lora = None if kind is None or self.lora is None else self._on_side_stream(
+                self.lora.batch_of([-1] * size, EVERY_LINEAR))
             self.graphs[(size, kind)] = self._capture(size, lora)
         return len(missing)
 
@@ -319,7 +323,7 @@ class CudaModelRunner(ModelRunner):
         """A new LoRA manager (`LLMEngine.serve_adapters`) brings new slot stacks: graphs captured on the
         old ones would read them, so they go and are captured again on the new ones."""
         if self._lora_graphs_of is not self.lora:
-            for key in [k for k in self.graphs if k[1] == "lora"]:
+            for key in [k for k in self.graphs if k[1] is not None and k[1].startswith("lora")]:
                 del self.graphs[key]
             for mixed_key in [k for k in self.mixed_graphs if k[2] is not None and k[2].startswith("lora")]:
                 del self.mixed_graphs[mixed_key]
@@ -349,11 +353,11 @@ class CudaModelRunner(ModelRunner):
         missing = []
         for lora_kind in [False, True] if self.lora is not None else [False]:
             for verify in (False, True) if self.verify_extra_tokens else (False,):
-                kind = _mixed_kind(lora_kind, verify)
+                kind = _mixed_kind("lora" if lora_kind else None, verify)
                 missing += [(s, t, kind) for s, t in self.mixed_shapes() if (s, t, kind) not in self.mixed_graphs]
         for s, t, kind in sorted(missing, key=lambda key: (-key[1], -key[0])):
             lora = None if not kind or not kind.startswith("lora") or self.lora is None else (
-                self._on_side_stream(self.lora.batch_of([-1] * t)))
+                self._on_side_stream(self.lora.batch_of([-1] * t, EVERY_LINEAR)))
             self.mixed_graphs[(s, t, kind)] = self._capture_mixed(s, t, lora, verify=kind is not None and "verify" in kind)
         return len(missing)
 
@@ -396,7 +400,7 @@ class CudaModelRunner(ModelRunner):
     def _replay_mixed(self, batch: InputBatch, lora: LoRAStepContext | None, num_seqs: int,
                       num_tokens: int) -> ForwardOutput:
         verify = batch.logit_rows.size > num_seqs  # draft rows' logits too
-        key = (num_seqs, num_tokens, _mixed_kind(lora is not None, verify))
+        key = (num_seqs, num_tokens, _mixed_kind(_lora_kind(lora), verify))
         self._forget_stale_lora_graphs()
         graph = self.mixed_graphs.get(key)
         if graph is None:
@@ -440,7 +444,7 @@ class CudaModelRunner(ModelRunner):
                        feed_tokens: torch.Tensor | None = None) -> DecodeGraph:
         """`feed_tokens`: `batch.input_ids` are rows of this device tensor, gathered into the ids."""
         size = batch.block_tables.shape[0]
-        key = (size, None if lora is None else "lora")  # one LoRA graph per size: the stacks are fixed
+        key = (size, _lora_kind(lora))  # one LoRA graph per size and set of adapted linears: the stacks are fixed
         self._forget_stale_lora_graphs()
         graph = self.graphs.get(key)
         if graph is None:
@@ -507,10 +511,19 @@ class CudaModelRunner(ModelRunner):
         return ForwardOutput(hidden, self.model.compute_logits(hidden[rows_d.long()]).float())
 
 
-def _mixed_kind(lora: bool, verify: bool) -> str | None:
-    """A mixed graph's kind: the base model's (None) or LoRA rows', gathering one logits row per sequence or,
-    to verify drafts, draft rows' too."""
-    return "+".join(name for name, on in (("lora", lora), ("verify", verify)) if on) or None
+def _lora_kind(lora: LoRAStepContext | None) -> str | None:
+    """The LoRA part of a graph's key: None (no adapter rows), "lora" (LoRA kernels at every linear) or
+    "lora:<linears>" (only at the linears some resident adapter adapts, `LoRASlotPool.adapted_signature`)."""
+    if lora is None:
+        return None
+    signature = getattr(lora, "signature", EVERY_LINEAR)
+    return "lora" if signature == EVERY_LINEAR else f"lora:{signature}"
+
+
+def _mixed_kind(lora_kind: str | None, verify: bool) -> str | None:
+    """A mixed graph's kind: the base model's (None) or LoRA rows' (`_lora_kind`), gathering one logits row per
+    sequence or, to verify drafts, draft rows' too."""
+    return "+".join(name for name in (lora_kind, "verify" if verify else None) if name) or None
 
 
 def _pad(values: np.ndarray, size: int, fill: int) -> np.ndarray:

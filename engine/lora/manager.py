@@ -133,8 +133,8 @@ class LoRAManager:
             token_slots.extend([slot] * count)
         return token_slots or None
 
-    def batch_of(self, token_slots: list[int]) -> LoRABatch:
-        return self._build_batch(token_slots, self.pool)
+    def batch_of(self, token_slots: list[int], signature: str | None = None) -> LoRABatch:
+        return self._build_batch(token_slots, self.pool, signature)
 
     def _slot_of(self, adapter_id: str) -> int:
         slot = self._slots.get(adapter_id)

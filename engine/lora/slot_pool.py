@@ -5,6 +5,11 @@ Every `LoRALinear` of the model (merged q/k/v, o, merged gate/up, down) gets a
 adapter into slot s fills, for each layer and slice, the slice's A/B (zero
 padded past its rank) and scaling, and marks slices the adapter does not
 touch as rank 0, which the kernels skip.
+
+The kernels skip a rank-0 slice only once launched, and a decode step's LoRA kernels are latency-bound
+(~3-5 us a launch whatever they compute), so a step's LoRA batch carries only the stacks of the linears some
+resident adapter adapts (`adapted_stacks`): with PEFT's default targets (q_proj, v_proj) that is one linear in
+four. Which linears those are is `adapted_signature`, a CUDA graph's key beside its shape.
 """
 
 from __future__ import annotations
@@ -20,6 +25,12 @@ from loraplex.engine.model.layers import LoRALinear
 from torch import nn
 
 StackKey = tuple[int, tuple[tuple[str, int, int], ...]]  # (layer_index, the linear's slices)
+EVERY_LINEAR = "all"  # the signature of a batch with every LoRA-ready linear's stack
+
+
+def linear_kind(key: StackKey) -> str:
+    """The linear a stack belongs to, the same in every layer: its slices' module names ("q_proj+k_proj+v_proj")."""
+    return "+".join(name for name, _, _ in key[1])
 
 
 class SliceEntry(NamedTuple):
@@ -70,6 +81,23 @@ class LoRASlotPool:
             self.shrink_a[key] = {}
             for index, (name, _, _) in enumerate(module.slices):
                 self._placement[(module.layer_index, name)] = (key, index)
+        # The stacks of the linears (in every layer) that some slot adapts, and which linears those are: a
+        # linear adapted in one layer keeps its stacks in all (signatures stay few: one per set of targets)
+        self.adapted_stacks: dict[StackKey, LoRAStack] = {}
+        self.adapted_signature = ""
+
+    def stacks_for(self, signature: str) -> dict[StackKey, LoRAStack]:
+        """The stacks a batch of this signature carries (`EVERY_LINEAR`: all of them)."""
+        if signature == EVERY_LINEAR:
+            return self.stacks
+        kinds = set(signature.split(",")) if signature else set()
+        return {key: stack for key, stack in self.stacks.items() if linear_kind(key) in kinds}
+
+    def _refresh_adapted(self) -> None:
+        kinds = {linear_kind(key) for key, table in self.slot_slices.items() if table}
+        every = {linear_kind(key) for key in self.stacks}
+        self.adapted_signature = EVERY_LINEAR if kinds == every else ",".join(sorted(kinds))
+        self.adapted_stacks = self.stacks_for(self.adapted_signature)
 
     def shard(self, name: str, w: LoRAModuleWeights) -> LoRAModuleWeights:
         """An adapter module as this rank holds it (S-LoRA: B by output rows for column-parallel
@@ -122,6 +150,7 @@ class LoRASlotPool:
             for key, table in self.slot_slices.items():
                 if slot in table:
                     self._stack_shrink(key, slot)
+        self._refresh_adapted()
 
     def _stack_shrink(self, key: StackKey, slot: int) -> None:
         entries, placed, column = sorted(self.slot_slices[key][slot]), [], 0
@@ -137,3 +166,4 @@ class LoRASlotPool:
             stack.clear_slot(slot)
             self.slot_slices[key].pop(slot, None)
             self.shrink_a[key].pop(slot, None)
+        self._refresh_adapted()

@@ -5,7 +5,9 @@ slices)` adds each slice's delta into `y` in place. Two kinds, picked by the
 device type through `LORA_BATCHES`:
 
 - `KernelLoRABatch` (CUDA): the kernels' metadata (one host-to-device copy per
-  step) and the fused Triton shrink/expand, one launch per linear.
+  step) and the fused Triton shrink/expand, one launch per adapted linear: only
+  the stacks of linears some resident adapter adapts (`LoRASlotPool.adapted_stacks`),
+  named by `signature`, which keys the CUDA graphs that replay it.
 - `GroupedCpuLoRABatch` (CPU): tokens sorted by slot once per step; per linear
   one gather of x, then per slot one exact-rank shrink matmul for all its
   slices (their A stacked at slot-write time) and one fused expand-add
@@ -29,7 +31,7 @@ import numpy as np
 import torch
 from loraplex.engine.kernels.lora_metadata import LoRAMetadata, build_lora_metadata
 from loraplex.engine.kernels.lora_weights import LoRAStack
-from loraplex.engine.lora.slot_pool import LoRASlotPool, StackKey
+from loraplex.engine.lora.slot_pool import EVERY_LINEAR, LoRASlotPool, StackKey
 
 Slices = tuple[tuple[str, int, int], ...]
 AddLoRA = Callable[[torch.Tensor, torch.Tensor, LoRAStack, LoRAMetadata], None]
@@ -44,12 +46,18 @@ class KernelLoRABatch:
     meta: LoRAMetadata
     stacks: dict[StackKey, LoRAStack]
     add_lora: AddLoRA
+    signature: str = EVERY_LINEAR  # which linears `stacks` covers (`LoRASlotPool.adapted_signature`)
 
     @classmethod
-    def build(cls, token_slots: list[int], pool: LoRASlotPool) -> KernelLoRABatch:
+    def build(cls, token_slots: list[int], pool: LoRASlotPool, signature: str | None = None) -> KernelLoRABatch:
+        """`signature`: carry that set of linears' stacks (a graph captured for it) instead of the adapted ones."""
         from loraplex.engine.kernels.lora_triton import add_lora
 
-        return cls(cached_metadata(token_slots, pool), pool.stacks, add_lora)
+        if signature is None:
+            stacks, signature = pool.adapted_stacks, pool.adapted_signature
+        else:
+            stacks = pool.stacks_for(signature)
+        return cls(cached_metadata(token_slots, pool), stacks, add_lora, signature)
 
     def apply(self, x: torch.Tensor, y: torch.Tensor, layer_index: int, slices: Slices) -> None:
         stack = self.stacks.get((layer_index, slices))
@@ -81,7 +89,8 @@ class GroupedCpuLoRABatch:
     first_row: int                       # with perm None: the adapted rows are [first_row, first_row + n)
 
     @classmethod
-    def build(cls, token_slots: list[int], pool: LoRASlotPool) -> GroupedCpuLoRABatch:
+    def build(cls, token_slots: list[int], pool: LoRASlotPool, signature: str | None = None) -> GroupedCpuLoRABatch:
+        """`signature` is the kernels' (no graphs here): this path skips slots without a slice at each linear."""
         slots = np.asarray(token_slots, dtype=np.int64)
         adapted = np.flatnonzero(slots >= 0)
         order = adapted[np.argsort(slots[adapted], kind="stable")]
@@ -145,7 +154,7 @@ def cached_metadata(token_slots: list[int], pool: LoRASlotPool) -> LoRAMetadata:
     return meta
 
 
-LORA_BATCHES: dict[str, Callable[[list[int], LoRASlotPool], LoRABatch]] = {
+LORA_BATCHES: dict[str, Callable[[list[int], LoRASlotPool, str | None], LoRABatch]] = {
     "cpu": GroupedCpuLoRABatch.build,
     "cuda": KernelLoRABatch.build,
 }

@@ -208,7 +208,7 @@ class Worker:
         if batch.lora_slots is None or self.lora_pool is None:
             return None
         build = LORA_BATCHES[self.runner.device.type]
-        return build(np.asarray(batch.lora_slots).tolist(), self.lora_pool)
+        return build(np.asarray(batch.lora_slots).tolist(), self.lora_pool, None)
 
     @torch.inference_mode()
     def step(self, batch: Any) -> None:

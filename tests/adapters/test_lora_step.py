@@ -59,6 +59,51 @@ def test_clear_and_limits(pool, tmp_path, spec):  # type: ignore[no-untyped-def]
         pool.write(1, read_peft_adapter(big, "big", spec))
 
 
+def test_kernel_batches_carry_only_the_adapted_linears(tiny_model, tmp_path, spec):  # type: ignore[no-untyped-def]
+    """A kernel launch costs its latency even where every slot's slice is rank 0: a step's batch carries the
+    stacks of the linears some resident adapter adapts, named by a signature (a CUDA graph's key)."""
+    from loraplex.engine.lora.slot_pool import EVERY_LINEAR, linear_kind
+    from loraplex.engine.lora.step import KernelLoRABatch
+
+    pool = LoRASlotPool(tiny_model, max_loras=4, max_lora_rank=16, dtype=torch.float32, device="cpu")
+    assert (pool.adapted_signature, pool.adapted_stacks) == ("", {})
+    adapters = {name: read_peft_adapter(write_random_adapter(tmp_path / name, spec, r=4, targets=targets, seed=i),
+                                        name, spec)
+                for i, (name, targets) in enumerate([("qv", ("q_proj", "v_proj")), ("down", ("down_proj",)),
+                                                     ("every", ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
+                                                                "up_proj", "down_proj"))])}
+    pool.write(0, adapters["qv"])
+    qkv = {key for key in pool.stacks if linear_kind(key) == "q_proj+k_proj+v_proj"}
+    assert len(qkv) == TINY_HF_CONFIG["num_hidden_layers"]
+    assert pool.adapted_signature == "q_proj+k_proj+v_proj" and set(pool.adapted_stacks) == qkv
+    pool.write(1, adapters["down"])
+    assert pool.adapted_signature == "down_proj,q_proj+k_proj+v_proj"
+    batch = KernelLoRABatch.build([0, -1, 1], pool)
+    assert batch.signature == pool.adapted_signature and set(batch.stacks) == set(pool.adapted_stacks)
+    assert {linear_kind(key) for key in batch.stacks} == {"q_proj+k_proj+v_proj", "down_proj"}
+    pool.write(2, adapters["every"])
+    assert pool.adapted_signature == EVERY_LINEAR and pool.adapted_stacks == pool.stacks
+    pool.clear(2)
+    pool.clear(1)
+    assert pool.adapted_signature == "q_proj+k_proj+v_proj"
+    forced = KernelLoRABatch.build([0], pool, EVERY_LINEAR)  # a graph captured for every linear
+    assert forced.signature == EVERY_LINEAR and forced.stacks == pool.stacks
+    # Where the batch carries no stack, no LoRA work runs: the same output as a batch of every stack, whose
+    # kernels find rank 0 there (the kernels' reference stands in for them on the CPU).
+    meta = build_lora_metadata([0, -1, 0], max_loras=pool.max_loras, device="cpu")
+    subset = KernelLoRABatch(meta, pool.adapted_stacks, add_lora_ref, pool.adapted_signature)
+    every = KernelLoRABatch(meta, pool.stacks, add_lora_ref)
+    generator = torch.Generator().manual_seed(0)
+    for (layer, slices), stack in pool.stacks.items():
+        x = torch.randn(3, stack.in_features, generator=generator)
+        y = torch.randn(3, stack.out_features, generator=generator)
+        ours, ref = y.clone(), y.clone()
+        subset.apply(x, ours, layer, slices)
+        every.apply(x, ref, layer, slices)
+        assert torch.equal(ours, ref)
+        assert torch.equal(ours, y) == ((layer, slices) not in qkv)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_kernel_batch_on_gpu_matches_reference(tmp_path, spec, dtype):  # type: ignore[no-untyped-def]

@@ -348,6 +348,39 @@ def test_mixed_step_graphs_give_the_eager_steps_tokens_with_lora_and_grammar(dty
     assert on.stats()["engine_steps"]["mixed_graph"] == on.runner.num_mixed_graph_steps
 
 
+class AttentionOnlyAdapters(RandomAdapterSource):
+    """PEFT's default targets for Llama: q_proj and v_proj alone."""
+
+    def shapes(self) -> dict[str, tuple[int, int]]:
+        return {name: shape for name, shape in super().shapes().items() if name in ("q_proj", "v_proj")}
+
+
+def test_graphs_of_adapters_on_some_linears_launch_lora_kernels_there_alone_with_the_same_tokens() -> None:
+    """q_proj/v_proj adapters: decode and mixed graphs keyed by the adapted linears (LoRA kernels at the merged
+    q/k/v projection only) give the tokens of graphs with LoRA kernels at every linear, and of the CPU engine."""
+    from loraplex.engine.lora import slot_pool
+
+    def engine_on(device: str) -> LLMEngine:
+        engine = make_engine(device)
+        engine.serve_adapters(AttentionOnlyAdapters(CONFIG, rank=8, dtype=engine.config.torch_dtype, std=0.2),
+                              AdapterLimits(max_loras=4, max_cpu_loras=8, max_lora_rank=8))
+        return engine
+
+    subset = engine_on(GPU_DEVICE)
+    tokens = staggered(many_lora_requests(), subset)
+    assert subset.lora is not None and subset.lora.pool.adapted_signature == "q_proj+k_proj+v_proj"
+    kinds = {key[1] for key in subset.runner.graphs} | {key[2] for key in subset.runner.mixed_graphs}
+    assert "lora:q_proj+k_proj+v_proj" in kinds
+    assert subset.runner.num_graph_steps > 0 and subset.runner.num_eager_steps == 0
+    every = engine_on(GPU_DEVICE)
+    assert every.lora is not None
+    every.lora.pool.adapted_stacks = every.lora.pool.stacks  # the kernels launched at every linear, as before
+    every.lora.pool._refresh_adapted = lambda: None  # type: ignore[method-assign]
+    every.lora.pool.adapted_signature = slot_pool.EVERY_LINEAR
+    assert staggered(many_lora_requests(), every) == tokens
+    assert staggered(many_lora_requests(), engine_on("cpu")) == tokens
+
+
 def test_mixed_graphs_captured_at_start_up_cover_every_shape_and_prompt_logprobs_stay_eager() -> None:
     engine = make_engine(GPU_DEVICE, lora=True)
     runner = engine.runner
