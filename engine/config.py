@@ -161,10 +161,8 @@ class EngineConfig:
     # where the machine supports it; False: NCCL for every all-reduce
     tp_one_shot_all_reduce: bool = True
     # Launch each plain decode step (greedy, or drawing at a temperature alone) before the previous one's tokens are
-    # read back, so the host schedules and updates outputs while the GPU runs (engine/step_overlap.py); same outputs.
-    # None: on CUDA (a SmolLM2 step of 64 rows on an H200 took 1.2 instead of 2.3-2.5 ms), off on the CPU (its steps
-    # are the CPU's own work: nothing runs meanwhile to overlap)
-    overlap_scheduling: bool | None = None
+    # read back, so the host schedules and updates outputs while the GPU runs (engine/step_overlap.py); same outputs
+    overlap_scheduling: bool = False
     # A long decode sits out two steps of three for a much shorter sequence of another tenant
     # (engine/scheduler.py); None: on (16 tokens) on the CPU, where a step's cost grows with its batch,
     # off on CUDA, where it barely does; 0: off.
@@ -190,11 +188,6 @@ class EngineConfig:
     def speculation(self, max_model_len: int) -> SpeculationConfig:
         return SpeculationConfig(self.speculative_decoding, self.speculative_num_tokens, self.speculative_ngram_min,
                                  self.speculative_ngram_max, torch.device(self.device).type, max_model_len)
-
-    def resolve_overlap_scheduling(self) -> bool:
-        if self.overlap_scheduling is not None:
-            return self.overlap_scheduling
-        return self.device.startswith("cuda")
 
     def resolve_decode_yield_min_tokens(self) -> int:
         if self.decode_yield_min_tokens is not None:

@@ -57,7 +57,7 @@ class StepOverlap:
 
     @classmethod
     def for_engine(cls, engine: LLMEngine) -> StepOverlap | None:
-        if not engine.config.resolve_overlap_scheduling():
+        if not engine.config.overlap_scheduling:
             return None
         return cls(engine)
 

@@ -121,8 +121,6 @@ def test_preemption_and_tiny_pools_fall_back_with_the_same_tokens() -> None:
     assert got == expected
 
 
-def test_on_by_default_for_cuda_only() -> None:
-    assert EngineConfig().resolve_overlap_scheduling() is False  # the CPU device
-    assert EngineConfig(device="cuda").resolve_overlap_scheduling() is True
-    assert EngineConfig(device="cuda", overlap_scheduling=False).resolve_overlap_scheduling() is False
+def test_off_by_default() -> None:
+    assert EngineConfig().overlap_scheduling is False
     assert make_engine(overlap=False).overlap is None
