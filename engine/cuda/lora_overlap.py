@@ -58,8 +58,7 @@ class SideStreamLoRABatch:
     add_lora: AddLoRA
     stream: torch.cuda.Stream
     mode: str = "delta"
-    signature: str = EVERY_LINEAR
-
+    signature: str = EVERY_LINEAR  # which linears `stacks` covers (`KernelLoRABatch.signature`)
 
     @classmethod
     def wrap(cls, batch: LoRAStepContext | None, stream: torch.cuda.Stream,
