@@ -26,6 +26,10 @@ from torch import nn
 
 StackKey = tuple[int, tuple[tuple[str, int, int], ...]]  # (layer_index, the linear's slices)
 EVERY_LINEAR = "all"  # the signature of a batch with every LoRA-ready linear's stack
+# Sets of adapted linears a pool names over its life, "all" among them: each new one captures its CUDA graphs on
+# first use (a stall of the engine's loop per shape), so tenants uploading adapters of ever new target sets
+# cannot make it capture without end; past the cap a new set runs on the graphs of every linear.
+MAX_SIGNATURES = 4
 
 
 def linear_kind(key: StackKey) -> str:
@@ -85,6 +89,7 @@ class LoRASlotPool:
         # linear adapted in one layer keeps its stacks in all (signatures stay few: one per set of targets)
         self.adapted_stacks: dict[StackKey, LoRAStack] = {}
         self.adapted_signature = ""
+        self._signatures_named: set[str] = {EVERY_LINEAR}
 
     def stacks_for(self, signature: str) -> dict[StackKey, LoRAStack]:
         """The stacks a batch of this signature carries (`EVERY_LINEAR`: all of them)."""
@@ -96,8 +101,13 @@ class LoRASlotPool:
     def _refresh_adapted(self) -> None:
         kinds = {linear_kind(key) for key, table in self.slot_slices.items() if table}
         every = {linear_kind(key) for key in self.stacks}
-        self.adapted_signature = EVERY_LINEAR if kinds == every else ",".join(sorted(kinds))
-        self.adapted_stacks = self.stacks_for(self.adapted_signature)
+        signature = EVERY_LINEAR if kinds == every else ",".join(sorted(kinds))
+        if signature and signature not in self._signatures_named:  # "": no slot adapts anything, no graph needed
+            if len(self._signatures_named) >= MAX_SIGNATURES:
+                signature = EVERY_LINEAR
+            self._signatures_named.add(signature)
+        self.adapted_signature = signature
+        self.adapted_stacks = self.stacks_for(signature)
 
     def shard(self, name: str, w: LoRAModuleWeights) -> LoRAModuleWeights:
         """An adapter module as this rank holds it (S-LoRA: B by output rows for column-parallel

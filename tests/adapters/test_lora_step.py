@@ -104,6 +104,25 @@ def test_kernel_batches_carry_only_the_adapted_linears(tiny_model, tmp_path, spe
         assert torch.equal(ours, y) == ((layer, slices) not in qkv)
 
 
+def test_new_sets_of_adapted_linears_past_the_cap_use_every_linear(tiny_model, tmp_path, spec):  # type: ignore[no-untyped-def]
+    """Each new set of adapted linears captures CUDA graphs of its own on first use: a pool names at most
+    MAX_SIGNATURES sets ("all" among them), and a set past them runs with every linear's stacks."""
+    from loraplex.engine.lora.slot_pool import EVERY_LINEAR, MAX_SIGNATURES
+
+    pool = LoRASlotPool(tiny_model, max_loras=1, max_lora_rank=16, dtype=torch.float32, device="cpu")
+    seen = []
+    for i, targets in enumerate([("q_proj",), ("o_proj",), ("down_proj",), ("gate_proj",), ("q_proj",)]):
+        pool.write(0, read_peft_adapter(write_random_adapter(tmp_path / f"t{i}", spec, r=4, targets=targets, seed=i),
+                                        f"t{i}", spec))
+        seen.append((pool.adapted_signature, len(pool.adapted_stacks)))
+    layers = TINY_HF_CONFIG["num_hidden_layers"]
+    assert MAX_SIGNATURES == 4
+    assert seen == [("q_proj+k_proj+v_proj", layers), ("o_proj", layers), ("down_proj", layers),
+                    (EVERY_LINEAR, len(pool.stacks)), ("q_proj+k_proj+v_proj", layers)]
+    pool.clear(0)
+    assert (pool.adapted_signature, pool.adapted_stacks) == ("", {})
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_kernel_batch_on_gpu_matches_reference(tmp_path, spec, dtype):  # type: ignore[no-untyped-def]
