@@ -24,6 +24,9 @@ import socket
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from multiprocessing import resource_tracker
 from multiprocessing.process import BaseProcess
 from typing import Any
 
@@ -130,6 +133,21 @@ def bind_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
+@contextmanager
+def ctrl_c_held() -> Iterator[None]:
+    """Start children here. Ctrl-C reaches the whole process group; a child started inside starts with SIGINT
+    blocked (a KeyboardInterrupt in the middle of its interpreter's start-up printed a fatal-error traceback) and
+    ignores it until it serves (`ignore_ctrl_c`), and one sent meanwhile waits here, blocked, and reaches the
+    supervisor the moment the block ends. multiprocessing starts its resource tracker with the first child and
+    unblocks SIGINT and SIGTERM after it, which would lift this block for the children after it: it starts first."""
+    resource_tracker.ensure_running()
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
 class Supervisor:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
@@ -150,15 +168,9 @@ class Supervisor:
         # The supervisor migrated already: N servers must not race to. Their metrics meet in one directory.
         metrics_dir = tempfile.mkdtemp(prefix="loraplex-metrics-")
         try:
-            # Ctrl-C reaches the whole process group. The children start with SIGINT blocked (a KeyboardInterrupt
-            # in the middle of their imports only printed tracebacks) and ignore it until they serve; one sent
-            # while they are being started waits here, blocked, and is handled the moment they are.
-            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-            try:
+            with ctrl_c_held():
                 self.core = start_engine_core(self.settings)
                 self._start_api_servers(sock, metrics_dir)
-            finally:
-                signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
             try:
                 ready = self.core.wait_ready(self.settings.engine_core_start_timeout_s,
                                              cancelled=lambda: self._stopping)
@@ -210,7 +222,8 @@ class Supervisor:
         process = multiprocessing.get_context("spawn").Process(
             target=run_batch_worker, name=BATCH_WORKER_NAME,
             args=(self._api_settings, os.path.join(metrics_dir, "batch-worker.sock")))
-        process.start()
+        with ctrl_c_held():
+            process.start()
         self.api_servers.append(process)  # watched and drained as the API servers are
 
     def _watch(self) -> int:

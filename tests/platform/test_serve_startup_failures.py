@@ -10,6 +10,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -99,3 +100,37 @@ def test_ctrl_c_while_starting_stops_everything_quietly(tmp_path: Path, smollm_p
     assert "stopped before the engine core was ready" in output, output
     assert "Traceback" not in output and "KeyboardInterrupt" not in output, output
     assert elapsed < 30, output
+
+
+CHILD_MASK_SCRIPT = '''
+import multiprocessing
+import signal
+
+
+def report(conn):
+    conn.send(signal.SIGINT in signal.pthread_sigmask(signal.SIG_BLOCK, []))
+
+
+if __name__ == "__main__":
+    from loraplex.platform.supervisor import ctrl_c_held
+
+    context = multiprocessing.get_context("spawn")
+    seen = []
+    with ctrl_c_held():
+        for _ in range(2):  # the first starts multiprocessing's resource tracker, which unblocks SIGINT after it
+            parent, child = context.Pipe()
+            process = context.Process(target=report, args=(child,))
+            process.start()
+            seen.append(parent)
+    print([conn.recv() for conn in seen], signal.SIGINT in signal.pthread_sigmask(signal.SIG_BLOCK, []))
+'''
+
+
+def test_children_start_with_ctrl_c_blocked_and_the_supervisor_gets_it_back(tmp_path: Path) -> None:
+    """Deterministic half of the test above: every child started under `ctrl_c_held` starts with SIGINT blocked,
+    the first (which starts multiprocessing's resource tracker) too, and the block ends with the block."""
+    script = tmp_path / "child_mask.py"
+    script.write_text(CHILD_MASK_SCRIPT)
+    done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["[True,", "True]", "False"], done.stdout + done.stderr
