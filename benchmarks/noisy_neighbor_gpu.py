@@ -37,6 +37,7 @@ from typing import Any
 import httpx
 from api_overhead import ServedProcesses
 from loraplex.engine.host_info import cpu_benchmark_machine
+from loraplex.platform.settings import api_servers_for_this_machine
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULT = ROOT / "benchmarks" / "results" / "noisy_neighbor.json"
@@ -66,8 +67,8 @@ def server_settings(data_dir: Path, model_path: Path, *, gpu: bool, fair: bool, 
         "default_rpm": 0, "default_tpm": 0, "log_level": "warning", "fair_sharing": fair,
         "cuda_graph_mixed_steps": mixed_graphs, "newcomer_reserved_slots": kept_slots,
         "max_model_len": max(2048, 128 + max_tokens), "kv_cache_memory_mb": 4096 if gpu else 128,
-        # Settings' defaults otherwise (max_num_seqs 64, max_pending_requests 256); the benchmark's API
-        # servers get what `serve` picks for the machine.
+        # Settings' defaults otherwise (max_num_seqs 64, max_pending_requests 256). The API servers are as many as
+        # `serve` starts on this machine in production, with Redis (`api_servers_for_this_machine`).
     }
     return Settings(**{**values, **(extra or {})})  # --server-setting overrides any of the above
 
@@ -250,11 +251,12 @@ def merged_phases(phases: list[dict[str, Any]]) -> dict[str, Any]:
 def run_server(data_dir: Path, model_path: Path, *, gpu: bool, fair: bool, sizes: list[int], max_tokens: int,
                victim_tokens: int, num_quiet: int, mixed_graphs: bool = True, repeats: int = 1,
                kept_slots: int | None = None, extra: dict[str, str] | None = None,
-               keep_logs: Path | None = None) -> dict[str, Any]:
+               keep_logs: Path | None = None, api_servers: int | None = None) -> dict[str, Any]:
     settings = server_settings(data_dir, model_path, gpu=gpu, fair=fair, max_tokens=max_tokens,
                                mixed_graphs=mixed_graphs, kept_slots=kept_slots, extra=extra)
     keys = seed_keys(settings.resolved_database_url)
-    server = FloodServer(settings, api_servers=4 if gpu else 1, extra=tuple(extra or ()))
+    server = FloodServer(settings, api_servers=api_servers or (api_servers_for_this_machine() if gpu else 1),
+                         extra=tuple(extra or ()))
     out: dict[str, Any] = {}
     try:
         server.wait_healthy()
@@ -325,6 +327,9 @@ def main() -> None:
     parser.add_argument("--fair-only", action="store_true", help="GPU: only the server with fair sharing on; writes nothing")
     parser.add_argument("--sizes", type=int, nargs="+", default=None, metavar="N",
                         help="GPU: these flood sizes instead of 64 and 256 (for profiling one); writes nothing")
+    parser.add_argument("--api-servers", type=int, default=None, metavar="N",
+                        help="API server processes (default: what serve starts with Redis on this machine on a "
+                             "GPU, 1 on the CPU); writes nothing")
     args = parser.parse_args()
     extra = dict(setting.partition("=")[::2] for setting in args.server_setting)
     import torch
@@ -343,12 +348,12 @@ def main() -> None:
                 runs[fair] = run_server(Path(tmp), model_path, gpu=gpu, fair=fair, sizes=sizes, max_tokens=max_tokens,
                                         victim_tokens=victim_tokens, num_quiet=num_quiet, mixed_graphs=mixed_graphs,
                                         repeats=args.repeats if gpu else 1, kept_slots=args.newcomer_reserved_slots,
-                                        extra=extra, keep_logs=args.keep_logs)
+                                        extra=extra, keep_logs=args.keep_logs, api_servers=args.api_servers)
         suffix = "" if mixed_graphs else "_mixed_off"
         metrics.update({name + suffix: value for name, value in run_metrics(runs, sizes).items()})
     for name, value in metrics.items():
         print(f"{name:<60}{value:>12.3f}")
-    if args.quick or not gpu or args.newcomer_reserved_slots is not None or args.fair_only or extra or args.sizes:
+    if args.quick or not gpu or args.newcomer_reserved_slots is not None or args.fair_only or extra or args.sizes or args.api_servers:
         return
     write_result(metrics, sizes, max_tokens, victim_tokens, args.repeats)
 
@@ -395,6 +400,8 @@ def write_result(metrics: dict[str, float], sizes: list[int], max_tokens: int, v
 
     result = json.loads(RESULT.read_text()) if RESULT.exists() else {"benchmark": "noisy_neighbor", "metrics": {},
                                                                       "targets": {}, "checked": True}
+    for stale in [name for name in result["metrics"] if name.startswith("gpu_flood") and name not in metrics]:
+        del result["metrics"][stale]  # an earlier run's figures of phases this one did not run
     result["metrics"].update(metrics)
     result["targets"].update({"gpu_flood_victim_ttft_p95_ratio": {"op": "<=", "value": TARGET_TTFT_RATIO},
                               "gpu_flood_steady_throughput_ratio": {"op": ">=", "value": TARGET_THROUGHPUT_RATIO}})
@@ -405,8 +412,8 @@ def write_result(metrics: dict[str, float], sizes: list[int], max_tokens: int, v
     result.setdefault("config", {})["gpu_flood"] = {
         "date": datetime.datetime.now(UTC).isoformat(timespec="seconds"),
         "machine": {**cpu_benchmark_machine(), "gpu": torch.cuda.get_device_name()},
-        "model": f"{MODEL} shapes, random weights, bfloat16 default", "server": "loraplex serve, 4 API servers, "
-        "default settings but rate limits off", "flood": f"{sizes} concurrent streams x {max_tokens} tokens, one "
+        "model": f"{MODEL} shapes, random weights, bfloat16 default", "server": f"loraplex serve, {api_servers_for_this_machine()} API "
+        "servers, default settings but rate limits off", "flood": f"{sizes} concurrent streams x {max_tokens} tokens, one "
         "tenant, its own client process", "repeats": f"each flood phase {repeats} times per server, rates averaged, "
         "the victim's requests pooled", "victim": f"{victim_tokens}-token streams one at a time, TTFT",
         "throughput": "all tenants' tokens/s, fair sharing on over off: steady (the server's generated-token "

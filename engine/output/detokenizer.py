@@ -10,15 +10,25 @@ apply as they would to the whole text.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 _CONTEXT_TOKENS = 5
 
 
+def _decoder(tokenizer: Any, skip_special_tokens: bool) -> Callable[[list[int]], str]:
+    """Token ids to text. Through the Rust tokenizer's own `decode` where transformers' wraps it and adds nothing
+    (a fast tokenizer that does not clean up spaces): ~3 us a call against ~9 through the wrapper, and a streamed
+    token takes two calls in every API server."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None and getattr(tokenizer, "clean_up_tokenization_spaces", True) is False:
+        return lambda ids: backend.decode(ids, skip_special_tokens=skip_special_tokens)
+    return lambda ids: tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
+
+
 class IncrementalDetokenizer:
     def __init__(self, tokenizer: Any, prompt_token_ids: list[int], skip_special_tokens: bool = True) -> None:
-        self.tokenizer = tokenizer
-        self.skip_special_tokens = skip_special_tokens
+        self._decode = _decoder(tokenizer, skip_special_tokens)
         self.token_ids = list(prompt_token_ids[-_CONTEXT_TOKENS:])
         self.prefix_offset = 0
         self.read_offset = len(self.token_ids)
@@ -41,6 +51,3 @@ class IncrementalDetokenizer:
             self.read_offset -= drop
         self.text += delta
         return delta
-
-    def _decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens)

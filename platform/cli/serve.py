@@ -39,7 +39,7 @@ def serve(
     api_servers: int | None = typer.Option(
         None, "--api-servers", min=1, max=64,
         help="API server processes sharing the port and one engine core (default: LORAPLEX_API_SERVERS, else 1 "
-             "without Redis and min(4, cores // 2) with LORAPLEX_REDIS_URL).",
+             "without Redis and min(8, cores // 2) with LORAPLEX_REDIS_URL).",
     ),
 ) -> None:
     """Serve the OpenAI-compatible API (converts the bundled model and migrates SQLite on first run)."""

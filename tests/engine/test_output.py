@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 from enginecore_helpers import greedy, output_text, output_tokens, run_to_completion
 from loraplex.engine.output.detokenizer import IncrementalDetokenizer
@@ -25,6 +27,32 @@ def test_streamed_text_equals_full_decode_and_never_breaks_utf8(smol, text):
     assert all("\ufffd" not in d for d in deltas)
     assert "".join(deltas) == smol.tokenizer.decode(ids)
     assert sum(1 for d in deltas if d == "") > 0 or text.isascii()  # multi-byte chars span tokens
+
+
+class _WrapperOnly:
+    """The bundled tokenizer seen only through transformers' `decode` (no Rust tokenizer to call directly)."""
+
+    def __init__(self, tokenizer) -> None:
+        self.decode = tokenizer.decode
+
+
+@pytest.mark.parametrize("skip_special_tokens", [True, False])
+def test_the_rust_decode_streams_the_same_text_as_the_transformers_wrapper(smol, skip_special_tokens):
+    """The detokenizer calls the Rust tokenizer itself where transformers' decode adds nothing to it: every delta
+    is the same as through the wrapper, special tokens, broken UTF-8 and random ids included."""
+    tokenizer = smol.tokenizer
+    assert tokenizer.clean_up_tokenization_spaces is False and tokenizer.backend_tokenizer is not None
+    rng = random.Random(7)
+    specials = tokenizer.all_special_ids
+    streams = [tokenizer.encode(text) for text in TEXTS]
+    streams += [[rng.choice(specials) if rng.random() < 0.1 else rng.randrange(len(tokenizer)) for _ in range(200)]
+                for _ in range(5)]
+    for ids in streams:
+        prompt = ids[:3]
+        fast = IncrementalDetokenizer(tokenizer, prompt, skip_special_tokens)
+        wrapped = IncrementalDetokenizer(_WrapperOnly(tokenizer), prompt, skip_special_tokens)
+        assert [fast.add(t) for t in ids] == [wrapped.add(t) for t in ids]
+        assert fast.text == wrapped.text
 
 
 def test_stop_string_split_over_feeds_is_found_and_held_back():
