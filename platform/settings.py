@@ -82,10 +82,11 @@ class Settings(BaseSettings):
     # instead of launching every kernel from the host; False: such steps run eagerly
     cuda_graph_mixed_steps: bool = True
     max_model_len: int = 2048
-    tensor_parallel_size: int = Field(default=1, ge=1)
-    gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1)  # CUDA: the share of the GPU the engine may take  # GPUs one model is split over (one worker process each)
-    # Requests admitted by the API at once, shared fairly: once full, a tenant past its share (these places over
-    # the tenants with requests in flight) gets a 429; 503 only past twice this many
+    tensor_parallel_size: int = Field(default=1, ge=1)  # GPUs one model is split over (one worker process each)
+    gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1)  # CUDA: the share of the GPU the engine may take
+    # Requests each API server process admits at once (N API servers: up to N times this), shared fairly: once
+    # full, a tenant past its share (these places over the tenants with requests in flight) gets a 429; 503 only
+    # past twice this many
     max_pending_requests: int = Field(default=256, ge=1)
     # The engine loop thread and the HTTP event loop share one GIL; Python's default 5 ms switch interval
     # makes the HTTP side wait up to that long whenever the engine thread holds it (a whole token's time).
