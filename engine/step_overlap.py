@@ -2,24 +2,27 @@
 
 Without it, each engine step is schedule -> build inputs -> run -> read the tokens back ->
 update outputs, and the device idles through every part but the run. With it, a step that
-only decodes plain sequences is left in flight: the next `step()` call schedules the
-following step *ahead* of it, launches that step (whose input ids the device takes from the
-in-flight step's sampled tokens, never crossing to the host), and only then waits for the
-in-flight step's tokens and updates the outputs, while the device already computes.
+replays a captured graph (decodes, or prefill chunks beside decodes) and samples on the device
+is left in flight: the next `step()` call schedules the following step *ahead* of it, launches
+that step (whose in-flight decodes take their input ids from the in-flight step's sampled
+tokens, never crossing to the host; new requests' prompt chunks are known), and only then
+waits for the in-flight step's tokens and updates the outputs, while the device already
+computes. A request arriving meanwhile is admitted into a step launched ahead like any other:
+its prompt does not drain the pipeline.
 
-Scheduling ahead: each in-flight sequence gets a placeholder token for the token the device
-is sampling (and one more computed token), so the scheduler sees what it would see after the
-update; the placeholders are taken back once the next step is launched, before the real
-update. Outputs are unchanged: every sequence gets the same tokens. A sequence that finishes
-at step N has already been scheduled into step N+1; that row is computed and dropped (its
-blocks are freed by then, and anything that reuses them runs later on the same stream).
+Scheduling ahead: each in-flight sequence counts the tokens its row computes, and one that
+samples gets a placeholder token for the token the device is sampling, so the scheduler sees
+what it would see after the update; this is taken back once the next step is launched, before
+the real update. Outputs are unchanged: every sequence gets the same tokens. A sequence that
+finishes at step N has already been scheduled into step N+1; that row is computed and dropped
+(its blocks are freed by then, and anything that reuses them runs later on the same stream).
 
-Run ahead only when nothing can change under the placeholders: every running sequence decodes on the
-device, greedily or drawing at its temperature alone (its uniform for the next position is drawn when
-that step launches, the one it would draw when it runs), with no grammar, forced tokens, reasoning
-budget, logprobs, penalties or min_tokens; there are blocks for one more token each (no preemption, no
-pin eviction) and no forks are pending. Otherwise the in-flight step is finished first and the step
-runs as before.
+Run ahead only when nothing can change under the placeholders: every in-flight sequence that samples
+does so on the device, greedily or drawing at its temperature alone (its uniform for the next position is
+drawn when that step launches, the one it would draw when it runs), with no grammar, forced tokens,
+reasoning budget, logprobs, penalties or min_tokens; there are blocks for a whole step beside one more
+token each (no preemption, no pin eviction) and no forks are pending. Otherwise the in-flight step is
+finished first and the step runs as before.
 
 With speculative decoding on, a step scheduled ahead never drafts (its sequences' last tokens are
 placeholders), and steps run ahead only while no sequence would draft: once one would (its known tokens
@@ -52,6 +55,7 @@ class StepOverlap:
         self.engine = engine
         self.pending: Any = None  # the runner's in-flight step (PendingStep)
         self.num_steps_ahead = 0  # steps launched ahead of the previous one's tokens
+        self.num_prompt_steps_ahead = 0  # of those, steps with prompt chunks (new requests admitted, or chunks)
         self.num_rows_dropped = 0  # rows computed for a sequence that finished the step before
         self.last_step_was_idle = False  # work is waiting but nothing could run (the engine reports it)
 
@@ -70,22 +74,24 @@ class StepOverlap:
             outputs += self._complete(pending)
             pending = None
         advanced = self._advance(pending) if pending is not None else []
+        fed = {seq.seq_id for seq, _, sampled in advanced if sampled}
         try:
             scheduled = engine.scheduler.schedule(drafts=pending is None)
         except BaseException:
             self._retreat(advanced)
             raise
         outputs += engine.fail_unready()
-        if scheduled.is_empty or (pending is None and not self._launchable(scheduled)):
+        if scheduled.is_empty or (pending is None and not self._launchable(scheduled, fed)):
             self._retreat(advanced)
             if pending is not None:
                 outputs += self._complete(pending)
             self.last_step_was_idle = scheduled.is_empty and not outputs
             return outputs + (self._run_now(scheduled) if not scheduled.is_empty else [])
         self.last_step_was_idle = False
-        if pending is not None and not self._launchable(scheduled):
-            # Ahead of the in-flight step the scheduler admitted new work: finish that step, then run
-            # this one as usual (the placeholders it was scheduled on are the real tokens by then).
+        if pending is not None and not self._launchable(scheduled, fed):
+            # What the scheduler chose ahead of the in-flight step cannot be left in flight (a preemption, a
+            # row sampled on the host or with a grammar): finish that step, then run this one as usual (the
+            # placeholders it was scheduled on are the real tokens by then).
             self._retreat(advanced)
             outputs += self._complete(pending)
             return outputs + self._run_now(self._live(scheduled))
@@ -101,6 +107,7 @@ class StepOverlap:
         self._retreat(advanced)
         if pending is not None:
             self.num_steps_ahead += 1
+            self.num_prompt_steps_ahead += any(seq.seq_id not in fed for seq in scheduled.seqs)
             outputs += self._complete(pending)
         self.pending = launched
         return outputs
@@ -133,24 +140,33 @@ class StepOverlap:
         return SchedulerOutput([s for s, _ in keep], [n for _, n in keep], scheduled.blocks_to_copy,
                                scheduled.num_preempted)
 
-    def _launchable(self, scheduled: SchedulerOutput) -> bool:
+    def _launchable(self, scheduled: SchedulerOutput, fed: set[int]) -> bool:
+        """Whether the runner can leave this step in flight: no preemption or swap, and a sequence carrying a
+        placeholder (`fed`) only as a one-token decode, whose input the device takes from the step in flight."""
         host_tier = self.engine.host_tier
-        return (all(n == 1 for n in scheduled.num_new_tokens) and not scheduled.num_preempted
-                and not scheduled.num_fairness_preempted and not (host_tier is not None and host_tier.swaps)
-                and all(self._plain(s) for s in scheduled.seqs)
+        return (not scheduled.num_preempted and not scheduled.num_fairness_preempted
+                and not (host_tier is not None and host_tier.swaps)
+                and not any(n != 1 and s.seq_id in fed for s, n in zip(scheduled.seqs, scheduled.num_new_tokens,
+                                                                         strict=True))
                 and self.engine.runner.can_launch(scheduled))
 
     def _can_run_ahead(self, pending: Any) -> bool:
         engine = self.engine
         scheduler = engine.scheduler
         running = scheduler.running
-        if (scheduler.pending_forks or engine.block_manager.num_free_blocks < len(running)
+        bm = engine.block_manager
+        # Room for any step beside one more token for each sequence: scheduling ahead never preempts for blocks.
+        if (scheduler.pending_forks
+                or bm.num_free_blocks < len(running) + bm.blocks_needed(scheduler.max_num_batched_tokens)
                 or (engine.host_tier is not None and engine.host_tier.swaps)):
             return False
-        in_flight = {s.seq_id for s in pending.scheduled.seqs}
-        if not all(s.seq_id in in_flight and self._plain(s) and len(s.token_ids) + 2 <= engine.max_model_len
-                   for s in running):
-            return False
+        requests = engine.requests
+        for seq, num_new in zip(pending.scheduled.seqs, pending.scheduled.num_new_tokens, strict=True):
+            if seq.is_finished or seq.request_id not in requests:
+                continue
+            if seq.num_computed_tokens + num_new == len(seq.token_ids) and not (
+                    self._plain(seq) and len(seq.token_ids) + 2 <= engine.max_model_len):
+                return False  # it samples in flight, and what comes next depends on that token
         return engine.speculation is None or not engine.speculation.may_draft(running)
 
     def _plain(self, seq: Sequence) -> bool:
@@ -166,16 +182,23 @@ class StepOverlap:
                 and sampling.repetition_penalty == 1.0)
 
     @staticmethod
-    def _advance(pending: Any) -> list[Sequence]:
-        """Give every in-flight sequence the token its step is sampling, as a placeholder."""
-        advanced = [s for s in pending.scheduled.seqs if not s.is_finished]
-        for seq in advanced:
-            seq.token_ids.append(PLACEHOLDER_TOKEN)
-            seq.num_computed_tokens += 1
+    def _advance(pending: Any) -> list[tuple[Sequence, int, bool]]:
+        """Count every in-flight sequence's row as computed, and give one that samples the token its step is
+        sampling, as a placeholder; returns (sequence, tokens counted, placeholder given) to take back."""
+        advanced = []
+        for seq, num_new in zip(pending.scheduled.seqs, pending.scheduled.num_new_tokens, strict=True):
+            if seq.is_finished:
+                continue
+            sampled = seq.num_computed_tokens + num_new == len(seq.token_ids)
+            seq.num_computed_tokens += num_new
+            if sampled:
+                seq.token_ids.append(PLACEHOLDER_TOKEN)
+            advanced.append((seq, num_new, sampled))
         return advanced
 
     @staticmethod
-    def _retreat(advanced: list[Sequence]) -> None:
-        for seq in advanced:
-            seq.token_ids.pop()
-            seq.num_computed_tokens -= 1
+    def _retreat(advanced: list[tuple[Sequence, int, bool]]) -> None:
+        for seq, num_new, sampled in advanced:
+            if sampled:
+                seq.token_ids.pop()
+            seq.num_computed_tokens -= num_new

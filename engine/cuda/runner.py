@@ -166,11 +166,7 @@ class CudaModelRunner(ModelRunner):
             batch.use_graph = True
             lora = self._lora_for(_padded(rows.decodes, size), [1] * size, batch)
         elif mixed is not None:
-            batch = build_input_batch(rows, self.block_size, table_width=self.max_blocks_per_seq)
-            counts = [n for _, n in ordered]
-            padding = [_PADDING_ROW] if mixed[1] > batch.num_tokens else []
-            lora = self._lora_for([*(s for s, _ in ordered), *padding],
-                                  [*counts, *[mixed[1] - batch.num_tokens] * len(padding)], batch)
+            batch, lora = self._mixed_batch(rows, mixed[1])
         else:
             # Decode-only steps use the graphs' table width and split count, so graphs on or off
             # run the same attention arithmetic.
@@ -190,16 +186,30 @@ class CudaModelRunner(ModelRunner):
         self._prompt_logprobs(out.hidden, rows, batch, result)
         return result
 
+    def _mixed_batch(self, rows: StepRows, num_tokens: int) -> tuple[InputBatch, LoRAStepContext | None]:
+        """A mixed-graph step's inputs and LoRA context, padded to the graph's `num_tokens` tokens."""
+        ordered = rows.ordered
+        batch = build_input_batch(rows, self.block_size, table_width=self.max_blocks_per_seq)
+        counts = [n for _, n in ordered]
+        padding = [_PADDING_ROW] if num_tokens > batch.num_tokens else []
+        lora = self._lora_for([*(s for s, _ in ordered), *padding],
+                              [*counts, *[num_tokens - batch.num_tokens] * len(padding)], batch)
+        return batch, lora
+
     # ---- overlapped steps (engine/step_overlap.py) ----------------------------------------
     def can_launch(self, step: SchedulerOutput) -> bool:
-        """A decode-graph step whose every row samples greedily on the GPU without a grammar (the graph
-        samples the argmax: random rows draw after the step, from the host's uniforms)."""
+        """A step that replays a graph (a decode graph, or a mixed-step graph: prefill chunks beside decodes)
+        whose every sampled row samples on the GPU without a grammar (the graph samples the argmax; rows at a
+        temperature alone draw in the graph, from the host's uniform for their next position)."""
         if not self.use_graphs or step.blocks_to_copy:
             return False
         rows = StepRows.of(step)
-        return (rows.is_plain_decode and len(rows.decodes) <= self.ladder[-1]
-                and not any(needs_host_sampler(s) or s.matcher is not None or s.forced_token_ids
-                            or (draws_at_random(s) and not self._draws_ahead(s)) for s in rows.decodes))
+        if rows.is_plain_decode:
+            fits = len(rows.decodes) <= self.ladder[-1]
+        else:
+            fits = bool(rows.prefills) and not rows.verified and self.mixed_shape(rows) is not None
+        return fits and not any(needs_host_sampler(s) or s.matcher is not None or s.forced_token_ids
+                                or (draws_at_random(s) and not self._draws_ahead(s)) for s in rows.sampled)
 
     def _draws_ahead(self, seq: Sequence) -> bool:
         """A random row a step launched ahead can draw: the graph's temperature draw, from the host's uniform
@@ -208,24 +218,35 @@ class CudaModelRunner(ModelRunner):
 
     @torch.inference_mode()
     def launch(self, step: SchedulerOutput, feed: PendingStep | None = None) -> PendingStep:
-        """Replay the decode graphs and start the tokens' copy to the host; return without waiting.
-        A sequence in `feed` (the step still in flight) takes its input id from `feed`'s sampled
-        tokens on the GPU: the host sends the row to read instead of the token."""
+        """Replay the step's graphs (decode, or mixed where prefill chunks run beside decodes) and start the
+        tokens' copy to the host; return without waiting. A decode in `feed` (the step still in flight) takes
+        its input id from `feed`'s sampled tokens on the GPU (`_feed_input_ids`); every other token is known."""
         rows = StepRows.of(step)
-        size = self.padded_size(len(rows.decodes))
-        batch = build_input_batch(rows, self.block_size, table_width=self.max_blocks_per_seq, pad_to=size)
-        batch.use_graph = True
-        lora = self._lora_for(_padded(rows.decodes, size), [1] * size, batch)
+        mixed = None if rows.is_plain_decode else self.mixed_shape(rows)
+        if mixed is None:
+            size = self.padded_size(len(rows.decodes))
+            batch = build_input_batch(rows, self.block_size, table_width=self.max_blocks_per_seq, pad_to=size)
+            batch.use_graph = True
+            lora = self._lora_for(_padded(rows.decodes, size), [1] * size, batch)
+        else:
+            batch, lora = self._mixed_batch(rows, mixed[1])
         feed_tokens = None
         if feed is not None:
-            batch.input_ids[:] = 0
-            batch.input_ids[: len(rows.decodes)] = [feed.row_of[s.seq_id] for s in rows.decodes]
+            _feed_input_ids(batch, rows.decodes, feed.row_of)
             feed_tokens = feed.tokens
-        # Tensor-parallel workers replay the same step and sample the same greedy tokens from the
-        # same gathered logits, so a fed step finds the previous tokens on every rank.
-        self.broadcast("launch", batch, feed is not None)
         which = self._num_launched % 2
-        graph = self.replay_launched(batch, lora, feed_tokens)
+        if mixed is None:
+            # Tensor-parallel workers replay the same step and sample the same greedy tokens from the
+            # same gathered logits, so a fed step finds the previous tokens on every rank (mixed-step graphs
+            # run on one rank only).
+            self.broadcast("launch", batch, feed is not None)
+            graph = self.replay_launched(batch, lora, feed_tokens)
+        else:
+            self._num_launched += 1
+            out = self._replay_mixed(batch, lora, *mixed, staging=self._launch_stagings[which],
+                                     feed_tokens=feed_tokens)
+            graph = out.graph
+            assert graph is not None
         errors: dict[int, Exception] = {}
         self.masks.upload(self.masks.fill(rows.sampled, errors))  # no grammar rows: clears the indices
         drawing = [i for i, s in enumerate(rows.sampled) if draws_at_random(s)]
@@ -398,7 +419,9 @@ class CudaModelRunner(ModelRunner):
         return min(num_tokens, num_seqs + self.verify_extra_tokens)
 
     def _replay_mixed(self, batch: InputBatch, lora: LoRAStepContext | None, num_seqs: int,
-                      num_tokens: int) -> ForwardOutput:
+                      num_tokens: int, staging: PinnedStaging | None = None,
+                      feed_tokens: torch.Tensor | None = None) -> ForwardOutput:
+        """`staging`, `feed_tokens`: as `_replay_decode`'s."""
         verify = batch.logit_rows.size > num_seqs  # draft rows' logits too
         key = (num_seqs, num_tokens, _mixed_kind(_lora_kind(lora), verify))
         self._forget_stale_lora_graphs()
@@ -408,11 +431,13 @@ class CudaModelRunner(ModelRunner):
         cu = batch.cu_seqlens_q
         tables = np.zeros((num_seqs, self.max_blocks_per_seq), dtype=np.int32)
         tables[: batch.num_seqs] = batch.block_tables
-        self.staging.upload([
+        (staging or self.staging).upload([
             _pad(batch.input_ids, num_tokens, 0), _pad(batch.positions, num_tokens, 0),
             _pad(batch.slot_mapping, num_tokens, -1), _pad(batch.seq_lens, num_seqs, 0),
             _pad(cu, num_seqs + 1, int(cu[-1])), _pad(batch.logit_rows, graph.logits.shape[0], 0), tables,
         ], target=graph.inputs)
+        if feed_tokens is not None:
+            _take_fed_ids(graph.inputs[:num_tokens], feed_tokens)
         graph.replay_forward(graph_lora(lora))
         self.num_mixed_graph_steps += 1
         self.last_graph = graph
@@ -442,7 +467,7 @@ class CudaModelRunner(ModelRunner):
 
     def _replay_decode(self, batch: InputBatch, lora: LoRAStepContext | None, staging: PinnedStaging | None = None,
                        feed_tokens: torch.Tensor | None = None) -> DecodeGraph:
-        """`feed_tokens`: `batch.input_ids` are rows of this device tensor, gathered into the ids."""
+        """`feed_tokens`: `batch.input_ids` name rows of this device tensor or known tokens (`_feed_input_ids`)."""
         size = batch.block_tables.shape[0]
         key = (size, _lora_kind(lora))  # one LoRA graph per size and set of adapted linears: the stacks are fixed
         self._forget_stale_lora_graphs()
@@ -452,8 +477,7 @@ class CudaModelRunner(ModelRunner):
         (staging or self.staging).upload([batch.input_ids, batch.positions, batch.slot_mapping, batch.seq_lens,
                                           batch.block_tables], target=graph.inputs)
         if feed_tokens is not None:
-            ids = graph.inputs[:size]
-            ids.copy_(feed_tokens.index_select(0, ids.long()))
+            _take_fed_ids(graph.inputs[:size], feed_tokens)
         graph.replay_forward(graph_lora(lora))
         self.num_graph_steps += 1
         self.last_graph = graph
@@ -524,6 +548,25 @@ def _mixed_kind(lora_kind: str | None, verify: bool) -> str | None:
     """A mixed graph's kind: the base model's (None) or LoRA rows' (`_lora_kind`), gathering one logits row per
     sequence or, to verify drafts, draft rows' too."""
     return "+".join(name for name in (lora_kind, "verify" if verify else None) if name) or None
+
+
+def _feed_input_ids(batch: InputBatch, decodes: list[Sequence], row_of: dict[int, int]) -> None:
+    """The input ids of a step launched ahead of the one in flight, as the host sends them: a decode in flight
+    (its last token a placeholder) as the row of the in-flight step's tokens to read (>= 0), every other token
+    id t as -(t + 1). Decodes are the batch's first rows, one token each."""
+    ids = batch.input_ids
+    np.negative(ids, out=ids)
+    ids -= 1
+    for i, seq in enumerate(decodes):
+        row = row_of.get(seq.seq_id)
+        if row is not None:
+            ids[i] = row
+
+
+def _take_fed_ids(ids: torch.Tensor, feed_tokens: torch.Tensor) -> None:
+    """Decode `_feed_input_ids` on the device, in place: rows of `feed_tokens`, or the tokens sent."""
+    fed = feed_tokens.index_select(0, ids.clamp(min=0).long())
+    ids.copy_(torch.where(ids >= 0, fed, -ids.long() - 1))
 
 
 def _pad(values: np.ndarray, size: int, fill: int) -> np.ndarray:

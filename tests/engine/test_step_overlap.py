@@ -93,10 +93,13 @@ def test_placeholders_never_outlive_a_step() -> None:
     seen = 0
     while engine.has_unfinished_requests():
         engine.step()
+        pending = engine.overlap.pending
+        in_flight = dict(zip([s.seq_id for s in pending.scheduled.seqs], pending.scheduled.num_new_tokens,
+                             strict=True)) if pending is not None else {}
         for seq in engine.scheduler.running:
-            # between steps each sequence holds its real tokens: the in-flight step's token is not
-            # appended yet, and everything but that token is computed
-            assert seq.num_computed_tokens == len(seq.token_ids) - 1
+            # between steps each sequence holds its real tokens: the in-flight step's rows are not counted as
+            # computed yet and its sampled token is not appended; everything else but the last token is computed
+            assert seq.num_computed_tokens + in_flight.get(seq.seq_id, 1) == len(seq.token_ids)
             assert len(seq.token_ids) - seq.num_prompt_tokens <= 20
             seen += 1
     assert seen > 0 and engine.overlap.num_steps_ahead > 0
@@ -124,3 +127,40 @@ def test_preemption_and_tiny_pools_fall_back_with_the_same_tokens() -> None:
 def test_off_by_default() -> None:
     assert EngineConfig().overlap_scheduling is False
     assert make_engine(overlap=False).overlap is None
+
+
+def mid_flight_arrivals(engine: LLMEngine) -> dict[str, list[int]]:
+    """Requests arriving while steps are in flight: prompts chunked over several steps, prompts whose prefix is
+    cached (their first row is one token, known on the host, beside decodes fed from the device), seeded rows
+    at a temperature."""
+    shared = prompt(40, 48)
+    arrivals = {0: [EngineRequest("first", prompt(41, 10), SamplingParams(max_tokens=40, temperature=0.0,
+                                                                           ignore_eos=True))]}
+    for i in range(6):
+        cached = EngineRequest(f"cached{i}", shared + prompt(50 + i, 1 + (i % 2) * 20),
+                               SamplingParams(max_tokens=8 + i, temperature=0.0, ignore_eos=True))
+        long = EngineRequest(f"long{i}", prompt(60 + i, 150), SamplingParams(max_tokens=6, temperature=0.0,
+                                                                             ignore_eos=True))
+        hot = EngineRequest(f"hot{i}", prompt(70 + i, 12), SamplingParams(max_tokens=10, temperature=0.9,
+                                                                          seed=80 + i, ignore_eos=True))
+        arrivals[3 + 4 * i] = [cached, hot] + ([long] if i % 3 == 0 else [])
+    tokens: dict[str, list[int]] = {}
+    for step in range(2000):
+        for request in arrivals.pop(step, []):
+            engine.add_request(request)
+        for out in engine.step():
+            tokens.setdefault(out.request_id, []).extend(t for c in out.choices for t in c.token_ids)
+        if not arrivals and not engine.has_unfinished_requests():
+            break
+    assert not engine.has_unfinished_requests() and len(tokens) == 1 + 6 * 2 + 2
+    return tokens
+
+
+def test_requests_arriving_mid_flight_are_admitted_ahead_with_the_same_tokens() -> None:
+    """New requests join a step launched ahead of the one in flight, and an in-flight prompt chunk is counted
+    once: the same tokens as without overlap, no block left behind."""
+    expected = mid_flight_arrivals(make_engine(False, max_model_len=256))
+    engine = make_engine(True, max_model_len=256)
+    assert mid_flight_arrivals(engine) == expected
+    assert engine.overlap.num_prompt_steps_ahead > 0
+    assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks

@@ -296,6 +296,21 @@ def test_overlapped_steps_give_the_same_tokens_as_steps_one_at_a_time(dtype: str
     assert engine.runner.num_graph_steps > 10 and engine.runner.num_graph_draws > 10
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_requests_arriving_mid_flight_join_steps_launched_ahead_with_the_same_tokens(dtype: str) -> None:
+    """Prompt chunks, cached prompts' one-token first rows and seeded temperature rows launched ahead of the
+    step in flight, through mixed-step graphs whose in-flight decodes take their ids on the GPU: the same
+    tokens as steps one at a time."""
+    from test_step_overlap import make_engine as overlap_engine
+    from test_step_overlap import mid_flight_arrivals
+
+    expected = mid_flight_arrivals(overlap_engine(False, device=GPU_DEVICE, dtype=dtype, max_model_len=256))
+    engine = overlap_engine(True, device=GPU_DEVICE, dtype=dtype, max_model_len=256)
+    assert mid_flight_arrivals(engine) == expected
+    assert engine.overlap.num_prompt_steps_ahead > 0 and engine.runner.num_mixed_graph_steps > 0
+    assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
+
+
 def test_lora_graphs_captured_at_start_up_equal_cpu_engine_and_follow_a_new_manager() -> None:
     """`serve` captures every decode graph at start-up, LoRA ones included; a new LoRA manager (new slot
     stacks) gets new LoRA graphs instead of replaying ones that read the old stacks."""
