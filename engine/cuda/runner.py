@@ -243,10 +243,10 @@ class CudaModelRunner(ModelRunner):
             graph = self.replay_launched(batch, lora, feed_tokens)
         else:
             self._num_launched += 1
-            out = self._replay_mixed(batch, lora, *mixed, staging=self._launch_stagings[which],
-                                     feed_tokens=feed_tokens)
-            graph = out.graph
-            assert graph is not None
+            replayed = self._replay_mixed(batch, lora, *mixed, staging=self._launch_stagings[which],
+                                          feed_tokens=feed_tokens).graph
+            assert replayed is not None  # a mixed step always replays a graph
+            graph = replayed
         errors: dict[int, Exception] = {}
         self.masks.upload(self.masks.fill(rows.sampled, errors))  # no grammar rows: clears the indices
         drawing = [i for i, s in enumerate(rows.sampled) if draws_at_random(s)]
