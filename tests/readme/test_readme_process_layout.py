@@ -13,11 +13,11 @@ def test_process_layout_sketch_names_real_parts(example: Example, monkeypatch) -
     from loraplex.platform.settings import Settings
     from loraplex.platform.supervisor import Supervisor, run_api_server
 
-    for part in ("supervisor", "engine core", "API server × N", "LORAPLEX_API_SERVERS, default 1; with Redis up to 4"):
+    for part in ("supervisor", "engine core", "API server × N", "LORAPLEX_API_SERVERS, default 1; with Redis up to 8"):
         assert part in example.text
     assert Settings().api_servers == 1  # without Redis
-    # With Redis: half the cores this process may run on, at least 1 and at most 4
-    for cores, expected in ((1, 1), (2, 1), (6, 3), (16, 4)):
+    # With Redis: half the cores this process may run on, at least 1 and at most 8
+    for cores, expected in ((1, 1), (2, 1), (6, 3), (16, 8), (64, 8)):
         monkeypatch.setattr(os, "sched_getaffinity", lambda _pid, n=cores: set(range(n)))
         assert Settings(redis_url="redis://localhost:6379/0").api_servers == expected
     assert Settings(redis_url="redis://localhost:6379/0", api_servers=7).api_servers == 7  # as configured
