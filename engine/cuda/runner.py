@@ -437,7 +437,7 @@ class CudaModelRunner(ModelRunner):
             _pad(cu, num_seqs + 1, int(cu[-1])), _pad(batch.logit_rows, graph.logits.shape[0], 0), tables,
         ], target=graph.inputs)
         if feed_tokens is not None:
-            _take_fed_ids(graph.inputs[:num_tokens], feed_tokens)
+            _take_fed_ids(graph.inputs[:num_tokens], feed_tokens, every_row_fed=bool(batch.input_ids.min() >= 0))
         graph.replay_forward(graph_lora(lora))
         self.num_mixed_graph_steps += 1
         self.last_graph = graph
@@ -477,7 +477,7 @@ class CudaModelRunner(ModelRunner):
         (staging or self.staging).upload([batch.input_ids, batch.positions, batch.slot_mapping, batch.seq_lens,
                                           batch.block_tables], target=graph.inputs)
         if feed_tokens is not None:
-            _take_fed_ids(graph.inputs[:size], feed_tokens)
+            _take_fed_ids(graph.inputs[:size], feed_tokens, every_row_fed=bool(batch.input_ids.min() >= 0))
         graph.replay_forward(graph_lora(lora))
         self.num_graph_steps += 1
         self.last_graph = graph
@@ -553,18 +553,24 @@ def _mixed_kind(lora_kind: str | None, verify: bool) -> str | None:
 def _feed_input_ids(batch: InputBatch, decodes: list[Sequence], row_of: dict[int, int]) -> None:
     """The input ids of a step launched ahead of the one in flight, as the host sends them: a decode in flight
     (its last token a placeholder) as the row of the in-flight step's tokens to read (>= 0), every other token
-    id t as -(t + 1). Decodes are the batch's first rows, one token each."""
+    id t as -(t + 1); graph padding stays 0 (it reads row 0, and writes nothing). Decodes are the batch's first
+    rows, one token each."""
     ids = batch.input_ids
-    np.negative(ids, out=ids)
-    ids -= 1
+    real = ids[: int(batch.query_lens[: batch.num_seqs].sum())]
+    np.negative(real, out=real)
+    real -= 1
     for i, seq in enumerate(decodes):
         row = row_of.get(seq.seq_id)
         if row is not None:
             ids[i] = row
 
 
-def _take_fed_ids(ids: torch.Tensor, feed_tokens: torch.Tensor) -> None:
-    """Decode `_feed_input_ids` on the device, in place: rows of `feed_tokens`, or the tokens sent."""
+def _take_fed_ids(ids: torch.Tensor, feed_tokens: torch.Tensor, every_row_fed: bool) -> None:
+    """Decode `_feed_input_ids` on the device, in place: rows of `feed_tokens`, or the tokens sent.
+    `every_row_fed` (no id sent as itself: the common step of decodes alone): one gather."""
+    if every_row_fed:
+        ids.copy_(feed_tokens.index_select(0, ids.long()))
+        return
     fed = feed_tokens.index_select(0, ids.clamp(min=0).long())
     ids.copy_(torch.where(ids >= 0, fed, -ids.long() - 1))
 
