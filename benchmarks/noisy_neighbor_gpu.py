@@ -6,8 +6,9 @@ weights, default settings but rate limits off. A flood tenant opens N concurrent
 tenant sends 16-token streams one at a time from this process and times the first token. The quiet p95 comes
 from 120 requests to the same server before the floods. The same floods run again on a server with fair sharing off: all
 tenants' tokens per second with fair sharing over without it says whether fairness wastes the GPU: judged
-on the engine's steady rate (its generated-token counter from the flood's start until the flood's first stream
-ends), the whole flood's tokens over its wall time reported beside it.
+on the engine's steady rate (its generated-token counter from the flood's start while the flood can fill every
+running slot), the whole flood's tokens over its wall time reported beside it. Both servers are up at once and
+their phases taken in turn, so the drift of a host's rate over minutes falls on both alike.
 
 Checked before timed: every victim reply is a 200 stream with its 16 tokens; every flood stream is a 200 with
 its 1,000 tokens or a 429 naming the tenant's share (never a 5xx).
@@ -38,6 +39,7 @@ import httpx
 from api_overhead import ServedProcesses
 from loraplex.engine.host_info import cpu_benchmark_machine
 from loraplex.platform.settings import api_servers_for_this_machine
+from steady_window import engine_full_until, steady_tokens_per_s
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULT = ROOT / "benchmarks" / "results" / "noisy_neighbor.json"
@@ -67,6 +69,9 @@ def server_settings(data_dir: Path, model_path: Path, *, gpu: bool, fair: bool, 
         "default_rpm": 0, "default_tpm": 0, "log_level": "warning", "fair_sharing": fair,
         "cuda_graph_mixed_steps": mixed_graphs, "newcomer_reserved_slots": kept_slots,
         "max_model_len": max(2048, 128 + max_tokens), "kv_cache_memory_mb": 4096 if gpu else 128,
+        # The two servers share one GPU: each sizes its KV pool from this share of it (40% holds over 100,000 blocks
+        # of SmolLM2 shapes, far more than 256 streams of ~1,100 tokens use)
+        "gpu_memory_utilization": 0.4,
         # Settings' defaults otherwise (max_num_seqs 64, max_pending_requests 256). The API servers are as many as
         # `serve` starts on this machine in production, with Redis (`api_servers_for_this_machine`).
     }
@@ -220,15 +225,6 @@ class TokenCounterSampler:
         return self.samples
 
 
-def steady_tokens_per_s(samples: list[tuple[float, float]], window_end: float) -> float | None:
-    """Tokens per second between the first sample and the last one before `window_end` (the first flood
-    stream's end: until then every stream the engine admitted is still generating)."""
-    inside = [s for s in samples if s[0] <= window_end]
-    if len(inside) < 2 or inside[-1][0] - inside[0][0] < 0.5:
-        return None
-    return (inside[-1][1] - inside[0][1]) / (inside[-1][0] - inside[0][0])
-
-
 def p95(values: list[float]) -> float:
     return statistics.quantiles(values, n=100, method="inclusive")[94] if len(values) > 1 else values[0]
 
@@ -248,72 +244,112 @@ def merged_phases(phases: list[dict[str, Any]]) -> dict[str, Any]:
             "engine_steps": steps, "repeats": len(phases)}
 
 
-def run_server(data_dir: Path, model_path: Path, *, gpu: bool, fair: bool, sizes: list[int], max_tokens: int,
-               victim_tokens: int, num_quiet: int, mixed_graphs: bool = True, repeats: int = 1,
-               kept_slots: int | None = None, extra: dict[str, str] | None = None,
-               keep_logs: Path | None = None, api_servers: int | None = None) -> dict[str, Any]:
-    settings = server_settings(data_dir, model_path, gpu=gpu, fair=fair, max_tokens=max_tokens,
-                               mixed_graphs=mixed_graphs, kept_slots=kept_slots, extra=extra)
-    keys = seed_keys(settings.resolved_database_url)
-    server = FloodServer(settings, api_servers=api_servers or (api_servers_for_this_machine() if gpu else 1),
-                         extra=tuple(extra or ()))
-    out: dict[str, Any] = {}
-    try:
-        server.wait_healthy()
-        with httpx.Client(base_url=server.base_url, headers={"Authorization": f"Bearer {keys['victim']}"},
-                          timeout=900) as client:
+class ServedForFloods:
+    """One `loraplex serve` for the floods, its two tenants' keys, and its phases so far."""
+
+    def __init__(self, data_dir: Path, model_path: Path, *, gpu: bool, fair: bool, max_tokens: int,
+                 mixed_graphs: bool = True, kept_slots: int | None = None, extra: dict[str, str] | None = None,
+                 api_servers: int | None = None) -> None:
+        self.fair, self.gpu, self.data_dir = fair, gpu, data_dir
+        self.settings = server_settings(data_dir, model_path, gpu=gpu, fair=fair, max_tokens=max_tokens,
+                                        mixed_graphs=mixed_graphs, kept_slots=kept_slots, extra=extra)
+        self.keys = seed_keys(self.settings.resolved_database_url)
+        self.server = FloodServer(self.settings, api_servers=api_servers or (api_servers_for_this_machine() if gpu else 1),
+                                  extra=tuple(extra or ()))
+        self.out: dict[str, Any] = {}
+
+    def __enter__(self) -> ServedForFloods:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.stop()
+
+    def client(self) -> httpx.Client:
+        return httpx.Client(base_url=self.server.base_url, headers={"Authorization": f"Bearer {self.keys['victim']}"},
+                            timeout=900)
+
+    def quiet_baseline(self, victim_tokens: int, num_quiet: int) -> None:
+        self.server.wait_healthy()
+        with self.client() as client:
             for _ in range(3):
                 victim_request(client, victim_tokens)  # warm-up
-            out["quiet_ttft_s"] = [victim_request(client, victim_tokens)[0] for _ in range(num_quiet)]
-            for size in [size for size in sizes for _ in range(repeats)]:
-                floods = [Flood(server.base_url, keys["flood"], part, max_tokens) for part in split(size, gpu)]
-                for flood_process in floods:
-                    flood_process.conn.send("go")
-                time.sleep(1.0 if gpu else 3.0)  # the flood holds its streams before the victim is timed
-                print(f"fair={fair} flood={size}: victim timed from {time.time():.3f}", flush=True)
-                ttfts, victim_tokens_total = [], 0
-                steps_before = engine_steps(server.base_url)
-                sampler = TokenCounterSampler(server.base_url)
-                while not all(f.conn.poll() for f in floods):
-                    ttft, tokens = victim_request(client, victim_tokens)
-                    ttfts.append(ttft)
-                    victim_tokens_total += tokens
-                samples = sampler.stop()
-                steps = {kind: count - steps_before.get(kind, 0.0)
-                         for kind, count in engine_steps(server.base_url).items()}
-                parts = [f.result() for f in floods]
-                flood = {"errors": [e for p in parts for e in p["errors"]], "served": sum(p["served"] for p in parts),
-                         "refused": sum(p["refused"] for p in parts), "tokens": sum(p["tokens"] for p in parts),
-                         "wall_s": max(p["wall_s"] for p in parts)}
-                if flood["errors"]:
-                    raise RuntimeError(f"flood of {size}: {flood['errors'][:3]}")
-                phase = {
-                    "victim_ttft_s": ttfts, "flood_served": flood["served"], "flood_refused": flood["refused"],
-                    "tokens_per_s": (flood["tokens"] + victim_tokens_total) / flood["wall_s"],
-                    "wall_s": flood["wall_s"],
-                    "steady_tokens_per_s": steady_tokens_per_s(samples, min(e for p in parts for e in p["ends"])),
-                    "engine_steps": steps,
-                }
-                out.setdefault(f"flood_{size}_phases", []).append(phase)
-                out[f"flood_{size}"] = merged_phases(out[f"flood_{size}_phases"])
-                print(f"fair={fair} flood={size}: victim ttft p95 {p95(ttfts) * 1e3:.1f} ms (p50 {statistics.median(ttfts) * 1e3:.1f}, max "
-                      f"{max(ttfts) * 1e3:.1f}) over {len(ttfts)} requests "
-                      f"(quiet {p95(out['quiet_ttft_s']) * 1e3:.1f} ms); {phase['tokens_per_s']:.0f} "
-                      f"tokens/s (steady {phase['steady_tokens_per_s'] or 0:.0f}); flood served {flood['served']}, refused {flood['refused']}; "
-                      f"steps {steps}", flush=True)
-    finally:
-        server.stop()
-        if keep_logs is not None:  # the temporary data folder goes with the run
-            keep_logs.mkdir(parents=True, exist_ok=True)
-            for log in data_dir.glob("serve-*.log"):
-                shutil.copy(log, keep_logs / f"{'fair' if fair else 'unfair'}-{log.name}")
-    return out
+            self.out["quiet_ttft_s"] = [victim_request(client, victim_tokens)[0] for _ in range(num_quiet)]
+
+    def flood_phase(self, size: int, max_tokens: int, victim_tokens: int) -> None:
+        """One flood of `size` streams with the victim timed beside it, added to `out[flood_{size}]`."""
+        base_url = self.server.base_url
+        with self.client() as client:
+            floods = [Flood(base_url, self.keys["flood"], part, max_tokens) for part in split(size, self.gpu)]
+            for flood_process in floods:
+                flood_process.conn.send("go")
+            time.sleep(1.0 if self.gpu else 3.0)  # the flood holds its streams before the victim is timed
+            ttfts, victim_tokens_total = [], 0
+            steps_before = engine_steps(base_url)
+            sampler = TokenCounterSampler(base_url)
+            while not all(f.conn.poll() for f in floods):
+                ttft, tokens = victim_request(client, victim_tokens)
+                ttfts.append(ttft)
+                victim_tokens_total += tokens
+            samples = sampler.stop()
+            steps = {kind: count - steps_before.get(kind, 0.0) for kind, count in engine_steps(base_url).items()}
+        parts = [f.result() for f in floods]
+        flood = {"errors": [e for p in parts for e in p["errors"]], "served": sum(p["served"] for p in parts),
+                 "refused": sum(p["refused"] for p in parts), "tokens": sum(p["tokens"] for p in parts),
+                 "wall_s": max(p["wall_s"] for p in parts)}
+        if flood["errors"]:
+            raise RuntimeError(f"flood of {size}: {flood['errors'][:3]}")
+        ends = sorted(e for p in parts for e in p["ends"])
+        phase = {
+            "victim_ttft_s": ttfts, "flood_served": flood["served"], "flood_refused": flood["refused"],
+            "tokens_per_s": (flood["tokens"] + victim_tokens_total) / flood["wall_s"],
+            "wall_s": flood["wall_s"],
+            "steady_tokens_per_s": steady_tokens_per_s(samples, engine_full_until(ends, self.settings.max_num_seqs)),
+            "engine_steps": steps,
+        }
+        self.out.setdefault(f"flood_{size}_phases", []).append(phase)
+        self.out[f"flood_{size}"] = merged_phases(self.out[f"flood_{size}_phases"])
+        quiet = p95(self.out["quiet_ttft_s"])
+        print(f"fair={self.fair} flood={size}: victim ttft p95 {p95(ttfts) * 1e3:.1f} ms (p50 "
+              f"{statistics.median(ttfts) * 1e3:.1f}, max {max(ttfts) * 1e3:.1f}) over {len(ttfts)} requests (quiet "
+              f"{quiet * 1e3:.1f} ms); {phase['tokens_per_s']:.0f} tokens/s (steady {phase['steady_tokens_per_s'] or 0:.0f}); "
+              f"flood served {flood['served']}, refused {flood['refused']}; steps {steps}", flush=True)
+
+    def keep_logs(self, into: Path) -> None:
+        into.mkdir(parents=True, exist_ok=True)
+        for log in self.data_dir.glob("serve-*.log"):
+            shutil.copy(log, into / f"{'fair' if self.fair else 'unfair'}-{log.name}")
+
+
+def run_servers(model_path: Path, *, gpu: bool, fairness: list[bool], sizes: list[int], max_tokens: int,
+                victim_tokens: int, num_quiet: int, repeats: int, mixed_graphs: bool = True,
+                kept_slots: int | None = None, extra: dict[str, str] | None = None, keep_logs: Path | None = None,
+                api_servers: int | None = None) -> dict[bool, dict[str, Any]]:
+    """Both servers (fair sharing on, off) up at once, their flood phases interleaved: on, off, then off, on.
+
+    One server's rate drifts by ~10% from one start to the next and from minute to minute on a shared host;
+    phases taken in turn on two live servers see the same drift, and their ratio does not."""
+    with contextlib.ExitStack() as stack:
+        servers = {}
+        for fair in fairness:
+            data_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="flood-")))
+            servers[fair] = stack.enter_context(ServedForFloods(
+                data_dir, model_path, gpu=gpu, fair=fair, max_tokens=max_tokens, mixed_graphs=mixed_graphs,
+                kept_slots=kept_slots, extra=extra, api_servers=api_servers))
+            if keep_logs is not None:  # the temporary data folder goes with the run
+                stack.callback(servers[fair].keep_logs, keep_logs)
+        for served in servers.values():
+            served.quiet_baseline(victim_tokens, num_quiet)
+        for repeat in range(repeats):
+            for size in sizes:
+                for fair in (fairness if repeat % 2 == 0 else fairness[::-1]):
+                    servers[fair].flood_phase(size, max_tokens, victim_tokens)
+        return {fair: served.out for fair, served in servers.items()}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="CPU, small sizes, fair sharing on only; writes nothing")
-    parser.add_argument("--repeats", type=int, default=2,
+    parser.add_argument("--repeats", type=int, default=3,
                         help="GPU: each flood phase this many times per server (rates averaged, victims pooled)")
     parser.add_argument("--newcomer-reserved-slots", type=int, default=None,
                         help="the servers' LORAPLEX_NEWCOMER_RESERVED_SLOTS (default: the server's own); writes nothing")
@@ -342,13 +378,11 @@ def main() -> None:
         sizes = args.sizes
     metrics: dict[str, float] = {}
     for mixed_graphs in ([True, False] if gpu and args.mixed_graphs_off_too else [True]):
-        runs = {}
-        for fair in ([True, False] if gpu and not args.fair_only else [True]):
-            with tempfile.TemporaryDirectory(prefix="flood-") as tmp:
-                runs[fair] = run_server(Path(tmp), model_path, gpu=gpu, fair=fair, sizes=sizes, max_tokens=max_tokens,
-                                        victim_tokens=victim_tokens, num_quiet=num_quiet, mixed_graphs=mixed_graphs,
-                                        repeats=args.repeats if gpu else 1, kept_slots=args.newcomer_reserved_slots,
-                                        extra=extra, keep_logs=args.keep_logs, api_servers=args.api_servers)
+        runs = run_servers(model_path, gpu=gpu, fairness=[True, False] if gpu and not args.fair_only else [True],
+                           sizes=sizes, max_tokens=max_tokens, victim_tokens=victim_tokens, num_quiet=num_quiet,
+                           repeats=args.repeats if gpu else 1, mixed_graphs=mixed_graphs,
+                           kept_slots=args.newcomer_reserved_slots, extra=extra, keep_logs=args.keep_logs,
+                           api_servers=args.api_servers)
         suffix = "" if mixed_graphs else "_mixed_off"
         metrics.update({name + suffix: value for name, value in run_metrics(runs, sizes).items()})
     for name, value in metrics.items():
@@ -382,6 +416,11 @@ def run_metrics(runs: dict[bool, dict[str, Any]], sizes: list[int]) -> dict[str,
                 metrics[f"gpu_flood_{size}_steady_tokens_per_s_fair_off"] = off["steady_tokens_per_s"]
                 metrics[f"gpu_flood_{size}_steady_throughput_ratio"] = (flood["steady_tokens_per_s"]
                                                                        / off["steady_tokens_per_s"])
+                # each pair of phases taken one after the other: how far single comparisons spread
+                pairs = [on["steady_tokens_per_s"] / unfair["steady_tokens_per_s"] for on, unfair in
+                         zip(fair_run[f"flood_{size}_phases"], runs[False][f"flood_{size}_phases"], strict=True)]
+                metrics[f"gpu_flood_{size}_steady_ratio_pair_min"] = min(pairs)
+                metrics[f"gpu_flood_{size}_steady_ratio_pair_max"] = max(pairs)
     metrics["gpu_flood_victim_ttft_p95_ratio"] = max(metrics[f"gpu_flood_{s}_victim_ttft_p95_ratio"] for s in sizes)
     metrics["gpu_flood_victim_errors"] = 0  # a victim error raises before this point
     if False in runs:
@@ -417,7 +456,8 @@ def write_result(metrics: dict[str, float], sizes: list[int], max_tokens: int, v
         "tenant, its own client process", "repeats": f"each flood phase {repeats} times per server, rates averaged, "
         "the victim's requests pooled", "victim": f"{victim_tokens}-token streams one at a time, TTFT",
         "throughput": "all tenants' tokens/s, fair sharing on over off: steady (the server's generated-token "
-        "counter from the flood's start until its first stream ends) and total (all tokens over the flood's wall)"}
+        "counter from the flood's start while it has a stream for every running slot) and total (all tokens over "
+        "the flood's wall); both servers up at once, their phases taken in turn (on, off, then off, on)"}
     RESULT.write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {RESULT.relative_to(ROOT)}")
 
