@@ -140,7 +140,7 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     # CUDA runner (engine/cuda): the KV pool takes this fraction of the GPU's memory, less the
     # weights and a profiled forward's peak, unless num_blocks is given; decode steps replay
-    # CUDA graphs for batch sizes up to max_num_seqs unless enable_cuda_graphs is False; with
+    # CUDA graphs for batch sizes up to running_slots() unless enable_cuda_graphs is False; with
     # cuda_graph_mixed_steps, steps that mix prefill chunks with decodes replay graphs too (engine/cuda/graphs.py).
     gpu_memory_utilization: float = 0.9
     enable_cuda_graphs: bool = True
@@ -170,9 +170,9 @@ class EngineConfig:
     # Weighted fair shares of running slots, KV blocks and prefill tokens between tenants, with preemption of
     # the tenant furthest over its share when one under its share waits (engine/fair_share.py)
     fair_sharing: bool = True
-    # With fair sharing, this many of the last free running slots are kept for a tenant under its share (as if
-    # one more tenant came), so one tenant's flood never fills the engine and another's request starts without
-    # a preemption (engine/scheduler.py); None: max_num_seqs // 32 (2 of 64; 0 below 32 slots).
+    # With fair sharing, the engine runs this many slots beyond max_num_seqs, kept for a tenant under its share
+    # (as if one more tenant came): one tenant's flood fills max_num_seqs, never the engine, and another's request
+    # starts without a preemption (engine/scheduler.py); None: max_num_seqs // 32 (2 of 64; 0 below 32 slots).
     newcomer_reserved_slots: int | None = None
     # Where mixed steps replay graphs: a flood sits out the step admitting another tenant's prompt of at most this
     # many tokens (engine/scheduler.py, _floods_sitting_out_for_a_prefill); 0: never
@@ -199,6 +199,14 @@ class EngineConfig:
         decode step costs, and nobody needs to sit them out."""
         return (self.device.startswith("cuda") and self.enable_cuda_graphs and self.cuda_graph_mixed_steps
                 and self.tensor_parallel_size == 1)
+
+    def running_slots(self) -> int:
+        """The most sequences a step runs: max_num_seqs, and with fair sharing the slots kept for newcomers on top.
+
+        On top, not within: kept within, they held a closed flood of max_num_seqs streams two short, and those two
+        ran alone after the rest, doubling the flood's time (~2,000 steps instead of ~1,000 for 64 streams of 1,000
+        tokens on an H200, its tokens/s 0.75x of fair sharing off)."""
+        return self.max_num_seqs + (self.resolve_newcomer_reserved_slots() if self.fair_sharing else 0)
 
     def resolve_newcomer_reserved_slots(self) -> int:
         if self.newcomer_reserved_slots is not None:

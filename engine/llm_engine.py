@@ -79,7 +79,7 @@ class LLMEngine:
         self._own_adapter_ready = adapter_ready
         self.lora: LoRAManager | None = None  # built from `adapters`; serve_adapters replaces it
         self.scheduler = Scheduler(
-            self.block_manager, engine_config.max_num_batched_tokens, engine_config.max_num_seqs,
+            self.block_manager, engine_config.max_num_batched_tokens, engine_config.running_slots(),
             self._adapter_ready, decode_yield_min_tokens=engine_config.resolve_decode_yield_min_tokens(),
             fair_sharing=engine_config.fair_sharing,
             newcomer_reserved_slots=engine_config.resolve_newcomer_reserved_slots(),

@@ -54,9 +54,9 @@ class Settings(BaseSettings):
     # Tenants share the engine by weighted fair shares of running slots, KV blocks and prefill tokens, and one
     # under its share that waits preempts the tenant furthest over its own; False: first come, first served
     fair_sharing: bool = True
-    # With fair sharing, this many of the last free running slots are kept for a tenant under its share, so one
-    # tenant's flood never fills the engine and another's request starts without preempting; None: 1/32 of
-    # max_num_seqs (2 of 64; none below 32)
+    # With fair sharing, the engine runs this many slots beyond max_num_seqs, kept for a tenant under its share:
+    # one tenant's flood fills max_num_seqs, never the engine, and another's request starts without preempting;
+    # None: 1/32 of max_num_seqs (2 of 64; none below 32)
     newcomer_reserved_slots: int | None = Field(default=None, ge=0)
     # GPU with mixed-step graphs: a flooding tenant's rows sit out the step that admits another tenant's request of
     # at most this many prompt tokens, so that request's first token comes from a step of its own rows rather than

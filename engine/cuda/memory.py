@@ -45,14 +45,14 @@ def profile_num_blocks(model: LlamaForCausalLM, model_config: ModelConfig, engin
     cos, sin = model.rotary.cos_sin(positions)
     ctx = StepContext(attention=meta, cos=cos, sin=sin, backend=TritonPagedAttention())
     hidden = model(torch.zeros(num_tokens, dtype=torch.int32, device=device), ctx, [scratch] * len(model.layers))
-    rows = min(num_tokens, engine_config.max_num_seqs)
+    rows = min(num_tokens, engine_config.running_slots())
     model.compute_logits(hidden[:rows]).float().argmax(dim=-1)
     torch.cuda.synchronize(device)
     activation_peak = torch.cuda.max_memory_allocated(device) - before
     del scratch, hidden, ctx, meta, cos, sin
     torch.cuda.empty_cache()
     free, total = torch.cuda.mem_get_info(device)
-    graph_logits = 2 * engine_config.max_num_seqs * model_config.vocab_size * 4
+    graph_logits = 2 * engine_config.running_slots() * model_config.vocab_size * 4
     # The share is this engine's own (weights and all), as in vLLM: other processes on the GPU (another
     # engine, a benchmark's baseline) limit it only through what they leave free.
     own = torch.cuda.memory_reserved(device)

@@ -92,14 +92,14 @@ class CudaModelRunner(ModelRunner):
         self.num_kv_heads = model.plan.num_kv_heads
         max_model_len = engine_config.resolve_max_model_len(model_config)
         self.max_blocks_per_seq = -(-max_model_len // self.block_size)
-        self.ladder = batch_ladder(engine_config.max_num_seqs)
+        self.ladder = batch_ladder(engine_config.running_slots())
         self.use_graphs = engine_config.enable_cuda_graphs and self.device.type == "cuda"
         # Mixed-step graphs need one rank: tensor-parallel workers replay only the decode graphs.
         self.use_mixed_graphs = self.use_graphs and engine_config.cuda_graph_mixed_steps and workers is None
-        self.mixed_seq_sizes = mixed_seq_ladder(engine_config.max_num_seqs)
+        self.mixed_seq_sizes = mixed_seq_ladder(engine_config.running_slots())
         self.mixed_extra_sizes = extra_token_ladder(engine_config.max_num_batched_tokens)
         self.max_num_batched_tokens = engine_config.max_num_batched_tokens
-        seqs, tokens = engine_config.max_num_seqs, engine_config.max_num_batched_tokens
+        seqs, tokens = engine_config.running_slots(), engine_config.max_num_batched_tokens
         # Verification steps replay mixed graphs of their own, which gather up to this many draft rows' logits: the
         # drafts of every sequence, as far as a step stays under the GPU's compute bound (past which `auto` drafts
         # nothing), not a row per token of the step's budget.

@@ -527,3 +527,38 @@ def test_the_short_prompt_sit_out_is_an_operator_setting_off_by_default():
 
     assert EngineConfig().flood_sit_out_prompt_tokens == 0 and Settings().flood_sit_out_prompt_tokens == 0
     assert engine_config(Settings(flood_sit_out_prompt_tokens=64)).flood_sit_out_prompt_tokens == 64
+
+
+def test_the_kept_slots_run_on_top_of_max_num_seqs():
+    from loraplex.engine.config import EngineConfig
+
+    assert EngineConfig(max_num_seqs=64).running_slots() == 66
+    assert EngineConfig(max_num_seqs=64, fair_sharing=False).running_slots() == 64
+    assert EngineConfig(max_num_seqs=16).running_slots() == 16
+
+
+def test_a_lone_flood_fills_max_num_seqs_and_a_newcomer_runs_beside_all_of_it(smol):
+    """In the engine: one tenant's flood runs max_num_seqs sequences (as with fair sharing off), and another
+    tenant's request runs in a kept slot beside every one of them, without a preemption."""
+    from enginecore_helpers import tiny_random_config
+    from loraplex.engine.config import EngineConfig
+    from loraplex.engine.llm_engine import LLMEngine
+    from loraplex.engine.protocol import EngineRequest
+
+    engine = LLMEngine.from_random(tiny_random_config(), EngineConfig(
+        num_blocks=512, max_model_len=256, max_num_seqs=32, max_num_batched_tokens=512), smol.tokenizer)
+    params = SamplingParams(max_tokens=64, temperature=0, ignore_eos=True)
+    for i in range(40):
+        engine.add_request(EngineRequest(f"flood-{i}", [1, 2, 3, 4 + i], params, tenant_id="flood"))
+    for _ in range(4):
+        engine.step()
+    flood = [s for s in engine.scheduler.running if s.tenant_id == "flood"]
+    assert len(flood) == 32 and len(engine.scheduler.running) == 32
+    engine.add_request(EngineRequest("quiet", [5, 6, 7], SamplingParams(max_tokens=4, temperature=0),
+                                     tenant_id="quiet"))
+    engine.step()
+    assert any(s.tenant_id == "quiet" for s in engine.scheduler.running)
+    assert len(engine.scheduler.running) == 33 and engine.scheduler.num_fairness_preemptions == 0
+    while engine.has_unfinished_requests():
+        engine.step()
+    assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
