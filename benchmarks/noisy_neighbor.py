@@ -749,8 +749,9 @@ def merge_into_results(chosen: list[str], metrics: dict[str, float], quiet_p95: 
     result["metrics"] = kept
     result["date"] = now
     result["machine"] = cpu_benchmark_machine()
+    gpu_targets = {k: v for k, v in result["targets"].items() if k.startswith("gpu_flood_")}  # the GPU run's own
     result["targets"] = {f"victim_p95_ratio_{name}": {"op": "<=", "value": TARGET_RATIO}
-                         for name in [*ATTACKS, "worst"] if name not in CONTROLS}
+                         for name in [*ATTACKS, "worst"] if name not in CONTROLS} | gpu_targets
     for name, (_, clients, what) in ATTACKS.items():
         result["config"].setdefault(name, f"{what}, {clients} client(s)")
     RESULT.write_text(json.dumps(result, indent=2) + "\n")

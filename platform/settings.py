@@ -251,9 +251,10 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _default_api_servers(self) -> Settings:
-        """One API server turns every chunk of up to `max_num_seqs` streams into SSE on one core: past a few
-        dozen streams it, not the engine, sets the pace. With Redis (shared sessions and limits) several share
-        the load, leaving half the cores to the engine core, tokenizing threads and the OS."""
+        """One API server turns every chunk of a step's streams (up to `max_num_seqs` and the kept slots) into
+        SSE on one core: past a few dozen streams it, not the engine, sets the pace. With Redis (shared sessions
+        and limits) several share the load, leaving half the cores to the engine core, tokenizing threads and
+        the OS."""
         if self.api_servers is None:
             self.api_servers = default_api_servers(self.redis_url)
         return self
