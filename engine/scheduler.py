@@ -342,9 +342,10 @@ class Scheduler:
         Those slots go only to a tenant under its share counted as if one more tenant wanted in. So a tenant
         flooding the engine stops a few slots short of filling it, and another tenant's first request starts at
         the next step without preempting anyone. The engine adds them on top of its `max_num_seqs`
-        (`EngineConfig.running_slots`), so the flood still runs `max_num_seqs` sequences. Preempting cost the flood more than the slot: on a GPU the
-        preempted sequence's resume is a prefill chunk, so a step that replays a decode graph (~3 ms at 64
-        SmolLM2 rows on an H200) became an eager one (~15 ms), once for each short request of another tenant.
+        (`EngineConfig.running_slots`), so the flood still runs `max_num_seqs` sequences. Preempting cost the
+        flood more than the slot: on a GPU the preempted sequence's resume is a prefill chunk, so a step that
+        replays a decode graph (~3 ms at 64 SmolLM2 rows on an H200) became an eager one (~15 ms), once for each
+        short request of another tenant.
         Batch work takes kept slots only while no interactive work runs or waits: an interactive request that
         comes then preempts a batch line (batch work goes first), which resumes in a later admission wave."""
         if len(self.running) + self.newcomer_reserved_slots < self.max_num_seqs:
