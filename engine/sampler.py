@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
+from loraplex.engine.penalties import apply_penalties
 from loraplex.engine.protocol import TokenLogprob
 from loraplex.engine.sequence import Sequence
 
@@ -148,7 +149,7 @@ class Sampler:
             raw_logprobs = torch.log_softmax(logits, dim=-1)
         self._apply_grammar(logits, seqs, result)
         self._apply_min_tokens(logits, seqs)
-        self._apply_penalties(logits, seqs)
+        apply_penalties(logits, seqs)
         self._apply_logit_bias(logits, seqs)
         tokens = self.draw(logits, seqs)
         for i, seq in enumerate(seqs):
@@ -192,33 +193,6 @@ class Sampler:
             row = logits[i].index_fill(0, banned, float("-inf"))
             if bool(torch.isfinite(row).any()):
                 logits[i] = row
-
-    # ---- penalties ------------------------------------------------------------------------
-    def _apply_penalties(self, logits: torch.Tensor, seqs: list[Sequence]) -> None:
-        rows = [
-            i for i, s in enumerate(seqs)
-            if s.sampling.presence_penalty or s.sampling.frequency_penalty or s.sampling.repetition_penalty != 1.0
-        ]
-        if not rows:
-            return
-        index = torch.tensor(rows, dtype=torch.long)
-        sub = logits[index]
-        vocab = sub.shape[-1]
-        counts = torch.zeros_like(sub)
-        seen = torch.zeros_like(sub, dtype=torch.bool)
-        for j, i in enumerate(rows):
-            seq = seqs[i]
-            out = torch.tensor(seq.output_token_ids, dtype=torch.long)
-            if len(out):
-                counts[j].scatter_add_(0, out, torch.ones(len(out)))
-            seen[j, torch.tensor(seq.token_ids, dtype=torch.long).clamp_(max=vocab - 1)] = True
-        rep = torch.tensor([seqs[i].sampling.repetition_penalty for i in rows]).unsqueeze(1)
-        penalised = torch.where(sub > 0, sub / rep, sub * rep)
-        sub = torch.where(seen, penalised, sub)
-        freq = torch.tensor([seqs[i].sampling.frequency_penalty for i in rows]).unsqueeze(1)
-        pres = torch.tensor([seqs[i].sampling.presence_penalty for i in rows]).unsqueeze(1)
-        sub = sub - freq * counts - pres * (counts > 0).float()
-        logits[index] = sub
 
     @staticmethod
     def _apply_logit_bias(logits: torch.Tensor, seqs: list[Sequence]) -> None:
@@ -299,7 +273,7 @@ class Sampler:
         if failed.errors:
             raise failed.errors[seq.seq_id]
         self._apply_min_tokens(logits, [seq])
-        self._apply_penalties(logits, [seq])
+        apply_penalties(logits, [seq])
         self._apply_logit_bias(logits, [seq])
         if seq.forced_token_ids:
             token = seq.forced_token_ids[0]

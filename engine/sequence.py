@@ -48,6 +48,7 @@ class Sequence:
         "num_prompt_tokens",
         "num_reasoning_tokens",
         "parent",
+        "penalty_state",
         "priority",
         "protected_until",
         "reasoning_inside",
@@ -58,6 +59,7 @@ class Sequence:
         "spec_acceptance",
         "spec_cooldown",
         "spec_resume_at",
+        "spec_state",
         "spec_token_ids",
         "status",
         "tenant_id",
@@ -100,6 +102,7 @@ class Sequence:
         self.reasoning_inside = False
         self.parent: Sequence | None = None  # set on a fork child until its parent's prefill ends
         self.wants_prompt_logprobs = False
+        self.penalty_state: Any = None  # its tokens' presence and output counts, for penalties (engine/penalties.py)
         self.priority = 0          # within its tenant, lower runs first
         self.background = False    # batch work: runs on capacity interactive work leaves
         self.protected_until = 0   # scheduler step before which fairness does not preempt it again
@@ -112,6 +115,7 @@ class Sequence:
         self.spec_acceptance = 1.0  # moving average of the share of draft tokens accepted
         self.spec_resume_at = 0     # no drafts before this many output tokens
         self.spec_cooldown = 0      # output tokens the next switch-off lasts (doubles each time)
+        self.spec_state: Any = None  # the proposer's own memory of this sequence, made at its first proposal
 
     def __len__(self) -> int:
         return len(self.token_ids)

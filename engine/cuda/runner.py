@@ -290,13 +290,16 @@ class CudaModelRunner(ModelRunner):
                 graph: DecodeGraph | None) -> None:
         """On the GPU, with the grammar mask filled meanwhile: the argmax, or for random rows (temperature,
         top-k, top-p, min-p, seeds) the sampler's draw run on the GPU, from the same per-sequence uniforms.
-        Rows that need penalties, biases, min_tokens bans or logprobs take the host sampler."""
-        if any(needs_host_sampler(s) for s in seqs):
+        Rows that need penalties, biases, min_tokens bans or logprobs take the host sampler: only their logits
+        go to the host, so one tenant's `logprobs` or penalty does not send every row of the step there (with 64
+        rows that was ~12 MB of logits a step and each random row's top-p sort on the host)."""
+        host = frozenset(i for i, s in enumerate(seqs) if needs_host_sampler(s))
+        if len(host) == len(seqs):
             self.sampler.sample(logits.float().cpu(), seqs, result)
             return
-        count = self.masks.fill(seqs, result.errors)  # overlaps the forward still running
+        count = self.masks.fill(seqs, result.errors, skip=host)  # overlaps the forward still running
         self.masks.upload(count)
-        drawing = [i for i, s in enumerate(seqs) if draws_at_random(s)]
+        drawing = [i for i, s in enumerate(seqs) if i not in host and draws_at_random(s)]
         if graph is not None and not drawing:
             graph.sample.replay()
             tokens = graph.tokens[: len(seqs)].tolist()
@@ -307,8 +310,13 @@ class CudaModelRunner(ModelRunner):
             if count > self.masks.max_rows:  # some row has a grammar; otherwise the kernel would mask nothing
                 apply_token_bitmask(logits, self.masks.bitmask[: len(seqs)], self.masks.indices[: len(seqs)])
             tokens = self.sampler.draw(logits.float(), seqs) if drawing else logits.argmax(dim=-1).tolist()
-        for seq, token in zip(seqs, tokens, strict=True):
-            result.sampled[seq.seq_id] = seq.forced_token_ids[0] if seq.forced_token_ids else token
+        for i, (seq, token) in enumerate(zip(seqs, tokens, strict=True)):
+            if i not in host:
+                result.sampled[seq.seq_id] = seq.forced_token_ids[0] if seq.forced_token_ids else token
+        if host:
+            rows = sorted(host)
+            on_host = logits[torch.tensor(rows, device=logits.device)].float().cpu()
+            self.sampler.sample(on_host, [seqs[i] for i in rows], result)
 
     def _replay_draw(self, graph: DecodeGraph, seqs: list[Sequence], drawing: list[int]) -> torch.Tensor:
         """The graph's temperature draw for rows `drawing` of `seqs` (the others' argmax); its tokens tensor."""

@@ -68,14 +68,15 @@ class GrammarMaskBuffers:
         self.vocab_words = np.packbits(allowed.reshape(-1, 32)[:, ::-1], axis=1).view(">u4").astype(np.uint32)
         self.vocab_words = self.vocab_words.reshape(-1).view(np.int32)
 
-    def fill(self, seqs: Sequence, errors: dict[int, Exception]) -> int:
+    def fill(self, seqs: Sequence, errors: dict[int, Exception], skip: frozenset[int] = frozenset()) -> int:
         """Host work, run while the GPU computes the forward: fill the grammar rows of `seqs`
-        (row i = seqs[i]); returns how many int32 words of the buffer the upload must send."""
+        (row i = seqs[i]) but rows `skip` (sampled on the host, with their own masks); returns how many int32
+        words of the buffer the upload must send."""
         self.host_indices[:] = -1
         last_row = -1
         bitmask = self.host_bitmask.numpy()
         for i, seq in enumerate(seqs):
-            if seq.matcher is None or seq.forced_token_ids:
+            if seq.matcher is None or seq.forced_token_ids or i in skip:
                 continue
             bitmask[i] = -1
             try:

@@ -93,7 +93,7 @@ class Speculation:
         continues the tokens it has (a step still in flight holds its newest). Overlapped scheduling runs steps
         ahead only while none would."""
         return self._step_allowed(len(running)) and any(
-            self._may_draft_for(seq) and self.proposer.propose(seq.token_ids, 1) for seq in running)
+            self._may_draft_for(seq) and self._proposal(seq, 1) for seq in running)
 
     def propose(self, seq: Sequence, max_tokens: int) -> list[int]:
         """Drafts for a decode of `seq`, at most `max_tokens` (the step's budget left past its own token)."""
@@ -102,7 +102,12 @@ class Speculation:
         # The output's room left, less the token the verification samples past the drafts.
         room = min(seq.sampling.max_tokens - seq.num_output_tokens, self.config.max_model_len - len(seq.token_ids))
         limit = min(self.config.num_tokens, max_tokens, room - 1)
-        return self.proposer.propose(seq.token_ids, limit) if limit > 0 else []
+        return self._proposal(seq, limit) if limit > 0 else []
+
+    def _proposal(self, seq: Sequence, max_tokens: int) -> list[int]:
+        if seq.spec_state is None:
+            seq.spec_state = self.proposer.new_state()
+        return self.proposer.propose(seq.token_ids, max_tokens, seq.spec_state)
 
     def _eligible(self, seq: Sequence) -> bool:
         """A decode on its own blocks with nothing forced: a fork child still shares its parent's last block,

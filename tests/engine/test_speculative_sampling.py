@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import random
+import time
 
 import pytest
 import torch
@@ -21,7 +22,7 @@ from loraplex.engine.protocol import SamplingParams
 from loraplex.engine.sampler import Sampler, draw_with_draft
 from loraplex.engine.sequence import Sequence
 from loraplex.engine.spec.policy import Speculation, SpeculationConfig
-from loraplex.engine.spec.proposer import NgramProposer
+from loraplex.engine.spec.proposer import MAX_CANDIDATES, NgramProposer
 from loraplex.engine.spec.verify import verify_drafts
 
 VOCAB = 6
@@ -153,6 +154,45 @@ def test_ngram_proposer_equals_the_obvious_search_on_random_sequences() -> None:
         max_n, max_tokens = min_n + i % 4, i % 6
         expected = _latest_longest_match(tokens, max_tokens, min_n, max_n)
         assert NgramProposer(min_n, max_n).propose(tokens, max_tokens) == expected, (tokens, min_n, max_n)
+
+
+def test_ngram_proposer_keeping_its_index_between_steps_proposes_as_a_fresh_search() -> None:
+    """A sequence keeps its proposer's index and grows a few tokens a step (by one, or several when drafts are
+    accepted): each proposal equals the obvious search over the tokens so far."""
+    generator = torch.Generator().manual_seed(12)
+    for i in range(300):
+        min_n = 1 + i % 3
+        proposer, vocab = NgramProposer(min_n, min_n + i % 3), [2, 3, 7, 50][i % 4]
+        state = proposer.new_state()
+        tokens = torch.randint(0, vocab, (int(torch.randint(0, 30, (1,), generator=generator)),),
+                               generator=generator).tolist()
+        while len(tokens) < 80:
+            expected = _latest_longest_match(tokens, 4, min_n, proposer.max_n)
+            assert proposer.propose(tokens, 4, state) == expected, (tokens, min_n, proposer.max_n)
+            tokens += torch.randint(0, vocab, (1 + i % 3,), generator=generator).tolist()
+
+
+def test_ngram_proposer_looks_at_the_latest_places_only() -> None:
+    # The same bigram ends 200 times, each after a different token; the one place also matching a longer n-gram
+    # lies past the latest MAX_CANDIDATES of them and is not looked at: the latest bigram match is proposed.
+    filler = [token for i in range(200) for token in (100 + i, 1, 2, 7)]
+    tokens = [9, 1, 2, 8] + filler + [9, 1, 2]
+    assert NgramProposer(2, 3).propose(tokens, 1) == [7]
+    assert NgramProposer(2, 3).propose([9, 1, 2, 8] + filler[: 4 * (MAX_CANDIDATES - 1)] + [9, 1, 2], 1) == [8]
+
+
+def test_ngram_proposer_cost_does_not_grow_with_a_crafted_prompt() -> None:
+    """A tenant's prompt of 64,000 tokens repeating one pair, then tokens whose n-grams end in its last token but
+    match nowhere: a search from that token's every occurrence took ~30 ms a proposal on a 2-core box, every
+    step; with the index kept between steps a proposal looks up the last n-gram and at most MAX_CANDIDATES places."""
+    proposer = NgramProposer(2, 4)
+    tokens, state = [1, 2] * 32_000, proposer.new_state()
+    assert proposer.propose(tokens, 4, state) == [1, 2]  # the index is built once, at the first proposal
+    start = time.perf_counter()
+    for step in range(200):
+        tokens += [10 + step, 2]  # a new pair each step, ending in the token the prompt holds 32,000 times
+        assert proposer.propose(tokens, 4, state) == []
+    assert (time.perf_counter() - start) / 200 < 1e-3
 
 
 def _speculation(mode: str) -> Speculation:

@@ -134,6 +134,45 @@ def test_seeded_random_rows_draw_on_the_gpu_and_equal_the_cpu_engine() -> None:
     assert host_calls == []
 
 
+def test_host_sampler_rows_go_to_the_host_alone_and_every_row_equals_the_cpu_engine() -> None:
+    """Rows with penalties, logprobs or a bias beside grammar, random and greedy rows: only the former's logits
+    go to the host; every row's tokens (and logprobs) are the CPU engine's, as each would be in any batch."""
+    grammar = FixedSetGrammar([list(range(0, VOCAB, 3))] * 8)
+
+    def requests() -> list[EngineRequest]:
+        host = [{"repetition_penalty": 1.3}, {"frequency_penalty": 0.5, "presence_penalty": 0.2},
+                {"logprobs": 2}, {"logit_bias": {7: 3.0}}]
+        out = []
+        for i, prompt in enumerate(prompts(8)):
+            if i < 4:
+                out.append(EngineRequest(f"r{i}", prompt, SamplingParams(max_tokens=8, temperature=0.0,
+                                                                         ignore_eos=True, **host[i])))
+            elif i == 4:
+                out.append(EngineRequest(f"r{i}", prompt, greedy(8, ignore_eos=True), grammar=grammar))
+            else:  # seeded random rows: a temperature alone (the graph's draw) and a top-p one (the GPU's draw)
+                out.append(EngineRequest(f"r{i}", prompt, SamplingParams(max_tokens=8, temperature=0.8, seed=40 + i,
+                                                                         ignore_eos=True, top_p=0.9 if i == 7 else 1.0)))
+        return out
+
+    cpu = run_to_completion(make_engine("cpu"), requests())
+    engine = make_engine(GPU_DEVICE)
+    host_rows: list[int] = []
+    sample = engine.runner.sampler.sample
+    engine.runner.sampler.sample = lambda logits, seqs, result: (host_rows.append(len(seqs)),  # type: ignore[method-assign]
+                                                                 sample(logits, seqs, result))
+    gpu = run_to_completion(engine, requests())
+    assert {rid: output_tokens(outs) for rid, outs in gpu.items()} == {rid: output_tokens(outs)
+                                                                       for rid, outs in cpu.items()}
+    assert all(token % 3 == 0 for token in output_tokens(gpu["r4"]))
+
+    def logprobs(outs: list[Any]) -> list[float]:
+        return [entry.logprob for out in outs for choice in out.choices for entry in (choice.logprobs or [])]
+
+    assert logprobs(gpu["r2"]) == pytest.approx(logprobs(cpu["r2"]), abs=1e-4) and logprobs(gpu["r2"])
+    assert host_rows and max(host_rows) <= 4  # never the whole step: the four host rows at most
+    assert engine.runner.num_graph_steps > 0
+
+
 def temperature_requests(max_tokens: int = 10) -> list[EngineRequest]:
     """Seeded rows at a temperature alone (no top-k, top-p or min-p) beside greedy ones."""
     temperatures = [0.0, 0.7, 2.0, 5.0]
