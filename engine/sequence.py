@@ -34,6 +34,7 @@ class Sequence:
         "adapter_id",
         "arrival_time",
         "background",
+        "bias_tensors",
         "block_hashes",
         "block_table",
         "drawn_at",
@@ -102,6 +103,7 @@ class Sequence:
         self.reasoning_inside = False
         self.parent: Sequence | None = None  # set on a fork child until its parent's prefill ends
         self.wants_prompt_logprobs = False
+        self.bias_tensors: tuple[Any, Any] | None = None  # its logit_bias as (token ids, biases) tensors
         self.penalty_state: Any = None  # its tokens' presence and output counts, for penalties (engine/penalties.py)
         self.priority = 0          # within its tenant, lower runs first
         self.background = False    # batch work: runs on capacity interactive work leaves

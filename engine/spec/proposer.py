@@ -57,7 +57,7 @@ class NgramIndex:
             self.num_indexed = 0
         n, start = self.key_n, max(self.num_indexed, self.key_n - 1)
         # the n-gram ending at each position from `start` to `upto`, made by C-level slicing and zipping
-        keys = token_ids[start:upto] if n == 1 else zip(*(token_ids[start - i : upto - i] for i in range(n - 1, -1, -1)))
+        keys = token_ids[start:upto] if n == 1 else zip(*(token_ids[start - i : upto - i] for i in range(n - 1, -1, -1)), strict=True)
         ends = self.ends
         for end, key in enumerate(keys, start):
             found = ends.get(key)

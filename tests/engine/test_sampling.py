@@ -139,6 +139,9 @@ def test_logit_bias_forces_and_bans_tokens_but_never_unmasks_the_grammar():
     result = StepResult()
     sampler.sample(logits.clone(), seqs, result)
     assert [result.sampled[s.seq_id] for s in seqs] == [3, 9, 3, 7]
+    biased = logits.clone()
+    Sampler._apply_logit_bias(biased, seqs[1:2] + seqs[:1])  # the next step, rows in another order: kept tensors
+    assert biased[0, 7] == -95.0 and biased[0, 9] == 0.5 and biased[1, 3] == 100.0 and biased[1].sum() == 105.0
     assert draw(logits, [SamplingParams(temperature=0.0)]) == [7]  # no bias, no change
 
 

@@ -176,9 +176,9 @@ def test_ngram_proposer_looks_at_the_latest_places_only() -> None:
     # The same bigram ends 200 times, each after a different token; the one place also matching a longer n-gram
     # lies past the latest MAX_CANDIDATES of them and is not looked at: the latest bigram match is proposed.
     filler = [token for i in range(200) for token in (100 + i, 1, 2, 7)]
-    tokens = [9, 1, 2, 8] + filler + [9, 1, 2]
+    tokens = [9, 1, 2, 8, *filler, 9, 1, 2]
     assert NgramProposer(2, 3).propose(tokens, 1) == [7]
-    assert NgramProposer(2, 3).propose([9, 1, 2, 8] + filler[: 4 * (MAX_CANDIDATES - 1)] + [9, 1, 2], 1) == [8]
+    assert NgramProposer(2, 3).propose([9, 1, 2, 8, *filler[: 4 * (MAX_CANDIDATES - 1)], 9, 1, 2], 1) == [8]
 
 
 def test_ngram_proposer_cost_does_not_grow_with_a_crafted_prompt() -> None:
