@@ -55,6 +55,15 @@ def plain_requests(max_tokens: int = 12) -> list[EngineRequest]:
     return [EngineRequest(f"r{i}", p, greedy(max_tokens, ignore_eos=True)) for i, p in enumerate(prompts(8))]
 
 
+def host_sampler_calls(engine: LLMEngine) -> list[int]:
+    """The rows of each call of `engine`'s host sampler from now on."""
+    calls: list[int] = []
+    sample = engine.runner.sampler.sample
+    engine.runner.sampler.sample = lambda logits, seqs, result: (calls.append(len(seqs)),  # type: ignore[method-assign]
+                                                                 sample(logits, seqs, result))
+    return calls
+
+
 def test_cuda_runner_is_selected_by_device() -> None:
     engine = make_engine(GPU_DEVICE)
     assert isinstance(engine.runner, CudaModelRunner)
@@ -126,10 +135,7 @@ def test_seeded_random_rows_draw_on_the_gpu_and_equal_the_cpu_engine() -> None:
 
     expected = generate(make_engine("cpu"), requests())
     engine = make_engine(GPU_DEVICE)
-    host_calls: list[int] = []
-    sample = engine.runner.sampler.sample
-    engine.runner.sampler.sample = lambda logits, seqs, result: (host_calls.append(len(seqs)),  # type: ignore[method-assign]
-                                                                 sample(logits, seqs, result))
+    host_calls = host_sampler_calls(engine)
     assert generate(engine, requests()) == expected
     assert host_calls == []
 
@@ -156,10 +162,7 @@ def test_host_sampler_rows_go_to_the_host_alone_and_every_row_equals_the_cpu_eng
 
     cpu = run_to_completion(make_engine("cpu"), requests())
     engine = make_engine(GPU_DEVICE)
-    host_rows: list[int] = []
-    sample = engine.runner.sampler.sample
-    engine.runner.sampler.sample = lambda logits, seqs, result: (host_rows.append(len(seqs)),  # type: ignore[method-assign]
-                                                                 sample(logits, seqs, result))
+    host_rows = host_sampler_calls(engine)
     gpu = run_to_completion(engine, requests())
     assert {rid: output_tokens(outs) for rid, outs in gpu.items()} == {rid: output_tokens(outs)
                                                                        for rid, outs in cpu.items()}
