@@ -53,6 +53,8 @@ def profile_num_blocks(model: LlamaForCausalLM, model_config: ModelConfig, engin
     torch.cuda.empty_cache()
     free, total = torch.cuda.mem_get_info(device)
     graph_logits = 2 * engine_config.running_slots() * model_config.vocab_size * 4
+    # the mixed graphs' hidden states of every token of a step, kept for prompt logprobs (CudaModelRunner)
+    graph_logits += engine_config.max_num_batched_tokens * model_config.hidden_size * engine_config.torch_dtype.itemsize
     # The share is this engine's own (weights and all), as in vLLM: other processes on the GPU (another
     # engine, a benchmark's baseline) limit it only through what they leave free.
     own = torch.cuda.memory_reserved(device)

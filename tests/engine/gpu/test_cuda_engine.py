@@ -438,18 +438,35 @@ def test_graphs_of_adapters_on_some_linears_launch_lora_kernels_there_alone_with
     assert staggered(many_lora_requests(), engine_on("cpu")) == tokens
 
 
-def test_mixed_graphs_captured_at_start_up_cover_every_shape_and_prompt_logprobs_stay_eager() -> None:
+def test_mixed_graphs_captured_at_start_up_cover_every_shape_and_give_prompt_logprobs() -> None:
+    """Scoring requests (prompt logprobs) beside decodes on adapters: their steps replay mixed graphs too, with
+    the logprobs and tokens of eager steps."""
     engine = make_engine(GPU_DEVICE, lora=True)
     runner = engine.runner
     captured = runner.capture_mixed_graphs()
     assert captured == len(runner.mixed_graphs) > 0
     assert {key[2] for key in runner.mixed_graphs} == {None, "lora"}
     assert runner.capture_mixed_graphs() == 0  # nothing left to capture
-    sampling = SamplingParams(max_tokens=2, temperature=0.0, prompt_logprobs=0, ignore_eos=True)
-    outs = run_to_completion(engine, [EngineRequest("p", prompts(3)[2], sampling)])["p"]
-    scored = [lp for o in outs if o.prompt_logprobs for lp in o.prompt_logprobs if lp is not None]
-    assert len(scored) == len(prompts(3)[2]) - 1
-    assert runner.num_eager_steps > 0  # the hidden states of every prompt row: no graph gives them
+
+    def requests() -> list[EngineRequest]:
+        scoring = SamplingParams(max_tokens=2, temperature=0.0, prompt_logprobs=1, ignore_eos=True)
+        return [EngineRequest(f"r{i}", prompt, scoring if i % 2 else greedy(6, ignore_eos=True),
+                              adapter_id=[None, "a", "b"][i % 3]) for i, prompt in enumerate(prompts(6))]
+
+    def scored(outs: list[Any]) -> list[tuple[int, float, list[int]]]:
+        return [(lp.token_id, lp.logprob, [t for t, _ in lp.top])
+                for o in outs if o.prompt_logprobs for lp in o.prompt_logprobs if lp is not None]
+
+    eager_engine = make_engine(GPU_DEVICE, lora=True, cuda_graph_mixed_steps=False)
+    eager, graphed = run_to_completion(eager_engine, requests()), run_to_completion(engine, requests())
+    assert eager_engine.runner.num_eager_steps > 0
+    assert runner.num_eager_steps == 0 and runner.num_mixed_graph_steps > 0
+    for rid, outs in eager.items():
+        assert output_tokens(graphed[rid]) == output_tokens(outs)
+        want, got = scored(outs), scored(graphed[rid])
+        assert [(t, top) for t, _, top in got] == [(t, top) for t, _, top in want]
+        assert [lp for _, lp, _ in got] == pytest.approx([lp for _, lp, _ in want], abs=1e-4)
+        assert len(want) == (len(prompts(6)[int(rid[1:])]) - 1 if int(rid[1:]) % 2 else 0)
     assert make_engine(GPU_DEVICE, cuda_graph_mixed_steps=False).runner.capture_mixed_graphs() == 0
 
 
