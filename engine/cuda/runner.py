@@ -208,8 +208,9 @@ class CudaModelRunner(ModelRunner):
         rows = StepRows.of(step)
         if rows.is_plain_decode:
             fits = len(rows.decodes) <= self.ladder[-1]
-        else:
-            fits = bool(rows.prefills) and not rows.verified and self.mixed_shape(rows) is not None
+        else:  # a launched step returns its tokens alone: prompt logprobs are made by `execute`
+            fits = (bool(rows.prefills) and not rows.verified and self.mixed_shape(rows) is not None
+                    and not any(s.wants_prompt_logprobs for s, _ in rows.ordered))
         return fits and not any(needs_host_sampler(s) or s.matcher is not None or s.forced_token_ids
                                 or (draws_at_random(s) and not self._draws_ahead(s)) for s in rows.sampled)
 

@@ -353,6 +353,39 @@ def test_requests_arriving_mid_flight_join_steps_launched_ahead_with_the_same_to
     assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
 
 
+def test_scoring_requests_arriving_mid_flight_keep_their_prompt_logprobs_with_overlap() -> None:
+    """A step with prompt logprobs replays a mixed graph but is never launched ahead (a launched step returns
+    its tokens alone): scoring requests arriving while decodes run ahead get every prompt logprob."""
+    from test_step_overlap import make_engine as overlap_engine
+    from test_step_overlap import prompt
+
+    def run(engine: LLMEngine) -> dict[str, tuple[list[int], list[float]]]:
+        arrivals = {0: [EngineRequest("first", prompt(41, 10), greedy(40, ignore_eos=True))]}
+        for i in range(3):
+            arrivals[3 + 5 * i] = [EngineRequest(f"score{i}", prompt(90 + i, 30 + 20 * i), SamplingParams(
+                max_tokens=2, temperature=0.0, prompt_logprobs=0, ignore_eos=True))]
+        outs: dict[str, list[Any]] = {}
+        for step in range(500):
+            for request in arrivals.pop(step, []):
+                engine.add_request(request)
+            for out in engine.step():
+                outs.setdefault(out.request_id, []).append(out)
+            if not arrivals and not engine.has_unfinished_requests():
+                break
+        return {rid: (output_tokens(o), [lp.logprob for x in o if x.prompt_logprobs for lp in x.prompt_logprobs
+                                         if lp is not None]) for rid, o in outs.items()}
+
+    expected = run(overlap_engine(False, device=GPU_DEVICE, max_model_len=256))
+    engine = overlap_engine(True, device=GPU_DEVICE, max_model_len=256)
+    got = run(engine)
+    assert engine.overlap.num_steps_ahead > 0 and engine.runner.num_mixed_graph_steps > 0
+    for rid, (tokens, logprobs) in expected.items():
+        assert got[rid][0] == tokens
+        assert got[rid][1] == pytest.approx(logprobs, abs=1e-4)
+        if rid.startswith("score"):
+            assert len(logprobs) == 30 + 20 * int(rid[-1]) - 1
+
+
 def test_lora_graphs_captured_at_start_up_equal_cpu_engine_and_follow_a_new_manager() -> None:
     """`serve` captures every decode graph at start-up, LoRA ones included; a new LoRA manager (new slot
     stacks) gets new LoRA graphs instead of replaying ones that read the old stacks."""
