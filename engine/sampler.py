@@ -82,7 +82,7 @@ def draws_at_random(seq: Sequence) -> bool:
     return seq.sampling.temperature > 0 and seq.sampling.top_k != 1
 
 
-def _to_device(values: list[Any], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+def to_device(values: list[Any], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """A few host values as a tensor on `device`. To a GPU through pinned memory without blocking: a copy
     from pageable memory waits for the stream, i.e. for the forward still running, and a draw used to make
     four such copies a step, each a wait the host could not use."""
@@ -223,8 +223,8 @@ class Sampler:
         device = logits.device
         # Inverse-CDF draw with one uniform per row from that row's own generator: cheap,
         # and a row's token never depends on the other rows of the batch.
-        uniforms = _to_device([row_uniform(seqs[i]) for i in random_rows], torch.float32, device)
-        index = _to_device(random_rows, torch.long, device)
+        uniforms = to_device([row_uniform(seqs[i]) for i in random_rows], torch.float32, device)
+        index = to_device(random_rows, torch.long, device)
         tokens = logits.argmax(dim=-1)
         probs = self._random_probs(logits[index], [seqs[i] for i in random_rows])
         cdf = probs.cumsum(dim=-1)
@@ -237,17 +237,17 @@ class Sampler:
     def _random_probs(sub: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
         """The distribution a random row draws from: temperature, then top-k, top-p and min-p."""
         device = sub.device  # every tensor made here goes where the logits are (the GPU's, on CUDA)
-        temps = _to_device([s.sampling.temperature for s in seqs], torch.float32, device).unsqueeze(1)
+        temps = to_device([s.sampling.temperature for s in seqs], torch.float32, device).unsqueeze(1)
         sub = sub / temps
         top_ks = [s.sampling.top_k for s in seqs]
         if any(k > 0 for k in top_ks):
-            k_tensor = _to_device([k if k > 0 else sub.shape[-1] for k in top_ks], torch.long, device)
+            k_tensor = to_device([k if k > 0 else sub.shape[-1] for k in top_ks], torch.long, device)
             k_tensor.clamp_(max=sub.shape[-1])
             sorted_desc = sub.sort(dim=-1, descending=True).values
             kth = sorted_desc.gather(1, (k_tensor - 1).unsqueeze(1))
             sub = sub.masked_fill(sub < kth, float("-inf"))
         if any(s.sampling.top_p < 1.0 for s in seqs):
-            top_ps = _to_device([s.sampling.top_p for s in seqs], torch.float32, device).unsqueeze(1)
+            top_ps = to_device([s.sampling.top_p for s in seqs], torch.float32, device).unsqueeze(1)
             sorted_logits, order = sub.sort(dim=-1, descending=True)
             probs_sorted = sorted_logits.softmax(dim=-1)
             before = probs_sorted.cumsum(dim=-1) - probs_sorted  # mass strictly above each token
@@ -256,7 +256,7 @@ class Sampler:
             sub = sub.masked_fill(drop, float("-inf"))
         probs = sub.softmax(dim=-1)
         if any(s.sampling.min_p > 0 for s in seqs):
-            min_ps = _to_device([s.sampling.min_p for s in seqs], torch.float32, device).unsqueeze(1)
+            min_ps = to_device([s.sampling.min_p for s in seqs], torch.float32, device).unsqueeze(1)
             probs = probs.masked_fill(probs < min_ps * probs.max(dim=-1, keepdim=True).values, 0.0)
         return probs
 

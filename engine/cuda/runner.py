@@ -24,6 +24,7 @@ import torch
 from loraplex.engine.config import EngineConfig, ModelConfig
 from loraplex.engine.context import AdapterRow, AdapterRows, LoRAStepBuilder, LoRAStepContext, StepContext
 from loraplex.engine.cuda.attention import TritonAttentionMetadata
+from loraplex.engine.cuda.device_logprobs import DeviceLogprobs
 from loraplex.engine.cuda.fused_ops import fuse_model
 from loraplex.engine.cuda.graphs import (
     DecodeGraph,
@@ -65,10 +66,11 @@ def _padded(rows: list[Sequence], size: int) -> list[AdapterRow]:
 
 
 def needs_host_sampler(seq: Sequence) -> bool:
+    """Its logits change by its own history or the caller's bias before it samples: the host sampler does that.
+    (Logprobs alone do not: they are made on the GPU, engine/cuda/device_logprobs.py.)"""
     sampling = seq.sampling
     return (
-        sampling.logprobs is not None
-        or bool(sampling.presence_penalty or sampling.frequency_penalty)
+        bool(sampling.presence_penalty or sampling.frequency_penalty)
         or sampling.repetition_penalty != 1.0
         or bool(sampling.logit_bias)
         or (bool(seq.min_tokens_ban_ids) and seq.num_output_tokens < sampling.min_tokens)
@@ -211,7 +213,8 @@ class CudaModelRunner(ModelRunner):
         else:  # a launched step returns its tokens alone: prompt logprobs are made by `execute`
             fits = (bool(rows.prefills) and not rows.verified and self.mixed_shape(rows) is not None
                     and not any(s.wants_prompt_logprobs for s, _ in rows.ordered))
-        return fits and not any(needs_host_sampler(s) or s.matcher is not None or s.forced_token_ids
+        return fits and not any(needs_host_sampler(s) or s.sampling.logprobs is not None or s.matcher is not None
+                                or s.forced_token_ids
                                 or (draws_at_random(s) and not self._draws_ahead(s)) for s in rows.sampled)
 
     def _draws_ahead(self, seq: Sequence) -> bool:
@@ -293,14 +296,16 @@ class CudaModelRunner(ModelRunner):
                 graph: DecodeGraph | None) -> None:
         """On the GPU, with the grammar mask filled meanwhile: the argmax, or for random rows (temperature,
         top-k, top-p, min-p, seeds) the sampler's draw run on the GPU, from the same per-sequence uniforms.
-        Rows that need penalties, biases, min_tokens bans or logprobs take the host sampler: only their logits
-        go to the host, so one tenant's `logprobs` or penalty does not send every row of the step there (with 64
-        rows that was ~12 MB of logits a step and each random row's top-p sort on the host)."""
+        Rows that need penalties, biases or min_tokens bans take the host sampler: only their logits go to the
+        host, so one tenant's penalty does not send every row of the step there (with 64 rows that was ~12 MB of
+        logits a step and each random row's top-p sort on the host). Logprobs are made on the GPU."""
         host = frozenset(i for i, s in enumerate(seqs) if needs_host_sampler(s))
         if len(host) == len(seqs):
             self.sampler.sample(logits.float().cpu(), seqs, result)
             return
         count = self.masks.fill(seqs, result.errors, skip=host)  # overlaps the forward still running
+        scored = [i for i, s in enumerate(seqs) if i not in host and s.sampling.logprobs is not None]
+        logprobs = DeviceLogprobs(logits, seqs, scored) if scored else None  # before the mask changes the logits
         self.masks.upload(count)
         drawing = [i for i, s in enumerate(seqs) if i not in host and draws_at_random(s)]
         if graph is not None and not drawing:
@@ -316,6 +321,10 @@ class CudaModelRunner(ModelRunner):
         for i, (seq, token) in enumerate(zip(seqs, tokens, strict=True)):
             if i not in host:
                 result.sampled[seq.seq_id] = seq.forced_token_ids[0] if seq.forced_token_ids else token
+        if logprobs is not None:
+            taken = [result.sampled[seqs[i].seq_id] for i in scored]
+            for i, entry in zip(scored, logprobs.entries(taken), strict=True):
+                result.logprobs[seqs[i].seq_id] = entry
         if host:
             rows = sorted(host)
             on_host = logits[torch.tensor(rows, device=logits.device)].float().cpu()

@@ -141,8 +141,9 @@ def test_seeded_random_rows_draw_on_the_gpu_and_equal_the_cpu_engine() -> None:
 
 
 def test_host_sampler_rows_go_to_the_host_alone_and_every_row_equals_the_cpu_engine() -> None:
-    """Rows with penalties, logprobs or a bias beside grammar, random and greedy rows: only the former's logits
-    go to the host; every row's tokens (and logprobs) are the CPU engine's, as each would be in any batch."""
+    """Rows with penalties or a bias beside logprobs, grammar, random and greedy rows: only the former's logits
+    go to the host (logprobs are made on the GPU, a grammar row's from its unmasked logits, as on the host);
+    every row's tokens and logprobs are the CPU engine's, as each would be in any batch."""
     grammar = FixedSetGrammar([list(range(0, VOCAB, 3))] * 8)
 
     def requests() -> list[EngineRequest]:
@@ -154,7 +155,7 @@ def test_host_sampler_rows_go_to_the_host_alone_and_every_row_equals_the_cpu_eng
                 out.append(EngineRequest(f"r{i}", prompt, SamplingParams(max_tokens=8, temperature=0.0,
                                                                          ignore_eos=True, **host[i])))
             elif i == 4:
-                out.append(EngineRequest(f"r{i}", prompt, greedy(8, ignore_eos=True), grammar=grammar))
+                out.append(EngineRequest(f"r{i}", prompt, greedy(8, ignore_eos=True, logprobs=1), grammar=grammar))
             else:  # seeded random rows: a temperature alone (the graph's draw) and a top-p one (the GPU's draw)
                 out.append(EngineRequest(f"r{i}", prompt, SamplingParams(max_tokens=8, temperature=0.8, seed=40 + i,
                                                                          ignore_eos=True, top_p=0.9 if i == 7 else 1.0)))
@@ -168,11 +169,16 @@ def test_host_sampler_rows_go_to_the_host_alone_and_every_row_equals_the_cpu_eng
                                                                        for rid, outs in cpu.items()}
     assert all(token % 3 == 0 for token in output_tokens(gpu["r4"]))
 
-    def logprobs(outs: list[Any]) -> list[float]:
-        return [entry.logprob for out in outs for choice in out.choices for entry in (choice.logprobs or [])]
+    def entries(outs: list[Any]) -> list[Any]:
+        return [entry for out in outs for choice in out.choices for entry in (choice.logprobs or [])]
 
-    assert logprobs(gpu["r2"]) == pytest.approx(logprobs(cpu["r2"]), abs=1e-4) and logprobs(gpu["r2"])
-    assert host_rows and max(host_rows) <= 4  # never the whole step: the four host rows at most
+    for rid, k in (("r2", 2), ("r4", 1)):
+        want, got = entries(cpu[rid]), entries(gpu[rid])
+        assert len(got) == len(want) == 8
+        assert [e.logprob for e in got] == pytest.approx([e.logprob for e in want], abs=1e-4)
+        assert [[t for t, _ in e.top] for e in got] == [[t for t, _ in e.top] for e in want]
+        assert all(len(e.top) == k for e in got)
+    assert host_rows and max(host_rows) <= 3  # never the whole step: the three host rows at most
     assert engine.runner.num_graph_steps > 0
 
 
