@@ -95,10 +95,11 @@ def seed_keys(database_url: str) -> dict[str, str]:
 
 # ---- the flood: its own process, asyncio streams ---------------------------------------------------
 
-async def _flood(base_url: str, key: str, num_streams: int, max_tokens: int) -> dict[str, Any]:
+async def _flood(base_url: str, key: str, num_streams: int, max_tokens: int,
+                 options: dict[str, Any] | None = None) -> dict[str, Any]:
     body = {"model": MODEL, "messages": [{"role": "user", "content": "Write a very long story."}],
             "max_tokens": max_tokens, "ignore_eos": True, "temperature": 0.8, "stream": True,
-            "stream_options": {"include_usage": True}}
+            "stream_options": {"include_usage": True}} | (options or {})
     counts: dict[str, Any] = {"tokens": 0, "served": 0, "refused": 0, "errors": [], "ends": []}
 
     async def one(client: httpx.AsyncClient) -> None:
@@ -137,9 +138,10 @@ async def _flood(base_url: str, key: str, num_streams: int, max_tokens: int) -> 
     return counts
 
 
-def flood_worker(conn: Any, base_url: str, key: str, num_streams: int, max_tokens: int) -> None:
+def flood_worker(conn: Any, base_url: str, key: str, num_streams: int, max_tokens: int,
+                 options: dict[str, Any] | None = None) -> None:
     conn.recv()  # "go"
-    conn.send(asyncio.run(_flood(base_url, key, num_streams, max_tokens)))
+    conn.send(asyncio.run(_flood(base_url, key, num_streams, max_tokens, options)))
 
 
 def split(num_streams: int, gpu: bool) -> list[int]:
@@ -149,10 +151,11 @@ def split(num_streams: int, gpu: bool) -> list[int]:
 
 
 class Flood:
-    def __init__(self, base_url: str, key: str, num_streams: int, max_tokens: int) -> None:
+    def __init__(self, base_url: str, key: str, num_streams: int, max_tokens: int,
+                 options: dict[str, Any] | None = None) -> None:
         self.conn, child = get_context("spawn").Pipe()
         self.process = get_context("spawn").Process(target=flood_worker, args=(child, base_url, key, num_streams,
-                                                                                max_tokens), daemon=True)
+                                                                                max_tokens, options), daemon=True)
         self.process.start()
 
     def result(self) -> dict[str, Any]:
@@ -249,8 +252,9 @@ class ServedForFloods:
 
     def __init__(self, data_dir: Path, model_path: Path, *, gpu: bool, fair: bool, max_tokens: int,
                  mixed_graphs: bool = True, kept_slots: int | None = None, extra: dict[str, str] | None = None,
-                 api_servers: int | None = None) -> None:
+                 api_servers: int | None = None, flood_options: dict[str, Any] | None = None) -> None:
         self.fair, self.gpu, self.data_dir = fair, gpu, data_dir
+        self.flood_options = flood_options  # merged into each flood request's body
         self.settings = server_settings(data_dir, model_path, gpu=gpu, fair=fair, max_tokens=max_tokens,
                                         mixed_graphs=mixed_graphs, kept_slots=kept_slots, extra=extra)
         self.keys = seed_keys(self.settings.resolved_database_url)
@@ -279,7 +283,8 @@ class ServedForFloods:
         """One flood of `size` streams with the victim timed beside it, added to `out[flood_{size}]`."""
         base_url = self.server.base_url
         with self.client() as client:
-            floods = [Flood(base_url, self.keys["flood"], part, max_tokens) for part in split(size, self.gpu)]
+            floods = [Flood(base_url, self.keys["flood"], part, max_tokens, self.flood_options)
+                      for part in split(size, self.gpu)]
             for flood_process in floods:
                 flood_process.conn.send("go")
             time.sleep(1.0 if self.gpu else 3.0)  # the flood holds its streams before the victim is timed
@@ -323,7 +328,8 @@ class ServedForFloods:
 def run_servers(model_path: Path, *, gpu: bool, fairness: list[bool], sizes: list[int], max_tokens: int,
                 victim_tokens: int, num_quiet: int, repeats: int, mixed_graphs: bool = True,
                 kept_slots: int | None = None, extra: dict[str, str] | None = None, keep_logs: Path | None = None,
-                api_servers: int | None = None) -> dict[bool, dict[str, Any]]:
+                api_servers: int | None = None, flood_options: dict[str, Any] | None = None
+                ) -> dict[bool, dict[str, Any]]:
     """Both servers (fair sharing on, off) up at once, their flood phases interleaved: on, off, then off, on.
 
     One server's rate drifts by ~10% from one start to the next and from minute to minute on a shared host;
@@ -334,7 +340,7 @@ def run_servers(model_path: Path, *, gpu: bool, fairness: list[bool], sizes: lis
             data_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="flood-")))
             servers[fair] = stack.enter_context(ServedForFloods(
                 data_dir, model_path, gpu=gpu, fair=fair, max_tokens=max_tokens, mixed_graphs=mixed_graphs,
-                kept_slots=kept_slots, extra=extra, api_servers=api_servers))
+                kept_slots=kept_slots, extra=extra, api_servers=api_servers, flood_options=flood_options))
             if keep_logs is not None:  # the temporary data folder goes with the run
                 stack.callback(servers[fair].keep_logs, keep_logs)
         for served in servers.values():
@@ -366,8 +372,12 @@ def main() -> None:
     parser.add_argument("--api-servers", type=int, default=None, metavar="N",
                         help="API server processes (default: what serve starts with Redis on this machine on a "
                              "GPU, 1 on the CPU); writes nothing")
+    parser.add_argument("--flood-option", action="append", default=[], metavar="NAME=JSON",
+                        help="a field of every flood request (e.g. top_logprobs=5, presence_penalty=0.5); repeatable; "
+                             "writes nothing")
     args = parser.parse_args()
     extra = dict(setting.partition("=")[::2] for setting in args.server_setting)
+    flood_options = {name: json.loads(value) for name, _, value in (o.partition("=") for o in args.flood_option)}
     import torch
     from loraplex.engine.model.default_model import ensure_default_model
 
@@ -382,12 +392,13 @@ def main() -> None:
                            sizes=sizes, max_tokens=max_tokens, victim_tokens=victim_tokens, num_quiet=num_quiet,
                            repeats=args.repeats if gpu else 1, mixed_graphs=mixed_graphs,
                            kept_slots=args.newcomer_reserved_slots, extra=extra, keep_logs=args.keep_logs,
-                           api_servers=args.api_servers)
+                           api_servers=args.api_servers, flood_options=flood_options)
         suffix = "" if mixed_graphs else "_mixed_off"
         metrics.update({name + suffix: value for name, value in run_metrics(runs, sizes).items()})
     for name, value in metrics.items():
         print(f"{name:<60}{value:>12.3f}")
-    if args.quick or not gpu or args.newcomer_reserved_slots is not None or args.fair_only or extra or args.sizes or args.api_servers:
+    if (args.quick or not gpu or args.newcomer_reserved_slots is not None or args.fair_only or extra or args.sizes
+            or args.api_servers or flood_options):
         return
     write_result(metrics, sizes, max_tokens, victim_tokens, args.repeats)
 
