@@ -473,7 +473,6 @@ class CudaModelRunner(ModelRunner):
                        verify: bool = False) -> DecodeGraph:
         if self._graph_pool is None:
             self._graph_pool = torch.cuda.graph_pool_handle()
-        self._graph_hidden()  # made before any capture: a graph only writes into it
         return capture_mixed_graph(
             num_seqs=num_seqs, num_tokens=num_tokens, max_blocks_per_seq=self.max_blocks_per_seq,
             block_size=self.block_size, lora_batch=graph_lora(lora), masks=self.masks, draws=self.draws,
