@@ -27,7 +27,9 @@ first (the sampler graph reads those), then the draft rows, which are verified a
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+import gc
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -234,12 +236,33 @@ def _capture(forward: Callable[[], None], samplers: list[Callable[[], torch.Tens
                 sample()
     torch.cuda.current_stream(device).wait_stream(stream)
     forward_graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(forward_graph, pool=pool):
+    with capturing(forward_graph, pool):
         forward()
     graphs, outputs = [forward_graph], []
     for sample in samplers:
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=pool):
+        with capturing(graph, pool):
             outputs.append(sample())
         graphs.append(graph)
     return graphs, outputs
+
+
+@contextmanager
+def capturing(graph: torch.cuda.CUDAGraph, pool: torch.cuda._POOL_HANDLE | None = None) -> Iterator[None]:
+    """`torch.cuda.graph` with Python's cyclic garbage collector paused for the capture.
+
+    A collection that falls inside a capture and destroys an earlier graph left in a reference cycle (a dropped
+    engine's, a stale adapter set's) makes a call a capture forbids, and the capture fails at its next launch
+    ("operation failed due to a previous error during capture"). Whether a collection falls there depends on what
+    ran before, so it struck at random: a test order, or a capture made while serving (a new adapter's set of
+    linears, a mixed shape). `torch.cuda.graph` collects once before it begins; nothing is collected during it.
+    Other threads (adapter loads, grammar compiles) keep running: "thread_local" holds only this thread's calls
+    against the capture."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        with torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"):
+            yield
+    finally:
+        if was_enabled:
+            gc.enable()

@@ -7,6 +7,7 @@ equal; graphs on and off give the same tokens; the KV pool is sized from the mem
 
 from __future__ import annotations
 
+import gc
 from typing import Any
 
 import pytest
@@ -14,6 +15,7 @@ import torch
 from enginecore_helpers import greedy, output_tokens, run_to_completion, tiny_random_config
 from grammar_double import FixedSetGrammar
 from loraplex.engine.config import AdapterLimits, EngineConfig
+from loraplex.engine.cuda.graphs import capturing
 from loraplex.engine.cuda.random_weights import RandomAdapterSource, SyntheticTokenizer
 from loraplex.engine.cuda.runner import CudaModelRunner
 from loraplex.engine.llm_engine import LLMEngine
@@ -405,6 +407,57 @@ def test_lora_graphs_captured_at_start_up_equal_cpu_engine_and_follow_a_new_mana
     for e in (cpu, engine):
         e.serve_adapters(RandomAdapterSource(CONFIG, rank=8, dtype=e.config.torch_dtype, std=0.2), limits)
     assert generate(engine, many_lora_requests()) == generate(cpu, many_lora_requests())
+
+
+def test_a_capture_holds_off_the_collector_that_would_free_old_graphs_inside_it() -> None:
+    """Earlier graphs (each with memory of its pool) left in reference cycles, which the capture's own
+    allocations make garbage, with churn that would run the collector many times: a collection inside the capture
+    destroys them, and the capture then fails ("operation failed due to a previous error during capture", a test
+    order's random failure). `capturing` collects nothing until the capture ends; the graph replays its ops,
+    and the collector runs again after."""
+    device = torch.device(GPU_DEVICE)
+    x = torch.ones(4096, device=device)
+    (x * 2 + 1).sum()  # the kernels compiled off the capture
+    old_graphs = []
+    for _ in range(4):
+        old = torch.cuda.CUDAGraph()
+        with capturing(old):
+            scratch = torch.full((1 << 20,), 2.0, device=device)
+            old_graphs.append((old, x * scratch[:4096], scratch))
+    torch.cuda.synchronize()
+    collections: list[int] = []
+
+    def count(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            collections.append(info["generation"])
+
+    thresholds = gc.get_threshold()
+    graph = torch.cuda.CUDAGraph()
+    gc.callbacks.append(count)
+    try:
+        with capturing(graph):
+            collections.clear()
+            doubled = x * 2
+            for held in old_graphs:  # each old graph now held only by a cycle
+                cycle: list[Any] = [held]
+                cycle.append(cycle)
+            del cycle, held
+            old_graphs.clear()
+            gc.set_threshold(1, 1, 1)
+            churn = [[[]] for _ in range(5000)]
+            out = doubled + 1
+            during = len(collections)
+        gc.set_threshold(*thresholds)
+        del churn
+        x.fill_(3.0)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert out.eq(7.0).all()
+        assert during == 0 and gc.isenabled()
+        assert gc.collect() > 0  # the cycles were there to collect
+    finally:
+        gc.set_threshold(*thresholds)
+        gc.callbacks.remove(count)
 
 
 def staggered(requests: list[EngineRequest], engine: LLMEngine) -> dict[str, list[int]]:
