@@ -209,6 +209,10 @@ class LLMEngine:
         sampling.validate(vocab)
         if sampling.logit_bias and max(sampling.logit_bias) >= vocab:
             raise InvalidRequestError(f"logit_bias holds token ids outside [0, {vocab})", param="logit_bias")
+        if sampling.n > self.config.max_num_seqs:  # its choices could never all run
+            raise InvalidRequestError(
+                f"n ({sampling.n}) is more than the {self.config.max_num_seqs} sequences this server runs at once",
+                param="n")
         total = len(prompt) + sampling.max_tokens
         if total > self.max_model_len:
             raise PromptTooLongError(

@@ -115,6 +115,7 @@ class Scheduler:
         self.waiting: dict[str, deque[Sequence]] = {}  # per tenant, preempted sequences included
         self.running: list[Sequence] = []
         self.pending_forks: dict[int, list[Sequence]] = {}
+        self._fork_parents: dict[int, Sequence] = {}  # each pending_forks key's sequence
         self.tenant_service: dict[str, float] = {}
         self.decode_yield_min_tokens = decode_yield_min_tokens  # 0: never yield
         self.num_steps = 0
@@ -147,6 +148,7 @@ class Scheduler:
         self.waiting.setdefault(seq.tenant_id, deque()).append(seq)
         if fork_children:
             self.pending_forks[seq.seq_id] = fork_children
+            self._fork_parents[seq.seq_id] = seq
 
     @property
     def num_waiting(self) -> int:
@@ -158,6 +160,20 @@ class Scheduler:
     @property
     def num_running(self) -> int:
         return len(self.running)
+
+    def num_slots_taken(self) -> int:
+        """Running sequences, and the choices running parents fork once their prompt is computed: a request's `n`
+        choices hold `n` slots from its admission on. Forked past the slots, they made steps of more rows than the
+        engine runs (on a GPU, more than its largest graph: such a step failed)."""
+        if not self.pending_forks:
+            return len(self.running)
+        forks = sum(len(children) for seq_id, children in self.pending_forks.items()
+                    if self._fork_parents[seq_id].status is SequenceStatus.RUNNING)
+        return len(self.running) + forks
+
+    def slots_needed(self, seq: Sequence) -> int:
+        """The slots `seq` takes when admitted: itself and the choices it will fork."""
+        return 1 + len(self.pending_forks.get(seq.seq_id, ()))
 
     def running_adapter_ids(self) -> list[str | None]:
         """The adapters running sequences hold (read from other threads too: a copy of the list)."""
@@ -187,6 +203,7 @@ class Scheduler:
                 if not queue:
                     del self.waiting[seq.tenant_id]
             preempt_swap.discard(self.block_manager, seq)
+        self._fork_parents.pop(seq.seq_id, None)
         for child in self.pending_forks.pop(seq.seq_id, []):
             child.status = SequenceStatus.FINISHED
         seq.status = SequenceStatus.FINISHED
@@ -275,7 +292,7 @@ class Scheduler:
         the first step of every one of its requests, adding ~60% to its time to first token)."""
         sitting_tenants = {s.tenant_id for s in self.running if s.seq_id in sitting_out}
         waiting = [s for tenant, queue in self.waiting.items() if tenant not in sitting_tenants for s in queue]
-        if len(waiting) > self.max_num_seqs - len(self.running):
+        if sum(map(self.slots_needed, waiting)) > self.max_num_seqs - self.num_slots_taken():
             return False  # some would wait for a slot: they end later than their own length says
         for seq in itertools.chain(self.running, waiting):
             if seq.seq_id in sitting_out:
@@ -294,7 +311,7 @@ class Scheduler:
         if not self._has_interactive_work():
             return False
         wave = max(1, int(self.max_num_seqs * BATCH_ADMISSION_WAVE))
-        return self.max_num_seqs - len(self.running) < wave
+        return self.max_num_seqs - self.num_slots_taken() < wave
 
     def _has_interactive_work(self) -> bool:
         """Whether interactive (not batch) work runs or waits. On the CPU (decode yielding on) batch work sits
@@ -322,7 +339,7 @@ class Scheduler:
             candidate = self._next_waiting()
             if candidate is None:
                 return
-            short_of_slots = len(self.running) >= self.max_num_seqs
+            short_of_slots = self.num_slots_taken() + self.slots_needed(candidate) > self.max_num_seqs
             short_of_blocks = not short_of_slots and not self._fits(candidate)
             if not (short_of_slots or short_of_blocks):
                 return
@@ -348,7 +365,7 @@ class Scheduler:
         short request of another tenant.
         Batch work takes kept slots only while no interactive work runs or waits: an interactive request that
         comes then preempts a batch line (batch work goes first), which resumes in a later admission wave."""
-        if len(self.running) + self.newcomer_reserved_slots < self.max_num_seqs:
+        if self.num_slots_taken() + self.slots_needed(seq) - 1 + self.newcomer_reserved_slots < self.max_num_seqs:
             return False
         if seq.background:
             return self._has_interactive_work()
@@ -372,7 +389,7 @@ class Scheduler:
         for seq in order:
             if seq.num_uncomputed_tokens > 1:
                 demand[seq.tenant_id] = demand.get(seq.tenant_id, 0) + seq.num_uncomputed_tokens
-        if len(self.running) < self.max_num_seqs:
+        if self.num_slots_taken() < self.max_num_seqs:
             for tenant, queue in self.waiting.items():
                 waiting = next((s for s in queue if not s.background), None)
                 if waiting is not None and tenant not in demand:
@@ -524,7 +541,7 @@ class Scheduler:
         return set()
 
     def _floods_sitting_out_for_a_short_prompt(self, max_prompt_tokens: int) -> set[str]:
-        if (max_prompt_tokens <= 0 or len(self.running) >= self.max_num_seqs
+        if (max_prompt_tokens <= 0 or self.num_slots_taken() >= self.max_num_seqs
                 or self.num_steps - self._last_short_sit_out_step < FLOOD_SHORT_SIT_OUT_EVERY):
             return set()
         floods = self._floods()
@@ -541,7 +558,7 @@ class Scheduler:
         the request admission would take next (a free slot needed)."""
         if any(s.num_uncomputed_tokens > 1 and not s.background and s.tenant_id not in floods for s in self.running):
             return True
-        if len(self.running) >= self.max_num_seqs:
+        if self.num_slots_taken() >= self.max_num_seqs:
             return False
         candidate = self._next_waiting(skip_tenants=floods, skip_background=True)
         return candidate is not None
@@ -577,6 +594,7 @@ class Scheduler:
         out.num_new_tokens.append(num_new)
         self.tenant_service[seq.tenant_id] = self.tenant_service.get(seq.tenant_id, 0.0) + num_new
         if seq.num_computed_tokens + num_new == len(seq.token_ids):
+            self._fork_parents.pop(seq.seq_id, None)
             for child in self.pending_forks.pop(seq.seq_id, []):
                 self._fork(seq, child, num_new, out)
         return num_new
@@ -617,10 +635,12 @@ class Scheduler:
         tenants named."""
         room = dict(tenant_room or {})
         skip = set(skip_tenants or ()) | {t for t, n in room.items() if n <= 0}
-        while budget > 0 and len(self.running) < self.max_num_seqs:
+        while budget > 0 and self.num_slots_taken() < self.max_num_seqs:
             seq = self._next_waiting(skip, skip_background or room.get(BACKGROUND, 1) <= 0)
             if seq is None or self._kept_for_newcomers(seq):
                 return  # the best candidate may not take a kept slot: no other one would be allowed either
+            if self.num_slots_taken() + self.slots_needed(seq) > self.max_num_seqs:
+                return  # its choices wait for room; no one behind it takes the slots meanwhile
             first_time = seq.num_cached_tokens < 0
             preempt_swap.swap_in(self.block_manager, seq)
             num_new = min(seq.num_uncomputed_tokens, budget)

@@ -3,7 +3,7 @@
 Per step: integer inputs are packed on the host into one pinned buffer and cross in one copy
 (`PinnedStaging`); the forward runs as a graph replay (decode-only steps, batch padded to the
 next ladder size), as a mixed-step graph replay (prefill chunks beside decodes, padded to a
-(sequences, tokens) shape) or eagerly (prompt logprobs, forks, tensor
+(sequences, tokens) shape) or eagerly (prompt logprobs under tensor
 parallelism, graphs off); steps verifying speculative drafts replay mixed graphs that gather
 every draft row's logits, whose argmax (greedy rows) is taken on the GPU; while the GPU computes, the host
 fills the grammar bitmask of the sampled rows, which then crosses in one copy and is applied
@@ -415,25 +415,27 @@ class CudaModelRunner(ModelRunner):
         return shapes
 
     def mixed_shape(self, rows: StepRows) -> tuple[int, int] | None:
-        """The padded (sequences, tokens) of the mixed graph that runs this step, or None: eager. Steps with a
-        fork (it reads its parent's row) stay eager, as do steps with prompt logprobs under tensor parallelism
-        (their logits are gathered across the ranks) and verification steps with more draft rows than the
-        verification graphs gather. On one GPU a prompt-logprobs step replays a graph too: the graph keeps
-        every token's hidden state: an evaluation tenant's scoring requests used to make each step they were in
-        eager, every tenant's decodes with it (64 rows of SmolLM2 shapes on an H200, a 200-token scoring prompt
-        in each step: 3.6-4.3 ms a step against 3.1 ms; now 3.1 ms)."""
-        if not self.use_mixed_graphs or not rows.prefills or rows.forks:
+        """The padded (sequences, tokens) of the mixed graph that runs this step, or None: eager. Steps with prompt
+        logprobs under tensor parallelism stay eager (their logits are gathered across the ranks), as do
+        verification steps with more draft rows than the verification graphs gather. On one GPU a prompt-logprobs
+        step replays a graph too: the graph keeps every token's hidden state: an evaluation tenant's scoring
+        requests used to make each step they were in eager, every tenant's decodes with it (64 rows of SmolLM2
+        shapes on an H200, a 200-token scoring prompt in each step: 3.6-4.3 ms a step against 3.1 ms; now 3.1 ms).
+        A fork (a choice of an `n` > 1 request) is one more logits row, its parent's gathered again: the graph is
+        padded to enough sequences that every sampled row and fork has a row the sampler graph reads."""
+        if not self.use_mixed_graphs or not (rows.prefills or rows.forks):  # a parent's last chunk may be 1 token
             return None
         ordered = rows.ordered
         if self.workers is not None and any(s.wants_prompt_logprobs for s, _ in ordered):
             return None
         num_seqs = len(ordered)
         extra = sum(n for _, n in ordered) - num_seqs
-        seqs = next((size for size in self.mixed_seq_sizes if size >= num_seqs), None)
+        sampled_rows = len(rows.sampled) + len(rows.forks)
+        seqs = next((size for size in self.mixed_seq_sizes if size >= max(num_seqs, sampled_rows)), None)
         tokens = next((size for size in self.mixed_extra_sizes if size >= extra), None)
         if seqs is None or tokens is None:
             return None
-        if rows.verified and len(rows.sampled) + sum(n for _, n in rows.verified) > self._verify_rows(seqs, seqs + tokens):
+        if rows.verified and sampled_rows + sum(n for _, n in rows.verified) > self._verify_rows(seqs, seqs + tokens):
             return None
         return seqs, seqs + tokens
 

@@ -61,7 +61,8 @@ async def test_generate_streams_deltas_that_add_up(smollm_engine, chat_prompt_id
     ([1, 49152], SamplingParams(), InvalidRequestError, "prompt"),
     ([1, -3], SamplingParams(), InvalidRequestError, "prompt"),
     ([1] * 500, SamplingParams(max_tokens=100), PromptTooLongError, "max_tokens"),
-    ([1] * 10, SamplingParams(max_tokens=10, n=200), PromptTooLongError, "max_tokens"),
+    ([1] * 10, SamplingParams(max_tokens=100, n=64), PromptTooLongError, "max_tokens"),
+    ([1] * 10, SamplingParams(max_tokens=10, n=65), InvalidRequestError, "n"),  # over max_num_seqs
 ])
 async def test_bad_input_raises_a_typed_error_at_once(tiny_engine, prompt, params, error, param):
     with pytest.raises(error) as caught:

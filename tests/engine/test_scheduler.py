@@ -116,6 +116,39 @@ def test_fork_children_join_when_the_parent_prefill_completes():
         assert c.parent is parent and c.num_computed_tokens == 10
 
 
+def with_choices(parent: Sequence, n: int) -> list[Sequence]:
+    return [Sequence(parent.request_id, i, parent.token_ids, parent.sampling, parent.tenant_id, None, parent.salt,
+                     0.0) for i in range(1, n)]
+
+
+def test_a_requests_choices_hold_their_slots_from_admission_and_never_run_past_the_slots():
+    """A request of n choices takes n slots when admitted (its parent alone runs until its prompt is computed):
+    admitted into fewer free slots, its forks made steps of more rows than the engine runs. While it waits for
+    room, nobody behind it takes the slots that free; then it runs with all its choices."""
+    bm = BlockManager(400, 4)
+    sched = Scheduler(bm, max_num_batched_tokens=16, max_num_seqs=8)
+    running = [seq(3) for _ in range(6)]
+    for s in running:
+        sched.add(s)
+    complete(sched.schedule(), bm)
+    wide = seq(40)  # 3 chunks of prefill, then 3 forks
+    sched.add(wide, with_choices(wide, 4))
+    late = seq(3)
+    sched.add(late)
+    out = sched.schedule()
+    assert wide not in out.seqs and late not in out.seqs  # 6 taken + 4 > 8: it waits, and so does the one behind
+    for s in running[:2]:
+        sched.finish(s)
+    largest = 0
+    for _ in range(8):
+        out = sched.schedule()
+        largest = max(largest, len(out.seqs), len(sched.running))
+        assert sched.num_slots_taken() <= 8
+        complete(out, bm)
+    assert wide in sched.running and len([s for s in sched.running if s.request_id == wide.request_id]) == 4
+    assert late not in sched.running and largest == 8  # 4 short ones and the 4 choices fill the slots
+
+
 def run_steps(sched: Scheduler, bm: BlockManager, num_steps: int) -> dict[str, int]:
     """Steps in which each request was scheduled."""
     counts: dict[str, int] = {}

@@ -460,18 +460,23 @@ def test_a_capture_holds_off_the_collector_that_would_free_old_graphs_inside_it(
         gc.callbacks.remove(count)
 
 
-def staggered(requests: list[EngineRequest], engine: LLMEngine) -> dict[str, list[int]]:
-    """Requests added one every other step, so prompts' chunks run beside others' decodes.
-
-    Their adapters are loaded first: adapter requests wait until theirs has loaded (in the background), so
-    otherwise the steps would group rows by how fast the loads ran (a cold machine's first engine loaded slower),
-    and float32 tokens from other batch shapes can differ by a rounding."""
+def load_adapters(engine: LLMEngine, requests: list[EngineRequest]) -> None:
+    """The requests' adapters into host memory before they run (see `staggered`)."""
     adapter_ids = {r.adapter_id for r in requests if r.adapter_id is not None}
     if engine.lora is not None and adapter_ids:
         for adapter_id in adapter_ids:
             engine.lora.host.request(adapter_id)
         wait_until(lambda: all(engine.lora.host.get(a) is not None for a in adapter_ids), timeout_s=60,
                    what="the requests' adapters in host memory")
+
+
+def staggered(requests: list[EngineRequest], engine: LLMEngine) -> dict[str, list[int]]:
+    """Requests added one every other step, so prompts' chunks run beside others' decodes.
+
+    Their adapters are loaded first: adapter requests wait until theirs has loaded (in the background), so
+    otherwise the steps would group rows by how fast the loads ran (a cold machine's first engine loaded slower),
+    and float32 tokens from other batch shapes can differ by a rounding."""
+    load_adapters(engine, requests)
     pending, outputs = list(requests), {}
     step = 0
     while pending or engine.has_unfinished_requests():
@@ -560,6 +565,42 @@ def test_mixed_graphs_captured_at_start_up_cover_every_shape_and_give_prompt_log
         assert [lp for _, lp, _ in got] == pytest.approx([lp for _, lp, _ in want], abs=1e-4)
         assert len(want) == (len(prompts(6)[int(rid[1:])]) - 1 if int(rid[1:]) % 2 else 0)
     assert make_engine(GPU_DEVICE, cuda_graph_mixed_steps=False).runner.capture_mixed_graphs() == 0
+
+
+def test_forks_of_n_choices_replay_mixed_graphs_with_the_cpu_engines_tokens() -> None:
+    """Requests with n > 1 (greedy and seeded at a temperature) arriving beside decodes and prompts on adapters:
+    the step where each forks its choices replays a mixed graph (one tenant's `n` used to make that step eager
+    for every row in it), and every choice's tokens are the CPU engine's."""
+    lengths = [65, 3, 17, 40, 64, 90, 33, 128]  # 65: a last chunk of one token (max_num_batched_tokens 64)
+
+    def requests() -> list[EngineRequest]:
+        out = []
+        for i, length in enumerate(lengths):
+            prompt = torch.randint(0, VOCAB, (length,), generator=torch.Generator().manual_seed(20 + i)).tolist()
+            sampling = SamplingParams(max_tokens=6, temperature=0.0 if i % 2 else 0.8, seed=300 + i,
+                                      n=1 + i % 4, ignore_eos=True)
+            out.append(EngineRequest(f"r{i}", prompt, sampling, adapter_id=[None, "a", "b"][i % 3]))
+        return out
+
+    def run(engine: LLMEngine) -> dict[tuple[str, int], list[int]]:
+        pending, outs = requests(), {}
+        load_adapters(engine, pending)
+        step = 0
+        while pending or engine.has_unfinished_requests():
+            if pending and step % 2 == 0:
+                engine.add_request(pending.pop(0))
+            for out in engine.step():
+                for choice in out.choices:
+                    outs.setdefault((out.request_id, choice.index), []).extend(choice.token_ids)
+            step += 1
+        return outs
+
+    cpu = run(make_engine("cpu", lora=True))
+    engine = make_engine(GPU_DEVICE, lora=True)
+    gpu = run(engine)
+    assert gpu == cpu
+    assert len(gpu) == sum(1 + i % 4 for i in range(len(lengths))) and all(len(t) == 6 for t in gpu.values())
+    assert engine.runner.num_eager_steps == 0 and engine.runner.num_mixed_graph_steps > 0
 
 
 def looping_requests() -> list[EngineRequest]:
