@@ -255,13 +255,12 @@ def capturing(graph: torch.cuda.CUDAGraph, pool: torch.cuda._POOL_HANDLE | None 
     engine's, a stale adapter set's) makes a call a capture forbids, and the capture fails at its next launch
     ("operation failed due to a previous error during capture"). Whether a collection falls there depends on what
     ran before, so it struck at random: a test order, or a capture made while serving (a new adapter's set of
-    linears, a mixed shape). `torch.cuda.graph` collects once before it begins; nothing is collected during it.
-    Other threads (adapter loads, grammar compiles) keep running: "thread_local" holds only this thread's calls
-    against the capture."""
+    linears, a mixed shape). `torch.cuda.graph` collects once before it begins; nothing is collected during it
+    (the pause holds for every thread of the process)."""
     was_enabled = gc.isenabled()
     gc.disable()
     try:
-        with torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"):
+        with torch.cuda.graph(graph, pool=pool):
             yield
     finally:
         if was_enabled:
