@@ -29,6 +29,9 @@ alike); the spread is the lowest and highest per-round ratio.
   penalty), each to be refused with a 400 naming it;
 - `flood_long_streams`: 100 concurrent streams of 400 tokens, read normally,
   each replaced as it ends (quick: 24 of 64);
+- `wide_choices`: 6 concurrent streams asking for 16 choices each (the
+  default `max_n`) of 48 tokens, each replaced as it ends: 96 choices
+  against the engine's 64 slots (quick: 3 of 24 tokens);
 - `never_read_streams`: 280 streaming requests of 400 tokens whose answers
   are never read, held open (quick: 40), more than the server's 256
   admission places.
@@ -346,9 +349,23 @@ def stream_tokens(quick: bool) -> int:
 
 def flood_long_streams_attack(url: str, key: str, stopped: threading.Event, quick: bool) -> int:
     """Many concurrent long streams, each read as it comes and replaced when it ends."""
-    num_streams, max_tokens = (24, stream_tokens(quick)) if quick else (100, stream_tokens(quick))
     body = {"model": MODEL, "messages": [{"role": "user", "content": "Write a long story about a lighthouse."}],
-            "max_tokens": max_tokens, "ignore_eos": True, "temperature": 0.8, "stream": True}
+            "max_tokens": stream_tokens(quick), "ignore_eos": True, "temperature": 0.8, "stream": True}
+    return stream_flood(url, key, stopped, 24 if quick else 100, body)
+
+
+def wide_choices_attack(url: str, key: str, stopped: threading.Event, quick: bool) -> int:
+    """Concurrent streams of the most choices a request may ask for (`n` 16, the default `max_n`), each replaced
+    when it ends: together more choices than the engine's slots, each request's forked from one prompt (48 tokens:
+    the most a request of 16 choices may ask for in this server's KV pool)."""
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "Name a colour and say why you like it."}],
+            "max_tokens": 24 if quick else 48, "ignore_eos": True, "temperature": 0.8, "n": 16, "stream": True}
+    return stream_flood(url, key, stopped, 3 if quick else 6, body)
+
+
+def stream_flood(url: str, key: str, stopped: threading.Event, num_streams: int, body: dict[str, Any]) -> int:
+    """`num_streams` concurrent streams of `body`, each read as it comes and sent again when it ends, until
+    `stopped`; the requests sent (a refusal is an error)."""
     counts: list[int] = []
     errors: list[BaseException] = []
 
@@ -480,6 +497,7 @@ ATTACKS: dict[str, tuple[Callable[..., int], int, str]] = {
     "logit_bias": (refused_attack("logit_bias"), 2, "logit_bias over the whole vocabulary, n=8"),
     "poison_parameters": (poison_attack, 2, "numbers past what the engine represents, each a 400 naming it"),
     "flood_long_streams": (flood_long_streams_attack, 1, "100 concurrent 400-token streams, read normally"),
+    "wide_choices": (wide_choices_attack, 1, "6 concurrent 48-token streams of n=16 choices, read normally"),
     "never_read_streams": (never_read_streams_attack, 1, "280 400-token streams never read, held open"),
     "batch_job": (batch_job_attack, 1, "a Batch API job of 400 lines of 100 tokens running"),
 }

@@ -14,7 +14,7 @@ from benchmark_quick import run_quick
 def test_noisy_neighbor_benchmark_quick():
     stdout = run_quick("noisy_neighbor.py")
     for attack in ("stop_strings", "plain_generation", "big_body", "upload_bomb", "prompt_list", "many_tools",
-                   "deep_schema", "logit_bias"):
+                   "deep_schema", "logit_bias", "wide_choices"):
         for key in (f"victim_p95_ratio_{attack}", f"server_memory_growth_mb_{attack}", f"num_attack_requests_{attack}"):
             assert key in stdout
     assert "victim_p95_ratio_worst" in stdout and "victim_quiet_p95_s" in stdout
