@@ -640,7 +640,11 @@ class Scheduler:
             if seq is None or self._kept_for_newcomers(seq):
                 return  # the best candidate may not take a kept slot: no other one would be allowed either
             if self.num_slots_taken() + self.slots_needed(seq) > self.max_num_seqs:
-                return  # its choices wait for room; no one behind it takes the slots meanwhile
+                if not self.fair_sharing:
+                    return  # its choices wait for room; no one behind it takes the slots meanwhile
+                skip |= self._waiting_for_a_wide_request(seq)
+                skip_background = True
+                continue
             first_time = seq.num_cached_tokens < 0
             preempt_swap.swap_in(self.block_manager, seq)
             num_new = min(seq.num_uncomputed_tokens, budget)
@@ -664,6 +668,21 @@ class Scheduler:
                 room[key] -= 1
                 if room[key] <= 0 and key != BACKGROUND:
                     skip.add(key)
+
+    def _waiting_for_a_wide_request(self, wide: Sequence) -> set[str]:
+        """The tenants that may not take free slots while `wide` (a request of several choices that does not fit
+        yet) waits for room: its own, and every tenant at or over its slot share. Fairness preemption frees slots
+        for it from tenants over their share; they, their preempted sequences included, would take them back every
+        step. Tenants under their share still come in, so a wide request cannot hold a third tenant's request
+        behind it while it waits (for a flood of other wide requests, whose forked choices are never preempted,
+        that could be as long as those generations)."""
+        shares = self.fair.shares(self._demand_tenants() | {wide.tenant_id}, self.max_num_seqs)
+        running: dict[str, int] = {}
+        for seq in self.running:
+            if not seq.background:
+                running[seq.tenant_id] = running.get(seq.tenant_id, 0) + 1
+        return {wide.tenant_id} | {tenant for tenant in self.waiting
+                                   if running.get(tenant, 0) + 1 > shares.get(tenant, 0.0)}
 
     def _next_waiting(self, skip_tenants: set[str] | None = None, skip_background: bool = False) -> Sequence | None:
         """Interactive work first; then the tenant furthest under its slot share (running over weight), then

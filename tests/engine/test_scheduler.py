@@ -149,6 +149,28 @@ def test_a_requests_choices_hold_their_slots_from_admission_and_never_run_past_t
     assert late not in sched.running and largest == 8  # 4 short ones and the 4 choices fill the slots
 
 
+def test_a_wide_request_waiting_for_room_holds_back_tenants_over_their_share_but_not_one_under_it():
+    """Tenant B runs a request of 8 choices (its forked choices are never preempted); tenant A's request of 4
+    cannot get room. While it waits, B (over its share) takes no slot that frees, but tenant C's single request,
+    under its share, does: A's wait is not C's."""
+    bm = BlockManager(400, 4)
+    sched = Scheduler(bm, max_num_batched_tokens=64, max_num_seqs=8)
+    flood = seq(3, tenant="b")
+    sched.add(flood, with_choices(flood, 8))
+    complete(sched.schedule(), bm)
+    assert len(sched.running) == 8
+    wide, single = seq(5, tenant="a"), seq(5, tenant="c")
+    sched.add(wide, with_choices(wide, 4))
+    sched.add(single)
+    for _ in range(3):
+        out = sched.schedule()
+        complete(out, bm)
+        assert sched.num_slots_taken() <= 8
+    assert single in sched.running and wide not in sched.running
+    assert flood not in sched.running and flood in sched.waiting_seqs()  # preempted for A; kept out while A waits
+    assert sum(1 for s in sched.running if s.tenant_id == "b") == 7
+
+
 def run_steps(sched: Scheduler, bm: BlockManager, num_steps: int) -> dict[str, int]:
     """Steps in which each request was scheduled."""
     counts: dict[str, int] = {}
