@@ -124,7 +124,7 @@ def with_choices(parent: Sequence, n: int) -> list[Sequence]:
 def test_a_requests_choices_hold_their_slots_from_admission_and_never_run_past_the_slots():
     """A request of n choices takes n slots when admitted (its parent alone runs until its prompt is computed):
     admitted into fewer free slots, its forks made steps of more rows than the engine runs. While it waits for
-    room, nobody behind it takes the slots that free; then it runs with all its choices."""
+    room, its own tenant's later request does not take the slots that free; then it runs with all its choices."""
     bm = BlockManager(400, 4)
     sched = Scheduler(bm, max_num_batched_tokens=16, max_num_seqs=8)
     running = [seq(3) for _ in range(6)]
