@@ -372,7 +372,7 @@ class Scheduler:
         demand = self._demand_tenants() | {seq.tenant_id, NEWCOMER}
         share = self.fair.shares(demand, self.max_num_seqs)[seq.tenant_id]
         running = sum(1 for s in self.running if s.tenant_id == seq.tenant_id and not s.background)
-        return running + 1 > share
+        return running + self.slots_needed(seq) > share
 
     def _fits(self, seq: Sequence) -> bool:
         """Whether `seq`'s first chunk would find blocks now (counting its cached prefix as free to take)."""
@@ -637,14 +637,16 @@ class Scheduler:
         skip = set(skip_tenants or ()) | {t for t, n in room.items() if n <= 0}
         while budget > 0 and self.num_slots_taken() < self.max_num_seqs:
             seq = self._next_waiting(skip, skip_background or room.get(BACKGROUND, 1) <= 0)
-            if seq is None or self._kept_for_newcomers(seq):
-                return  # the best candidate may not take a kept slot: no other one would be allowed either
+            if seq is None:
+                return
             if self.num_slots_taken() + self.slots_needed(seq) > self.max_num_seqs:
                 if not self.fair_sharing:
                     return  # its choices wait for room; no one behind it takes the slots meanwhile
                 skip |= self._waiting_for_a_wide_request(seq)
                 skip_background = True
                 continue
+            if self._kept_for_newcomers(seq):
+                return  # the best candidate may not take a kept slot: no other one would be allowed either
             first_time = seq.num_cached_tokens < 0
             preempt_swap.swap_in(self.block_manager, seq)
             num_new = min(seq.num_uncomputed_tokens, budget)
