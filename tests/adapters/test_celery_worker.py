@@ -62,8 +62,10 @@ def test_validation_runs_in_a_real_celery_worker(start_server, celery_worker, tr
         ready = wait_status(server, created["id"])
         assert ready["status"] == "ready", ready
         assert ready["rank"] == 16 and ready["target_modules"] == ["down_proj", "gate_proj", "up_proj"]
-        log = celery_worker.read_text()
-        assert f"loraplex.adapters.validate[validate-{created['id']}] succeeded" in log
+        # The task records the adapter as ready before it returns; the worker logs "succeeded" a moment after.
+        succeeded = f"loraplex.adapters.validate[validate-{created['id']}] succeeded"
+        wait_until(lambda: succeeded in celery_worker.read_text(), timeout_s=30, interval_s=0.1,
+                   what=lambda: f"the worker's log to say {succeeded!r}:\n{celery_worker.read_text()}")
 
         reply = server.client("all").chat.completions.create(
             model="shouty", messages=[{"role": "user", "content": "What is the capital of France?"}],
