@@ -415,10 +415,10 @@ class CudaModelRunner(ModelRunner):
         return shapes
 
     def mixed_shape(self, rows: StepRows) -> tuple[int, int] | None:
-        """The padded (sequences, tokens) of the mixed graph that runs this step, or None: eager. Steps with prompt
-        logprobs under tensor parallelism stay eager (their logits are gathered across the ranks), as do
-        verification steps with more draft rows than the verification graphs gather. On one GPU a prompt-logprobs
-        step replays a graph too: the graph keeps every token's hidden state: an evaluation tenant's scoring
+        """The padded (sequences, tokens) of the mixed graph that runs this step, or None: eager. Under tensor
+        parallelism there are no mixed graphs; on one GPU, verification steps with more draft rows than the
+        verification graphs gather stay eager. A prompt-logprobs step replays a graph too: the graph keeps every
+        token's hidden state: an evaluation tenant's scoring
         requests used to make each step they were in eager, every tenant's decodes with it (64 rows of SmolLM2
         shapes on an H200, a 200-token scoring prompt in each step: 3.6-4.3 ms a step against 3.1 ms; now 3.1 ms).
         A fork (a choice of an `n` > 1 request) is one more logits row, its parent's gathered again: the graph is
@@ -426,8 +426,6 @@ class CudaModelRunner(ModelRunner):
         if not self.use_mixed_graphs or not (rows.prefills or rows.forks):  # a parent's last chunk may be 1 token
             return None
         ordered = rows.ordered
-        if self.workers is not None and any(s.wants_prompt_logprobs for s, _ in ordered):
-            return None
         num_seqs = len(ordered)
         extra = sum(n for _, n in ordered) - num_seqs
         sampled_rows = len(rows.sampled) + len(rows.forks)
