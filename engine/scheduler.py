@@ -676,8 +676,8 @@ class Scheduler:
         yet) waits for room: its own, and every tenant at or over its slot share. Fairness preemption frees slots
         for it from tenants over their share; they, their preempted sequences included, would take them back every
         step. Tenants under their share still come in, so a wide request cannot hold a third tenant's request
-        behind it while it waits (for a flood of other wide requests, whose forked choices are never preempted,
-        that could be as long as those generations)."""
+        behind it while it waits (preemption takes no tenant below its share, so that wait can last until the
+        generations running at their shares end)."""
         shares = self.fair.shares(self._demand_tenants() | {wide.tenant_id}, self.max_num_seqs)
         running: dict[str, int] = {}
         for seq in self.running:

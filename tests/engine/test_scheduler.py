@@ -18,11 +18,12 @@ def seq(n_prompt: int, tenant: str = "t", adapter: str | None = None, first: int
                     float(next(_arrival)))
 
 
-def complete(out: SchedulerOutput, bm: BlockManager) -> None:
-    """Stand-in for the runner + engine: mark tokens computed, sample token 7 where due."""
-    for s, n in zip(out.seqs, out.num_new_tokens, strict=True):
-        s.num_computed_tokens += n
-        bm.cache_blocks(s)
+def complete(sched: Scheduler, out: SchedulerOutput) -> None:
+    """Stand-in for the runner + engine: the scheduler takes the step's progress (as the engine has it do after
+    every step: forked children become sequences of their own), then token 7 is sampled where due."""
+    sched.update_from_output(out)
+    for s in out.seqs:
+        sched.block_manager.cache_blocks(s)
         if s.num_computed_tokens == len(s.token_ids):
             s.token_ids.append(7)
 
@@ -32,7 +33,7 @@ def test_long_prompt_is_chunked_and_never_stalls_decodes():
     sched = Scheduler(bm, max_num_batched_tokens=64, max_num_seqs=8)
     short = seq(10)
     sched.add(short)
-    complete(sched.schedule(), bm)  # short prefilled, now decoding
+    complete(sched, sched.schedule())  # short prefilled, now decoding
     long = seq(300)
     sched.add(long)
     for _ in range(4):  # 4 chunks of 63 (the decode takes 1 of the 64), then the last 48
@@ -40,7 +41,7 @@ def test_long_prompt_is_chunked_and_never_stalls_decodes():
         assert short in out.seqs and out.num_new_tokens[out.seqs.index(short)] == 1
         assert sum(out.num_new_tokens) <= 64
         assert out.num_new_tokens[out.seqs.index(long)] == 63
-        complete(out, bm)
+        complete(sched, out)
 
 
 def test_preemption_takes_the_newest_and_it_resumes_later():
@@ -49,14 +50,14 @@ def test_preemption_takes_the_newest_and_it_resumes_later():
     old, new = seq(8), seq(8, first=100)
     sched.add(old)
     sched.add(new)
-    complete(sched.schedule(), bm)
+    complete(sched, sched.schedule())
     preempted_seen = False
     for _ in range(40):
         out = sched.schedule()
         if out.num_preempted:
             preempted_seen = True
             assert new not in sched.running and old in sched.running
-        complete(out, bm)
+        complete(sched, out)
         if len(old.token_ids) >= 20:
             break
     assert preempted_seen and sched.num_preemptions >= 1
@@ -72,8 +73,8 @@ def test_tenant_with_least_recent_service_is_admitted_first():
     flood = [seq(20, tenant="A", first=i * 100) for i in range(200)]
     for s in flood:
         sched.add(s)
-    complete(sched.schedule(), bm)
-    complete(sched.schedule(), bm)
+    complete(sched, sched.schedule())
+    complete(sched, sched.schedule())
     lone = seq(20, tenant="B", first=50_000)
     sched.add(lone)
     started_at = None
@@ -82,7 +83,7 @@ def test_tenant_with_least_recent_service_is_admitted_first():
         if lone in out.seqs:
             started_at = step
             break
-        complete(out, bm)
+        complete(sched, out)
         sched.finish(sched.running[0])  # A's requests finish one by one, freeing slots
     assert started_at is not None and started_at <= 2
 
@@ -130,7 +131,7 @@ def test_a_requests_choices_hold_their_slots_from_admission_and_never_run_past_t
     running = [seq(3) for _ in range(6)]
     for s in running:
         sched.add(s)
-    complete(sched.schedule(), bm)
+    complete(sched, sched.schedule())
     wide = seq(40)  # 3 chunks of prefill, then 3 forks
     sched.add(wide, with_choices(wide, 4))
     late = seq(3)
@@ -144,31 +145,55 @@ def test_a_requests_choices_hold_their_slots_from_admission_and_never_run_past_t
         out = sched.schedule()
         largest = max(largest, len(out.seqs), len(sched.running))
         assert sched.num_slots_taken() <= 8
-        complete(out, bm)
+        complete(sched, out)
     assert wide in sched.running and len([s for s in sched.running if s.request_id == wide.request_id]) == 4
     assert late not in sched.running and largest == 8  # 4 short ones and the 4 choices fill the slots
 
 
-def test_a_wide_request_waiting_for_room_holds_back_tenants_over_their_share_but_not_one_under_it():
-    """Tenant B runs a request of 8 choices (its forked choices are never preempted); tenant A's request of 4
-    cannot get room. While it waits, B (over its share) takes no slot that frees, but tenant C's single request,
-    under its share, does: A's wait is not C's."""
+def test_another_tenants_forked_choices_are_preempted_like_any_sequence():
+    """Tenant B's request of 8 choices fills the engine. Once forked, each choice is a sequence of its own, so
+    tenant A's request of 4 choices and tenant C's single request get room by preempting B's choices (B is over
+    its share), within two steps and never past the engine's slots."""
     bm = BlockManager(400, 4)
     sched = Scheduler(bm, max_num_batched_tokens=64, max_num_seqs=8)
     flood = seq(3, tenant="b")
     sched.add(flood, with_choices(flood, 8))
-    complete(sched.schedule(), bm)
+    complete(sched, sched.schedule())
     assert len(sched.running) == 8
     wide, single = seq(5, tenant="a"), seq(5, tenant="c")
     sched.add(wide, with_choices(wide, 4))
     sched.add(single)
+    for _ in range(2):
+        complete(sched, sched.schedule())
+        assert sched.num_slots_taken() <= 8
+    running = {(s.tenant_id, s.index) for s in sched.running}
+    assert {("a", i) for i in range(4)} <= running and ("c", 0) in running
+    assert sum(1 for s in sched.running if s.tenant_id == "b") == 3
+    assert any(s.index > 0 for s in sched.waiting_seqs() if s.tenant_id == "b")  # forked choices among those preempted
+
+
+def test_a_wide_request_waiting_for_room_holds_back_tenants_over_their_share_but_not_one_under_it():
+    """Tenant A's request of 8 choices needs the whole engine; preemption takes tenant B down to its share (2 of
+    8 among three tenants) and no further, so A waits for room. While it waits, B (at its share) takes none of
+    the slots that free, but tenant C's single request, under its share, does: A's wait is not C's."""
+    bm = BlockManager(400, 4)
+    sched = Scheduler(bm, max_num_batched_tokens=64, max_num_seqs=8)
+    for _ in range(6):
+        sched.add(seq(3, tenant="b"))
+    complete(sched, sched.schedule())
+    wide, single = seq(5, tenant="a"), seq(5, tenant="c")
+    sched.add(wide, with_choices(wide, 8))
+    sched.add(single)
     for _ in range(3):
-        out = sched.schedule()
-        complete(out, bm)
+        complete(sched, sched.schedule())
         assert sched.num_slots_taken() <= 8
     assert single in sched.running and wide not in sched.running
-    assert flood not in sched.running and flood in sched.waiting_seqs()  # preempted for A; kept out while A waits
-    assert sum(1 for s in sched.running if s.tenant_id == "b") == 7
+    assert sum(1 for s in sched.running if s.tenant_id == "b") == 2
+    assert sum(1 for s in sched.waiting_seqs() if s.tenant_id == "b") == 4  # kept out while A waits
+    for s in list(sched.running):
+        sched.finish(s)
+    complete(sched, sched.schedule())
+    assert len([s for s in sched.running if s.request_id == wide.request_id]) == 8  # then it runs whole
 
 
 def run_steps(sched: Scheduler, bm: BlockManager, num_steps: int) -> dict[str, int]:
@@ -178,7 +203,7 @@ def run_steps(sched: Scheduler, bm: BlockManager, num_steps: int) -> dict[str, i
         out = sched.schedule()
         for s in out.seqs:
             counts[s.request_id] = counts.get(s.request_id, 0) + 1
-        complete(out, bm)
+        complete(sched, out)
     return counts
 
 
@@ -215,7 +240,7 @@ def test_a_short_request_about_to_end_is_not_interrupted_but_a_stream_of_them_ne
             out = sched.schedule()
             steps += 1
             long_steps += long in out.seqs
-            complete(out, bm)
+            complete(sched, out)
         sched.finish(short)
         return steps, long_steps
 
