@@ -27,6 +27,7 @@ from loraplex.engine.context import (
 from loraplex.engine.input_batch import InputBatch, StepRows, build_input_batch, prompt_logprob_seqs
 from loraplex.engine.kernels import cpu_paged_decode
 from loraplex.engine.kv.host_tier import TO_HOST
+from loraplex.engine.model.layers import store_linears_column_major
 from loraplex.engine.model.llama import LlamaForCausalLM
 from loraplex.engine.protocol import TokenLogprob
 from loraplex.engine.sampler import Sampler
@@ -101,6 +102,8 @@ class ModelRunner:
         self.model = model
         self.block_size = engine_config.block_size
         self.device = torch.device(engine_config.device)
+        if self.device.type == "cpu":
+            store_linears_column_major(model)  # the layout the CPU's GEMM is fastest on
         self.lora = lora
         self.workers = workers  # the tensor-parallel workers this rank drives (engine/parallel), or None
         self.attention_backend = ATTENTION_BACKENDS[self.attention_backend_name]()
