@@ -130,3 +130,23 @@ def test_a_dead_worker_fails_the_step_instead_of_hanging(engines: list[LLMEngine
     outputs = engine.step()
     assert [o.request_id for o in outputs] == ["dead"] and outputs[0].finished
     assert "worker 1 exited" in (outputs[0].error or "")
+
+
+def test_tp2_with_ngram_drafts_gives_the_single_process_tokens_and_holds_no_block(engines: list[LLMEngine]) -> None:
+    """Speculative verification over 2 ranks: each rank runs the draft rows with its shard (adapter rows
+    included) and every rank keeps what the driver's verification keeps; the prompts repeat a phrase, so
+    drafts are proposed and mostly accepted."""
+    def requests() -> list[EngineRequest]:
+        out = []
+        for i, prompt in enumerate(prompts([12, 40, 7, 64])):
+            looping = (prompt[:6] * 12)[: len(prompt) + 20]
+            out.append(EngineRequest(f"s{i}", looping, greedy(24, ignore_eos=True), adapter_id=[None, "a", None, "b"][i]))
+        return out
+
+    expected, _ = run(make_engine(LLAMA, 1, lora=True), requests())
+    engines.append(parallel := make_engine(LLAMA, 2, lora=True, speculative_decoding="ngram"))
+    got, _ = run(parallel, requests())
+    assert got == expected and all(len(t) == 24 for t in got.values())
+    stats = parallel.stats()
+    assert stats["spec_decode_num_accepted_tokens_total"] > stats["spec_decode_num_draft_tokens_total"] // 2 > 0
+    assert parallel.block_manager.num_free_blocks == parallel.block_manager.num_blocks  # rejected drafts' too

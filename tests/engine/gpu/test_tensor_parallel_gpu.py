@@ -111,3 +111,24 @@ def test_bfloat16_prompt_logprobs_close_to_the_single_gpu_engine(tp: int, engine
     assert len(diffs) == sum(len(p) - 1 for p in prompts(8))
     assert max(diffs) < 0.2, max(diffs)
     assert sum(single[rid][1][:1] == ours[rid][1][:1] for rid in single) >= 6
+
+
+@pytest.mark.parametrize("tp", tp_sizes())
+def test_ngram_drafts_over_ranks_give_the_cpu_engines_tokens_with_graphs(tp: int, engines) -> None:
+    """Speculative verification on every rank (verification graphs, overlapped scheduling between verification
+    steps), adapter rows included: the prompts repeat a phrase, so drafts are proposed and mostly accepted; the
+    float32 tokens are the CPU engine's without drafts, and no KV block stays held."""
+    def requests() -> list[EngineRequest]:
+        out = []
+        for i, prompt in enumerate(prompts(6)):
+            looping = (prompt[:3] * 40)[: len(prompt) + 24]
+            out.append(EngineRequest(f"s{i}", looping, greedy(24, ignore_eos=True), adapter_id=[None, "a", "b"][i % 3]))
+        return out
+
+    expected = generate(make_engine(CONFIG, 1, "cpu", lora=True), requests())
+    engines.append(engine := make_engine(CONFIG, tp, "cuda", lora=True, overlap_scheduling=True,
+                                         speculative_decoding="ngram"))
+    assert generate(engine, requests()) == expected
+    stats = engine.stats()
+    assert stats["spec_decode_num_accepted_tokens_total"] > stats["spec_decode_num_draft_tokens_total"] // 2 > 0
+    assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
