@@ -284,6 +284,11 @@ async def online(base_url: str, key: str, lines: list[dict[str, Any]], concurren
     return wall, answers
 
 
+def phase(name: str) -> None:
+    """Marks a phase's start on stderr (a profiler attached to the server can window its samples by these)."""
+    print(f"[phase] {name} {time.time():.3f}", file=sys.stderr, flush=True)
+
+
 def p95(values: list[float]) -> float:
     return statistics.quantiles(values, n=20, method="inclusive")[18] if len(values) > 1 else values[0]
 
@@ -332,12 +337,14 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         batch_client = openai.OpenAI(base_url=server.url + "/v1", api_key=keys["batchco"], max_retries=0, timeout=600)
         chat_client = openai.OpenAI(base_url=server.url + "/v1", api_key=keys["chatco"], max_retries=0, timeout=600)
         interactive(chat_client, model, sizes.interactive_max_tokens, count=2)  # warm-up
+        phase("quiet")
         quiet = interactive(chat_client, model, sizes.interactive_max_tokens, count=sizes.num_quiet)
 
         # One batch of every model at full concurrency first, untimed: the first use of an adapter's shapes
         # compiles kernels and captures graphs, which the timed phases would otherwise pay in turn.
         if not args.quick:  # the quick mode's figures are not recorded: its paths are what it checks
             run_batch(batch_client, lines_for("warm", sizes.concurrency, models, sizes.max_tokens), sizes.max_tokens)
+        phase("alone")
         alone_s, alone_answers = run_batch(batch_client, lines_for("alone", sizes.num_lines, models, sizes.max_tokens),
                                            sizes.max_tokens)
 
@@ -346,17 +353,21 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         worker = threading.Thread(target=lambda: loaded.extend(
             interactive(chat_client, model, sizes.interactive_max_tokens, stop=stop)))
         worker.start()
+        phase("mixed")
         with_s, _ = run_batch(batch_client, lines_for("mixed", sizes.num_lines, models, sizes.max_tokens),
                               sizes.max_tokens)
         stop.set()
         worker.join()
 
         online_lines = lines_for("alone", sizes.num_lines, models, sizes.max_tokens)
+        phase("online")
         online_s, online_answers = asyncio.run(online(server.url + "/v1", keys["batchco"], online_lines,
                                                       sizes.concurrency, sizes.max_tokens))
         # The quick mode leaves the restart out: the suite's restart test (tests/batches/test_batch_restart.py) runs
         # the same kill-and-come-back on PostgreSQL every time, and a second server start is a fifth of a quick run.
-        lost_or_duplicated = None if args.quick else restart_check(server, keys["batchco"], models, sizes)
+        # --skip-restart: for comparing settings, whose figures do not need the restart's second server start.
+        skip = args.quick or args.skip_restart
+        lost_or_duplicated = None if skip else restart_check(server, keys["batchco"], models, sizes)
     finally:
         server.stop()
     shutil.rmtree(work, ignore_errors=True)  # kept (with the server's logs) when the run failed
@@ -391,6 +402,8 @@ def main() -> None:
     parser.add_argument("--random-weights", type=Path, default=None, metavar="MODEL_DIR",
                         help="serve random weights of this model folder's architecture (config + tokenizer)")
     parser.add_argument("--out", type=Path, default=None, help="where to write the JSON (default: results/ on full runs)")
+    parser.add_argument("--skip-restart", action="store_true",
+                        help="leave the restart phase out (comparing settings); writes no restart figure")
     parser.add_argument("--server-setting", action="append", default=[], type=_setting, metavar="NAME=VALUE",
                         help="a server setting for this run (e.g. overlap_scheduling=false); repeatable")
     args = parser.parse_args()
@@ -401,7 +414,7 @@ def main() -> None:
         print(f"{name:40s} {value:.4g}" if isinstance(value, float) else f"{name:40s} {value}")
     if not run["checked"]:
         raise SystemExit("lines were lost or duplicated across the restart")
-    out = args.out or (None if args.quick else RESULT)
+    out = args.out or (None if args.quick or args.skip_restart else RESULT)
     if out is None:
         return
     import torch

@@ -177,6 +177,9 @@ class EngineConfig:
     # Where mixed steps replay graphs: a flood sits out the step admitting another tenant's prompt of at most this
     # many tokens (engine/scheduler.py, _floods_sitting_out_for_a_prefill); 0: never
     flood_sit_out_prompt_tokens: int = 0
+    # While interactive work runs or waits, batch work runs at most this many rows a step (engine/scheduler.py,
+    # _batch_rows_allowance); 0: no limit. The CPU (decode yielding on) runs no batch row beside interactive work.
+    batch_rows_beside_interactive: int = 0
     # Speculative decoding (engine/spec): off | ngram (decodes draft up to speculative_num_tokens tokens by
     # prompt lookup, n-grams of speculative_ngram_min..max tokens) | auto (the same, switched off per
     # sequence where drafts are mostly rejected and per step where the batch is compute-bound)

@@ -85,6 +85,7 @@ class LLMEngine:
             newcomer_reserved_slots=engine_config.resolve_newcomer_reserved_slots(),
             flood_sit_out_prompt_tokens=(engine_config.flood_sit_out_prompt_tokens
                                          if engine_config.mixed_steps_replay_graphs() else None),
+            batch_rows_beside_interactive=engine_config.batch_rows_beside_interactive,
         )
         if adapters is not None:
             self.lora = self._new_lora_manager(model, workers, adapters, adapter_limits or AdapterLimits())

@@ -16,8 +16,9 @@ KV tier when there is room (engine/kv/preempt_swap.py), otherwise recomputed
 from the prefix cache. A resumed sequence is not preempted for fairness
 again for a while, and produces exactly the tokens it would have. Within a
 tenant, `priority` orders requests (lower first); batch work (`background`)
-runs on what interactive work leaves and is preempted first. Never touches a
-tensor.
+runs on what interactive work leaves and is preempted first; on a GPU it is
+admitted in waves while interactive work runs, and `batch_rows_beside_interactive`
+can cap its rows in those steps. Never touches a tensor.
 
 On a device where a step's cost grows with its batch (the CPU), a long
 generation slows every other tenant's short one for as long as it runs.
@@ -107,6 +108,7 @@ class Scheduler:
         fair_sharing: bool = True,
         newcomer_reserved_slots: int = 0,
         flood_sit_out_prompt_tokens: int | None = None,
+        batch_rows_beside_interactive: int = 0,
     ) -> None:
         self.block_manager = block_manager
         self.max_num_batched_tokens = max_num_batched_tokens
@@ -134,6 +136,8 @@ class Scheduler:
         # admitting another tenant's prompt of at most that many tokens (0: never)
         self.flood_sit_out_prompt_tokens = flood_sit_out_prompt_tokens
         self._last_short_sit_out_step = -FLOOD_SHORT_SIT_OUT_EVERY
+        # GPU: batch rows a step runs while interactive work runs or waits (0: no limit; see _batch_rows_allowance)
+        self.batch_rows_beside_interactive = batch_rows_beside_interactive
         self._sat_out_since = 0  # CPU: the step since which the long decodes have sat out (see _long_decodes_run)
         # Waiting sequences whose adapter_ready raised: the engine fails their requests.
         self.failed: dict[int, tuple[Sequence, Exception]] = {}
@@ -233,9 +237,10 @@ class Scheduler:
                 self._interactive_seen_step = self.num_steps
             else:
                 budget = min(budget, CPU_BATCH_STEP_TOKENS)
-        else:
-            batch_trickles = self._batch_admission_waits_for_a_wave()
         allowance = self._narrow_step_allowance(batch_waits)
+        if not self.decode_yield_min_tokens and self._has_interactive_work():
+            allowance = self._batch_rows_allowance()
+            batch_trickles = self._batch_admission_waits_for_a_wave(allowance)
         # Decodes first, then prefill chunks, each group in admission order.
         order = sorted(self.running, key=lambda s: s.num_uncomputed_tokens > 1)
         caps = self._prefill_caps(order, budget, yielding)
@@ -262,7 +267,7 @@ class Scheduler:
                 continue
             budget -= self._schedule_seq(seq, num_new, out)
         if out.num_preempted == 0:
-            room = {t: CPU_FLOOD_STEP_ROWS - len(allowed) for t, allowed in allowance.items()}
+            room = {t: self._step_rows(t) - len(allowed) for t, allowed in allowance.items()}
             self._admit(budget, out, skip_tenants=flooding, skip_background=batch_waits or batch_trickles,
                         tenant_room=room)
         return out
@@ -302,16 +307,41 @@ class Scheduler:
                 return False
         return True
 
-    def _batch_admission_waits_for_a_wave(self) -> bool:
+    def _batch_rows_allowance(self) -> dict[str, set[int]]:
+        """GPU, interactive work running or waiting: the batch rows this step may run, under BACKGROUND ({} when
+        not limited). On a GPU a step's rows are not free for a small model: on an H200 a 64-row SmolLM2 step with
+        four adapters took ~2.5-3 ms of GPU and host work against ~1.2 ms for one row, and every interactive
+        request decoding beside a full batch ran that much slower. `batch_rows_beside_interactive` rows run (the
+        lines furthest along first, so slots free soonest); the batch's other admitted lines sit the step out, and
+        new ones come in only as these finish. Batch work alone runs at full width."""
+        limit = self.batch_rows_beside_interactive
+        if not limit:
+            return {}
+        allowed: set[int] = set()
+        batch = [s for s in self.running if s.background]
+        for seq in sorted(batch, key=lambda s: (-s.num_output_tokens, s.seq_id))[:limit]:
+            allowed.add(seq.seq_id)
+        return {BACKGROUND: allowed}
+
+    def _step_rows(self, allowance_key: str) -> int:
+        """The rows a narrowed step runs for `allowance_key` (see _narrow_step_allowance, _batch_rows_allowance)."""
+        if allowance_key == BACKGROUND and not self.decode_yield_min_tokens:
+            return self.batch_rows_beside_interactive
+        return CPU_FLOOD_STEP_ROWS
+
+    def _batch_admission_waits_for_a_wave(self, allowance: dict[str, set[int]]) -> bool:
         """On a GPU, while interactive work runs, batch work is admitted in waves: only once a
-        `BATCH_ADMISSION_WAVE` fraction of the slots is free. Admitted one by one as batch lines finish, nearly
-        every step carried a batch prefill and ran eagerly instead of replaying the decode graphs (an H200 step
-        of 64 SmolLM2 rows: ~15 ms eager, ~3 ms graph), and the interactive requests decoding beside them
-        paid for it; in waves one eager step admits many lines."""
-        if not self._has_interactive_work():
-            return False
-        wave = max(1, int(self.max_num_seqs * BATCH_ADMISSION_WAVE))
-        return self.max_num_seqs - self.num_slots_taken() < wave
+        `BATCH_ADMISSION_WAVE` fraction of its room (the free slots, or what batch_rows_beside_interactive leaves)
+        is free. Admitted one by one as batch lines finish, nearly every step carried a batch prefill (an eager
+        step of 64 SmolLM2 rows took ~15 ms on an H200 against ~3 ms for a graph; mixed-step graphs still cost
+        more than a decode graph), and the interactive requests decoding beside them paid for it; in waves one
+        step admits many lines."""
+        free = self.max_num_seqs - self.num_slots_taken()
+        room, limit = free, self.max_num_seqs
+        if BACKGROUND in allowance:
+            limit = self.batch_rows_beside_interactive
+            room = min(free, limit - len(allowance[BACKGROUND]))
+        return room < max(1, int(limit * BATCH_ADMISSION_WAVE))
 
     def _has_interactive_work(self) -> bool:
         """Whether interactive (not batch) work runs or waits. On the CPU (decode yielding on) batch work sits

@@ -65,6 +65,10 @@ class Settings(BaseSettings):
     # flood streams went from 16.6-17.7 to 11.5-16.1 ms, and the flood lost 5-17% of its tokens/s (one step for each
     # of the quiet tenant's ~25 requests a second). 0 (the default): the flood never sits out
     flood_sit_out_prompt_tokens: int = Field(default=0, ge=0)
+    # GPU: while interactive work runs or waits, batch work (the Batch API's lines) runs at most this many rows a
+    # step, so interactive requests decode in steps of few rows, at the batch's expense; 0 (the default): no limit
+    # (the CPU runs no batch row beside interactive work whatever this says)
+    batch_rows_beside_interactive: int = Field(default=0, ge=0)
     # Speculative decoding: off | ngram (decodes draft up to speculative_num_tokens tokens by prompt lookup, with
     # n-grams of speculative_ngram_min..max tokens, verified in one forward pass) | auto (the same, switched off
     # per sequence where drafts are mostly rejected and per step where the batch is compute-bound)

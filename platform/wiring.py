@@ -60,6 +60,7 @@ def engine_config(settings: Settings) -> Any:
         fair_sharing=settings.fair_sharing,
         newcomer_reserved_slots=settings.newcomer_reserved_slots,
         flood_sit_out_prompt_tokens=settings.flood_sit_out_prompt_tokens,
+        batch_rows_beside_interactive=settings.batch_rows_beside_interactive,
         speculative_decoding=settings.speculative_decoding,
         speculative_num_tokens=settings.speculative_num_tokens,
         speculative_ngram_min=settings.speculative_ngram_min,

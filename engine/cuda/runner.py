@@ -17,6 +17,8 @@ swaps are inherited unchanged); the attention backend views it as blocks.
 from __future__ import annotations
 
 import gc
+import logging
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -49,6 +51,8 @@ from loraplex.engine.scheduler import SchedulerOutput
 from loraplex.engine.sequence import Sequence
 from loraplex.engine.spec.policy import COMPUTE_BOUND_TOKENS
 from loraplex.engine.spec.verify import split_verified_logits
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -402,6 +406,39 @@ class CudaModelRunner(ModelRunner):
             self.mixed_graphs[(s, t, kind)] = self._capture_mixed(s, t, lora, verify=kind is not None and "verify" in kind)
         return len(missing)
 
+    def _capture_every_graph_of(self, lora: LoRAStepContext | None) -> None:
+        """On the first step of a set of adapted linears (a LoRA signature, `_lora_kind`): every decode and mixed
+        graph of that signature now, in one stall of the engine's loop. Start-up captures the base model's graphs
+        and those with LoRA kernels at every linear; which linears resident adapters adapt is known only once they
+        are loaded. Captured shape by shape on each one's first step, they made dozens of 30-80 ms stalls spread
+        over the first minutes of traffic, each delaying every request in flight (on an H200 they set the p95 of
+        interactive requests beside a batch job). Signatures are few (`slot_pool.MAX_SIGNATURES`). Tensor-parallel
+        ranks keep capturing on first use, all ranks together."""
+        kind = _lora_kind(lora)
+        if (lora is None or self.lora is None or self.workers is not None or kind is None or kind == "lora"
+                or any(key[1] == kind for key in self.graphs)):
+            return
+        signature = getattr(lora, "signature", EVERY_LINEAR)
+        if not signature:  # no resident adapter adapts anything: nothing to capture ahead
+            return
+        started, count = time.perf_counter(), 0
+        if self.use_graphs:
+            for size in sorted(self.ladder, reverse=True):  # largest first: smaller ones reuse the pool
+                if (size, kind) not in self.graphs:
+                    self.graphs[(size, kind)] = self._capture(size, self._on_side_stream(
+                        self.lora.batch_of([-1] * size, signature)))
+                    count += 1
+        if self.use_mixed_graphs:
+            for verify in (False, True) if self.verify_extra_tokens else (False,):
+                mixed_kind = _mixed_kind(kind, verify)
+                for s, t in sorted(self.mixed_shapes(), key=lambda shape: (-shape[1], -shape[0])):
+                    if (s, t, mixed_kind) not in self.mixed_graphs:
+                        self.mixed_graphs[(s, t, mixed_kind)] = self._capture_mixed(
+                            s, t, self._on_side_stream(self.lora.batch_of([-1] * t, signature)), verify=verify)
+                        count += 1
+        logger.info("captured %d CUDA graphs for adapters on %s in %.2f s", count, signature,
+                    time.perf_counter() - started)
+
     def mixed_shapes(self) -> list[tuple[int, int]]:
         """Every padded (sequences, tokens) a step can take: one whose smallest step (one sequence more than the
         size below it, one token more than the padding below it) passes the step's token budget never runs."""
@@ -451,6 +488,9 @@ class CudaModelRunner(ModelRunner):
         self._forget_stale_lora_graphs()
         graph = self.mixed_graphs.get(key)
         if graph is None:
+            self._capture_every_graph_of(lora)
+            graph = self.mixed_graphs.get(key)
+        if graph is None:
             graph = self.mixed_graphs[key] = self._capture_mixed(num_seqs, num_tokens, lora, verify=verify)
         cu = batch.cu_seqlens_q
         tables = np.zeros((num_seqs, self.max_blocks_per_seq), dtype=np.int32)
@@ -498,6 +538,9 @@ class CudaModelRunner(ModelRunner):
         key = (size, _lora_kind(lora))  # one LoRA graph per size and set of adapted linears: the stacks are fixed
         self._forget_stale_lora_graphs()
         graph = self.graphs.get(key)
+        if graph is None:
+            self._capture_every_graph_of(lora)
+            graph = self.graphs.get(key)
         if graph is None:
             graph = self.graphs[key] = self._capture(size, lora)
         (staging or self.staging).upload([batch.input_ids, batch.positions, batch.slot_mapping, batch.seq_lens,

@@ -27,7 +27,7 @@ from torch import nn
 StackKey = tuple[int, tuple[tuple[str, int, int], ...]]  # (layer_index, the linear's slices)
 EVERY_LINEAR = "all"  # the signature of a batch with every LoRA-ready linear's stack
 # Sets of adapted linears a pool names over its life, "all" among them: each new one captures its CUDA graphs on
-# first use (a stall of the engine's loop per shape), so tenants uploading adapters of ever new target sets
+# first use (one stall of the engine's loop, every shape at once), so tenants uploading adapters of ever new target sets
 # cannot make it capture without end; past the cap a new set runs on the graphs of every linear.
 MAX_SIGNATURES = 4
 

@@ -404,6 +404,72 @@ def test_on_a_gpu_batch_work_is_admitted_in_waves_while_interactive_work_runs():
     assert len([s for s in sched.running if s.background]) == 16
 
 
+def test_on_a_gpu_batch_work_runs_few_rows_beside_interactive_work_and_full_width_alone():
+    """GPU scheduling: while interactive work runs, batch work runs batch_rows_beside_interactive rows a step (its
+    lines furthest along), the rest of its lines sit out without losing their blocks, and no new line comes in until
+    those rows free room; alone again, every line runs."""
+    bm = BlockManager(4000, 16)
+    sched = Scheduler(bm, max_num_batched_tokens=2048, max_num_seqs=16, batch_rows_beside_interactive=4)
+    early = [seq(8, "acme", background=True) for _ in range(3)]
+    for s in early:
+        sched.add(s)
+    run(sched, bm, 2)  # three lines ahead of the rest
+    late = [seq(8, "acme", background=True) for _ in range(13)]
+    queued = [seq(8, "acme", background=True) for _ in range(4)]
+    for s in late + queued:
+        sched.add(s)
+    (alone,) = run(sched, bm, 1)
+    assert sum(s.background for s in alone.seqs) == 16, "batch work alone runs at full width"
+    interactive = seq(8, "globex")
+    sched.add(interactive)  # takes a batch line's slot (batch work is preempted first)
+    run(sched, bm, 1)  # its prompt
+    for _ in range(6):
+        (out,) = run(sched, bm, 1)
+        batch_rows = [s for s in out.seqs if s.background]
+        assert interactive in out.seqs and len(batch_rows) == 4
+        assert set(early) <= set(batch_rows), "the lines furthest along run"
+    sitting_out = [s for s in late if s in sched.running]
+    assert len(sitting_out) == 12 and all(s.num_computed_tokens > 0 and s.block_table for s in sitting_out), \
+        "lines sitting out keep their slots and blocks"
+    for done in early:
+        sched.finish(done)  # three lines end: their rows go to running lines, no new line comes in
+    (out,) = run(sched, bm, 1)
+    assert sum(s.background for s in out.seqs) == 4 and all(s.num_computed_tokens == 0 for s in queued)
+    sched.finish(interactive)
+    (out,) = run(sched, bm, 1)
+    assert sum(s.background for s in out.seqs) == 16, "alone again: every running line, and waiting ones come in"
+
+
+def test_on_a_gpu_batch_lines_are_admitted_in_waves_of_the_rows_beside_interactive_work():
+    bm = BlockManager(4000, 16)
+    sched = Scheduler(bm, max_num_batched_tokens=2048, max_num_seqs=64, batch_rows_beside_interactive=16)
+    interactive = seq(8, "globex")
+    sched.add(interactive)
+    batch = [seq(8, "acme", background=True) for _ in range(40)]
+    for s in batch:
+        sched.add(s)
+    run(sched, bm, 2)
+    running = [s for s in sched.running if s.background]
+    assert len(running) == 16, "interactive work running: batch lines fill only its rows"
+    sched.finish(running[0])  # one row free: less than a wave (2 of 16)
+    (out,) = run(sched, bm, 1)
+    assert sum(s.background for s in out.seqs) == 15 and sum(s.background for s in sched.running) == 15
+    sched.finish(running[1])
+    (out,) = run(sched, bm, 1)
+    assert sum(s.background for s in sched.running) == 16, "a wave's worth of room: two lines come in together"
+    assert sum(s.background and n > 1 for s, n in zip(out.seqs, out.num_new_tokens, strict=True)) == 2
+
+
+def test_the_batch_rows_beside_interactive_work_are_a_setting_with_a_default():
+    from loraplex.engine.config import EngineConfig
+    from loraplex.platform.settings import Settings
+    from loraplex.platform.wiring import engine_config
+
+    assert EngineConfig().batch_rows_beside_interactive == Settings().batch_rows_beside_interactive == 0
+    config = engine_config(Settings(batch_rows_beside_interactive=16))
+    assert config.batch_rows_beside_interactive == 16
+
+
 def test_a_flood_stops_short_of_the_kept_slots_and_a_newcomer_starts_without_a_preemption():
     bm = BlockManager(1000, 16)
     sched = Scheduler(bm, max_num_batched_tokens=256, max_num_seqs=8, newcomer_reserved_slots=2)

@@ -535,6 +535,25 @@ def test_graphs_of_adapters_on_some_linears_launch_lora_kernels_there_alone_with
     assert staggered(many_lora_requests(), engine_on("cpu")) == tokens
 
 
+def test_the_first_step_of_adapters_on_some_linears_captures_all_their_graphs_at_once() -> None:
+    """Start-up cannot know which linears adapters will adapt: the first step on q_proj/v_proj adapters captures
+    every decode and mixed graph of that signature in one go, and later steps of any shape capture nothing."""
+    engine = make_engine(GPU_DEVICE)
+    engine.serve_adapters(AttentionOnlyAdapters(CONFIG, rank=8, dtype=engine.config.torch_dtype, std=0.2),
+                          AdapterLimits(max_loras=4, max_cpu_loras=8, max_lora_rank=8))
+    runner = engine.runner
+    runner.capture_decode_graphs()
+    runner.capture_mixed_graphs()
+    run_to_completion(engine, [EngineRequest("first", prompts(1)[0], greedy(3, ignore_eos=True), adapter_id="a")])
+    kind = "lora:q_proj+k_proj+v_proj"
+    assert {size for size, k in runner.graphs if k == kind} == set(runner.ladder)
+    assert {(s, t) for s, t, k in runner.mixed_graphs if k == kind} == set(runner.mixed_shapes())
+    captured = len(runner.graphs) + len(runner.mixed_graphs)
+    staggered(many_lora_requests(), engine)  # decodes and prompts of many sizes beside them
+    assert runner.num_graph_steps > 0 and runner.num_mixed_graph_steps > 0 and runner.num_eager_steps == 0
+    assert len(runner.graphs) + len(runner.mixed_graphs) == captured
+
+
 def test_mixed_graphs_captured_at_start_up_cover_every_shape_and_give_prompt_logprobs() -> None:
     """Scoring requests (prompt logprobs) beside decodes on adapters: their steps replay mixed graphs too, with
     the logprobs and tokens of eager steps."""
