@@ -116,7 +116,7 @@ def run_engine_core(settings: Settings, address: str) -> None:
     engine = _build_engine(settings, model_path, engine_config(settings), adapters=source,
                            adapter_limits=adapter_limits(settings), detokenize=False)  # the API servers make the text
     # Every decode and mixed-step graph now, not each shape's first step in the middle of serving (CUDA only).
-    for name in ("capture_decode_graphs", "capture_mixed_graphs"):
+    for name in ("capture_decode_graphs", "capture_mixed_graphs", "capture_default_target_graphs"):
         capture = getattr(engine.runner, name, None)
         if capture is not None:
             capture()

@@ -99,15 +99,24 @@ class LoRASlotPool:
         return {key: stack for key, stack in self.stacks.items() if linear_kind(key) in kinds}
 
     def _refresh_adapted(self) -> None:
-        kinds = {linear_kind(key) for key, table in self.slot_slices.items() if table}
+        signature = self._named_signature({linear_kind(key) for key, table in self.slot_slices.items() if table})
+        self.adapted_signature = signature
+        self.adapted_stacks = self.stacks_for(signature)
+
+    def signature_for_targets(self, module_names: set[str]) -> str:
+        """The signature resident adapters on these modules (PEFT's target names, e.g. {"q_proj", "v_proj"}) make,
+        named now (it counts toward MAX_SIGNATURES), so their graphs can be captured before any is loaded."""
+        return self._named_signature({linear_kind(key) for key in self.stacks
+                                      if any(name in module_names for name, _, _ in key[1])})
+
+    def _named_signature(self, kinds: set[str]) -> str:
         every = {linear_kind(key) for key in self.stacks}
         signature = EVERY_LINEAR if kinds == every else ",".join(sorted(kinds))
         if signature and signature not in self._signatures_named:  # "": no slot adapts anything, no graph needed
             if len(self._signatures_named) >= MAX_SIGNATURES:
                 signature = EVERY_LINEAR
             self._signatures_named.add(signature)
-        self.adapted_signature = signature
-        self.adapted_stacks = self.stacks_for(signature)
+        return signature
 
     def shard(self, name: str, w: LoRAModuleWeights) -> LoRAModuleWeights:
         """An adapter module as this rank holds it (S-LoRA: B by output rows for column-parallel

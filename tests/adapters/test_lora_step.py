@@ -123,6 +123,22 @@ def test_new_sets_of_adapted_linears_past_the_cap_use_every_linear(tiny_model, t
     assert (pool.adapted_signature, pool.adapted_stacks) == ("", {})
 
 
+def test_the_signature_of_peft_default_targets_is_named_before_any_adapter_loads(tiny_model, tmp_path, spec):  # type: ignore[no-untyped-def]
+    """A server captures the graphs of q_proj/v_proj adapters at start-up: the signature it names then is the one
+    such an adapter makes once written, and it counts toward MAX_SIGNATURES like any other."""
+    from loraplex.engine.lora.slot_pool import EVERY_LINEAR
+
+    pool = LoRASlotPool(tiny_model, max_loras=1, max_lora_rank=16, dtype=torch.float32, device="cpu")
+    assert pool.signature_for_targets({"q_proj", "v_proj"}) == "q_proj+k_proj+v_proj"
+    assert pool.adapted_signature == "", "naming a signature loads nothing"
+    pool.write(0, read_peft_adapter(write_random_adapter(tmp_path / "qv", spec, r=4, targets=("q_proj", "v_proj"),
+                                                         seed=0), "qv", spec))
+    assert pool.adapted_signature == "q_proj+k_proj+v_proj"
+    assert pool.signature_for_targets({"o_proj"}) == "o_proj"
+    assert pool.signature_for_targets({"down_proj"}) == "down_proj"
+    assert pool.signature_for_targets({"gate_proj"}) == EVERY_LINEAR, "a fifth name would pass the cap"
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_kernel_batch_on_gpu_matches_reference(tmp_path, spec, dtype):  # type: ignore[no-untyped-def]

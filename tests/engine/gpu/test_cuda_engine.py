@@ -554,6 +554,27 @@ def test_the_first_step_of_adapters_on_some_linears_captures_all_their_graphs_at
     assert len(runner.graphs) + len(runner.mixed_graphs) == captured
 
 
+def test_start_up_captures_the_graphs_of_adapters_on_peft_default_targets() -> None:
+    """q_proj/v_proj adapters are the common case: a server captures their graphs at start-up, so their first
+    step captures none, and gives the tokens of an engine that captured them on that step."""
+    engine = make_engine(GPU_DEVICE)
+    engine.serve_adapters(AttentionOnlyAdapters(CONFIG, rank=8, dtype=engine.config.torch_dtype, std=0.2),
+                          AdapterLimits(max_loras=4, max_cpu_loras=8, max_lora_rank=8))
+    runner = engine.runner
+    runner.capture_decode_graphs()
+    runner.capture_mixed_graphs()
+    ahead = runner.capture_default_target_graphs()
+    assert ahead == len(runner.ladder) + len(runner.mixed_shapes())
+    assert runner.capture_default_target_graphs() == 0
+    captured = len(runner.graphs) + len(runner.mixed_graphs)
+    tokens = staggered(many_lora_requests(), engine)
+    assert len(runner.graphs) + len(runner.mixed_graphs) == captured
+    later = make_engine(GPU_DEVICE)
+    later.serve_adapters(AttentionOnlyAdapters(CONFIG, rank=8, dtype=later.config.torch_dtype, std=0.2),
+                         AdapterLimits(max_loras=4, max_cpu_loras=8, max_lora_rank=8))
+    assert staggered(many_lora_requests(), later) == tokens
+
+
 def test_mixed_graphs_captured_at_start_up_cover_every_shape_and_give_prompt_logprobs() -> None:
     """Scoring requests (prompt logprobs) beside decodes on adapters: their steps replay mixed graphs too, with
     the logprobs and tokens of eager steps."""
