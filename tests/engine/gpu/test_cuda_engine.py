@@ -509,38 +509,37 @@ class AttentionOnlyAdapters(RandomAdapterSource):
         return {name: shape for name, shape in super().shapes().items() if name in ("q_proj", "v_proj")}
 
 
+def attention_only_engine(device: str) -> LLMEngine:
+    engine = make_engine(device)
+    engine.serve_adapters(AttentionOnlyAdapters(CONFIG, rank=8, dtype=engine.config.torch_dtype, std=0.2),
+                          AdapterLimits(max_loras=4, max_cpu_loras=8, max_lora_rank=8))
+    return engine
+
+
 def test_graphs_of_adapters_on_some_linears_launch_lora_kernels_there_alone_with_the_same_tokens() -> None:
     """q_proj/v_proj adapters: decode and mixed graphs keyed by the adapted linears (LoRA kernels at the merged
     q/k/v projection only) give the tokens of graphs with LoRA kernels at every linear, and of the CPU engine."""
     from loraplex.engine.lora import slot_pool
 
-    def engine_on(device: str) -> LLMEngine:
-        engine = make_engine(device)
-        engine.serve_adapters(AttentionOnlyAdapters(CONFIG, rank=8, dtype=engine.config.torch_dtype, std=0.2),
-                              AdapterLimits(max_loras=4, max_cpu_loras=8, max_lora_rank=8))
-        return engine
-
-    subset = engine_on(GPU_DEVICE)
+    subset = attention_only_engine(GPU_DEVICE)
     tokens = staggered(many_lora_requests(), subset)
     assert subset.lora is not None and subset.lora.pool.adapted_signature == "q_proj+k_proj+v_proj"
     kinds = {key[1] for key in subset.runner.graphs} | {key[2] for key in subset.runner.mixed_graphs}
     assert "lora:q_proj+k_proj+v_proj" in kinds
     assert subset.runner.num_graph_steps > 0 and subset.runner.num_eager_steps == 0
-    every = engine_on(GPU_DEVICE)
+    every = attention_only_engine(GPU_DEVICE)
     assert every.lora is not None
     every.lora.pool.adapted_stacks = every.lora.pool.stacks  # the kernels launched at every linear, as before
     every.lora.pool._refresh_adapted = lambda: None  # type: ignore[method-assign]
     every.lora.pool.adapted_signature = slot_pool.EVERY_LINEAR
     assert staggered(many_lora_requests(), every) == tokens
-    assert staggered(many_lora_requests(), engine_on("cpu")) == tokens
+    assert staggered(many_lora_requests(), attention_only_engine("cpu")) == tokens
 
 
 def test_the_first_step_of_adapters_on_some_linears_captures_all_their_graphs_at_once() -> None:
     """Start-up cannot know which linears adapters will adapt: the first step on q_proj/v_proj adapters captures
     every decode and mixed graph of that signature in one go, and later steps of any shape capture nothing."""
-    engine = make_engine(GPU_DEVICE)
-    engine.serve_adapters(AttentionOnlyAdapters(CONFIG, rank=8, dtype=engine.config.torch_dtype, std=0.2),
-                          AdapterLimits(max_loras=4, max_cpu_loras=8, max_lora_rank=8))
+    engine = attention_only_engine(GPU_DEVICE)
     runner = engine.runner
     runner.capture_decode_graphs()
     runner.capture_mixed_graphs()
@@ -557,9 +556,7 @@ def test_the_first_step_of_adapters_on_some_linears_captures_all_their_graphs_at
 def test_start_up_captures_the_graphs_of_adapters_on_peft_default_targets() -> None:
     """q_proj/v_proj adapters are the common case: a server captures their graphs at start-up, so their first
     step captures none, and gives the tokens of an engine that captured them on that step."""
-    engine = make_engine(GPU_DEVICE)
-    engine.serve_adapters(AttentionOnlyAdapters(CONFIG, rank=8, dtype=engine.config.torch_dtype, std=0.2),
-                          AdapterLimits(max_loras=4, max_cpu_loras=8, max_lora_rank=8))
+    engine = attention_only_engine(GPU_DEVICE)
     runner = engine.runner
     runner.capture_decode_graphs()
     runner.capture_mixed_graphs()
@@ -569,10 +566,7 @@ def test_start_up_captures_the_graphs_of_adapters_on_peft_default_targets() -> N
     captured = len(runner.graphs) + len(runner.mixed_graphs)
     tokens = staggered(many_lora_requests(), engine)
     assert len(runner.graphs) + len(runner.mixed_graphs) == captured
-    later = make_engine(GPU_DEVICE)
-    later.serve_adapters(AttentionOnlyAdapters(CONFIG, rank=8, dtype=later.config.torch_dtype, std=0.2),
-                         AdapterLimits(max_loras=4, max_cpu_loras=8, max_lora_rank=8))
-    assert staggered(many_lora_requests(), later) == tokens
+    assert staggered(many_lora_requests(), attention_only_engine(GPU_DEVICE)) == tokens
 
 
 def test_mixed_graphs_captured_at_start_up_cover_every_shape_and_give_prompt_logprobs() -> None:
