@@ -77,12 +77,15 @@ def test_a_step_costs_the_same_whatever_the_prompt_length() -> None:
                 for _ in range(64)]
         logits = torch.randn(64, vocab, generator=generator)
         apply_penalties(logits, seqs)  # counts each prompt, once
-        start = time.perf_counter()
+        start = time.process_time()  # CPU time: the suite's other lanes share the cores
         for _ in range(10):
             for seq in seqs:
                 seq.token_ids.append(int(torch.randint(0, 1000, (1,), generator=generator)))
             apply_penalties(logits, seqs)
-        return (time.perf_counter() - start) / 10
+        return (time.process_time() - start) / 10
 
-    short, long = min(step_seconds(2_000) for _ in range(2)), min(step_seconds(64_000) for _ in range(2))
+    # Interleaved, best of four each: a burst of load elsewhere during one case's rounds cannot fail the test
+    # (two rounds of each in a row once measured 19 against 7 ms on a busy CI machine; alone both take ~5 ms).
+    rounds = [(step_seconds(2_000), step_seconds(64_000)) for _ in range(4)]
+    short, long = min(r[0] for r in rounds), min(r[1] for r in rounds)
     assert long < 2 * short + 0.005, (short, long)
