@@ -34,6 +34,14 @@ batch alone), batch_over_online_throughput, lost_or_duplicated_on_restart.
     python benchmarks/batch.py           # full (2,000 lines): writes benchmarks/results/batch.json
     python benchmarks/batch.py --quick   # small sizes on the CPU, in about a minute; writes nothing
     python benchmarks/batch.py --device cuda --random-weights data/models/SmolLM2-135M-Instruct   # a GPU
+    python benchmarks/batch.py --device cuda --random-weights data/models/SmolLM2-135M-Instruct \
+        --body-shape Llama-3.1-8B   # the same on random weights in Llama-3.1-8B's layer shapes
+
+`--body-shape` serves a model whose layers have a published model's shapes
+(hidden size, layers, heads, MLP width) and whose vocabulary and chat template
+are the folder's, so the same prompts and adapters run on a body of a
+production size; its figures go into batch.json beside the main ones, with the
+suffix `_<shape>` (e.g. `interactive_p95_ratio_under_batch_llama_3_1_8b`).
 """
 
 from __future__ import annotations
@@ -151,6 +159,32 @@ def server_env(data_dir: Path, model_path: Path, args: argparse.Namespace, sizes
     env = {k: v for k, v in os.environ.items() if not k.startswith("LORAPLEX_")}
     env.update({f"LORAPLEX_{name.upper()}": str(value) for name, value in settings.items()})
     return env
+
+
+def body_shaped_model(tokenizer_dir: Path, shape: str, work: Path) -> Path:
+    """A model folder with `tokenizer_dir`'s tokenizer, chat template and special tokens and the layer shapes of
+    the published model `shape` (its vocabulary stays the tokenizer's, so every token id is in range)."""
+    from loraplex.engine.cuda.random_weights import NAMED_CONFIGS
+
+    folder = work / f"{shape}-shape"
+    folder.mkdir()
+    for path in tokenizer_dir.iterdir():
+        if path.is_file() and not path.name.startswith(".") and path.name != "config.json" and path.suffix != ".safetensors":
+            shutil.copy(path, folder / path.name)
+    config = json.loads((tokenizer_dir / "config.json").read_text())
+    body = {k: NAMED_CONFIGS[shape][k] for k in ("hidden_size", "intermediate_size", "num_hidden_layers",
+                                                  "num_attention_heads", "num_key_value_heads", "head_dim",
+                                                  "rms_norm_eps", "tie_word_embeddings")}
+    config.update(body, rope_parameters={"rope_type": "default", "rope_theta": NAMED_CONFIGS[shape]["rope_theta"]})
+    config.pop("rope_scaling", None)
+    config.pop("rope_theta", None)
+    (folder / "config.json").write_text(json.dumps(config, indent=2))
+    return folder
+
+
+def shape_suffix(shape: str) -> str:
+    """`Llama-3.1-8B` -> `_llama_3_1_8b`: the suffix of a body shape's figures in batch.json."""
+    return "_" + "".join(c if c.isalnum() else "_" for c in shape.lower())
 
 
 def seed_keys(database_url: str) -> dict[str, str]:
@@ -326,8 +360,10 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
 
     sizes = QUICK if args.quick else FULL
     model_path = (args.random_weights or ensure_default_model(ROOT / "data" / "models")).resolve()
-    model = model_path.name
     work = Path(tempfile.mkdtemp(prefix="batch-bench-"))
+    if args.body_shape:
+        model_path = body_shaped_model(model_path, args.body_shape, work)
+    model = model_path.name
     keys = seed_keys(f"sqlite:///{work / 'loraplex.db'}")
     server = Server(server_env(work, model_path, args, sizes), work)
     server.start()
@@ -401,12 +437,16 @@ def main() -> None:
     parser.add_argument("--device", default="cpu", help="the server's device: cpu or cuda")
     parser.add_argument("--random-weights", type=Path, default=None, metavar="MODEL_DIR",
                         help="serve random weights of this model folder's architecture (config + tokenizer)")
+    parser.add_argument("--body-shape", choices=body_shapes(), default=None,
+                        help="with --random-weights: layers in this published model's shapes, the folder's tokenizer")
     parser.add_argument("--out", type=Path, default=None, help="where to write the JSON (default: results/ on full runs)")
     parser.add_argument("--skip-restart", action="store_true",
                         help="leave the restart phase out (comparing settings); writes no restart figure")
     parser.add_argument("--server-setting", action="append", default=[], type=_setting, metavar="NAME=VALUE",
                         help="a server setting for this run (e.g. overlap_scheduling=false); repeatable")
     args = parser.parse_args()
+    if args.body_shape and not args.random_weights:
+        parser.error("--body-shape needs --random-weights (the folder whose tokenizer it keeps)")
     args.server_setting = dict(args.server_setting)
     run = measure(args)
     metrics = run["metrics"]
@@ -437,9 +477,30 @@ def main() -> None:
                     "lost_or_duplicated_on_restart": {"op": "==", "value": 0}},
         "checked": run["checked"],
     }
+    if args.body_shape and args.out is None:
+        result = beside_main_figures(result, args.body_shape)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {out}")
+
+
+def body_shapes() -> list[str]:
+    from loraplex.engine.cuda.random_weights import NAMED_CONFIGS
+
+    return sorted(NAMED_CONFIGS)
+
+
+def beside_main_figures(result: dict[str, Any], shape: str) -> dict[str, Any]:
+    """batch.json with this body-shape run's figures added under their suffix (the main figures kept), its date,
+    machine and settings under config.body_shapes."""
+    main = json.loads(RESULT.read_text())
+    suffix = shape_suffix(shape)
+    main["metrics"] = {k: v for k, v in main["metrics"].items() if not k.endswith(suffix)}
+    main["metrics"].update({f"{k}{suffix}": v for k, v in result["metrics"].items()})
+    main["config"].setdefault("body_shapes", {})[shape] = {
+        "date": result["date"], "machine": result["machine"], "config": result["config"]}
+    main["checked"] = main["checked"] and result["checked"]
+    return main
 
 
 if __name__ == "__main__":
