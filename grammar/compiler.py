@@ -30,7 +30,7 @@ from loraplex.engine.errors import InvalidRequestError
 from loraplex.grammar.backends.disk_cache import GrammarDiskCache
 from loraplex.grammar.backends.protocol import GrammarBackend, TokenizerContext, UnsupportedSchemaError
 from loraplex.grammar.backends.registry import backend_order, check_choice, create_backends, token_vocabulary
-from loraplex.grammar.runtime.closing import ClosingTokens
+from loraplex.grammar.runtime.closing import ClosingTokens, plan_completion
 from loraplex.grammar.runtime.matcher import StructuredGrammar
 from loraplex.grammar.runtime.unique_items import TokenBytes, UniqueItemsGrammar
 from loraplex.grammar.schema.passes import prepare_schema
@@ -50,6 +50,8 @@ class GrammarLimits:
     max_tools: int = 128                        # `tools` entries in one request
     backend: str = "auto"                       # auto, or a registered backend name for every spec
     cache_dir: str | None = None                # compiled grammars shared across processes (GrammarDiskCache)
+    # A grammar no output of at most this many tokens completes is refused (see _check_finishable)
+    max_completion_tokens: int = 8192
 
 
 class GrammarCompilerService:
@@ -164,6 +166,7 @@ class GrammarCompilerService:
                     f"{self.limits.max_compiled_bytes}; simplify it",
                     param=spec.param,
                 )
+            self._check_finishable(spec, inner)
             relaxed = None if exact or first_refusal is None else first_refusal.unsupported.message()
             if unique_items is not None:
                 inner = UniqueItemsGrammar(inner, unique_items, self._get_token_bytes())
@@ -175,6 +178,20 @@ class GrammarCompilerService:
             "to have it relaxed",
             param=spec.param,
         )
+
+
+    def _check_finishable(self, spec: GrammarSpec, inner: Any) -> None:
+        """400 unless some output completes the grammar. A schema can be well formed and admit no finite JSON
+        value (`{"$ref": "#"}`, two definitions referring to each other, a required property whose schema
+        is its parent's): its grammar allows no token at all, or only an endless chain of them, and without
+        this check the request ran and answered an empty "stop" that is no JSON, or ran to its token limit.
+        The closing plan's greedy walk (the shortest way to finish, as near a `max_tokens` budget) looks for a
+        completion once per compiled grammar, on a matcher of its own."""
+        limit = self.limits.max_completion_tokens
+        if plan_completion(inner.new_matcher(), self.closing_tokens, limit=limit) is None:
+            raise InvalidRequestError(
+                f"{spec.param} cannot be satisfied: no output of at most {limit} tokens completes it (does a "
+                "required part refer back to itself, or a reference to another with no end?)", param=spec.param)
 
 
 def _encoder(tokenizer: Any) -> Callable[[str], list[int]]:

@@ -122,7 +122,8 @@ def run_engine_core(settings: Settings, address: str) -> None:
             capture()
     limits = GrammarLimits(compile_timeout_s=settings.grammar_compile_timeout_s,
                            max_spec_bytes=settings.grammar_max_spec_bytes, backend=settings.grammar_backend,
-                           cache_dir=settings.grammar_cache_dir)
+                           cache_dir=settings.grammar_cache_dir,
+                           max_completion_tokens=settings.grammar_max_completion_tokens)
     compiler = GrammarCompilerService(engine.tokenizer, engine.model_config.vocab_size, limits)
     kv_events = start_kv_events(settings, engine.block_manager, source.registry.find)
     if settings.freeze_startup_heap:

@@ -146,7 +146,7 @@ def install_structured_output(extensions: Extensions, settings: Settings, *, eng
         compile_timeout_s=settings.grammar_compile_timeout_s, max_spec_bytes=settings.grammar_max_spec_bytes,
         backend=settings.grammar_backend, max_schema_depth=settings.grammar_max_schema_depth,
         max_schema_nodes=settings.grammar_max_schema_nodes, max_tools=settings.grammar_max_tools,
-        cache_dir=settings.grammar_cache_dir,
+        cache_dir=settings.grammar_cache_dir, max_completion_tokens=settings.grammar_max_completion_tokens,
     )
     preparer = build_structured_output(engine.tokenizer, engine.model_config.vocab_size, limits)
     preparer.slots = TenantCompileSlots(settings.grammar_compiles_per_tenant, settings.grammar_compile_wait_s)

@@ -239,6 +239,10 @@ BAD_FORMATS = [
     ({"type": "grammar", "grammar": "root ::= undefined_rule"}, "response_format.grammar"),
     ({"type": "choice", "choices": []}, "response_format.choices"),
     (schema_format("bad", {"$ref": "#/$defs/missing"}), "response_format.json_schema.schema"),
+    # well formed, but no finite JSON value: these used to answer an empty "stop" that is no JSON
+    (schema_format("endless", {"$ref": "#"}), "response_format.json_schema.schema"),
+    (schema_format("endless", {"type": "object", "properties": {"child": {"$ref": "#"}}, "required": ["child"]}),
+     "response_format.json_schema.schema"),
 ]
 
 

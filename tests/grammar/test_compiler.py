@@ -44,6 +44,36 @@ async def test_bad_grammar_is_a_400_naming_the_field(compiler, spec, param, need
     assert "/project/cpp" not in info.value.message  # xgrammar's source paths are not the user's business
 
 
+SELF_REQUIRING = {"type": "object", "properties": {"child": {"$ref": "#"}}, "required": ["child"]}
+
+
+@pytest.mark.parametrize("spec", [
+    GrammarSpec(GrammarKind.JSON_SCHEMA, {"$ref": "#"}),
+    GrammarSpec(GrammarKind.JSON_SCHEMA, {"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}},
+                                          "$ref": "#/$defs/a"}),
+    GrammarSpec(GrammarKind.JSON_SCHEMA, SELF_REQUIRING),
+    GrammarSpec(GrammarKind.JSON_SCHEMA, {"type": "array", "minItems": 1, "items": SELF_REQUIRING}),
+    GrammarSpec(GrammarKind.EBNF, 'root ::= "x" root', param="response_format.grammar"),
+], ids=["ref-to-itself", "refs-to-each-other", "required-self", "array-of-required-self", "ebnf-without-end"])
+def test_a_grammar_no_output_completes_is_a_400(compiler, spec):
+    """Well formed, yet no finite output matches: refused at compile time (a request ran before, and its empty
+    `stop` answer was no JSON, or it ran to its token limit)."""
+    with pytest.raises(InvalidRequestError, match="cannot be satisfied") as info:
+        compiler.compile_blocking(spec)
+    assert info.value.param == spec.param
+
+
+@pytest.mark.parametrize("schema", [
+    {"type": "object", "properties": {"v": {"type": "integer"}, "kids": {"type": "array", "items": {"$ref": "#"}}},
+     "required": ["v", "kids"]},  # a tree: recursive, but an empty `kids` ends it
+    {"type": "object", "properties": {"next": {"anyOf": [{"$ref": "#"}, {"type": "null"}]}}, "required": ["next"]},
+    {"type": "array", "minItems": 300, "items": {"type": "integer"}},  # long, but finite
+], ids=["tree", "linked-list", "long-array"])
+def test_recursive_and_long_but_finishable_schemas_compile(compiler, schema):
+    grammar = compiler.compile_blocking(GrammarSpec(GrammarKind.JSON_SCHEMA, schema))
+    assert grammar.new_matcher() is not None
+
+
 def test_spec_size_limit(tokenizer):
     service = GrammarCompilerService(tokenizer, SMOLLM2_VOCAB, GrammarLimits(max_spec_bytes=200))
     try:
