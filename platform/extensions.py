@@ -109,6 +109,9 @@ class PreparedRequest:
     tenant_weight: float = 1.0     # the tenant's weight in the engine's fair sharing
     background: bool = False       # batch work: runs on capacity interactive requests leave
     batch_id: str | None = None    # the Batch API batch it is a line of (its usage is billed at the batch price)
+    # /v1/completions with echo and max_tokens 0 (scoring a prompt): the engine samples one token, which the
+    # response, the usage and the bill leave out
+    echo_only: bool = False
     parser_factory: Callable[[], MessageParser] = PlainTextParser
     after_finish: list[Callable[[RequestRecord], Awaitable[None]]] = field(default_factory=list)
     metadata: dict[str, Any] = field(default_factory=dict)

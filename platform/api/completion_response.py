@@ -43,7 +43,8 @@ async def collect_completion(gen: Generation, *, texts: TokenTexts, tokenizer: A
     echo = prepared.body.echo
     echoes = prompt_texts(gen, tokenizer) if echo else [""] * len(prepared.prompts)
     choices = [_Choice(texts, echoes[i // n]) for i in range(len(gen.choices))]
-    want_logprobs = prepared.sampling.logprobs is not None
+    want_logprobs = prepared.body.logprobs is not None
+    echo_only = prepared.echo_only
     async for prompt_index, output in gen.outputs(whole=True):
         if output.error:
             raise ChoiceFailed(f"generation failed: {output.error}")
@@ -51,6 +52,9 @@ async def collect_completion(gen: Generation, *, texts: TokenTexts, tokenizer: A
             choice = choices[prompt_index * n + delta.index]
             if want_logprobs and echo:
                 _add_prompt_logprobs(choice, gen, prompt_index, output)
+            if echo_only:  # the prompt alone: the token sampled after it is not part of the answer
+                choice.finish_reason = choice.finish_reason or ("length" if delta.finish_reason else None)
+                continue
             choice.text.append(delta.text)
             if want_logprobs and delta.logprobs:
                 choice.logprobs.add(delta.logprobs)
@@ -81,7 +85,8 @@ def stream_completion(
     prepared = gen.prepared
     n = prepared.sampling.n
     echo = prepared.body.echo
-    want_logprobs = prepared.sampling.logprobs is not None
+    echo_only = prepared.echo_only
+    want_logprobs = prepared.body.logprobs is not None
     include_usage = bool(prepared.body.stream_options and prepared.body.stream_options.include_usage)
     echoes = prompt_texts(gen, tokenizer) if echo else []
     echoed = [False] * len(gen.choices)
@@ -108,21 +113,21 @@ def stream_completion(
             events = []
             for delta in output.choices:
                 index = prompt_index * n + delta.index
-                text = delta.text
+                text = "" if echo_only else delta.text  # echo_only: the token sampled after the prompt is not sent
                 logprobs = LegacyLogprobs(texts) if want_logprobs else None
                 if echo and not echoed[index]:
                     echoed[index] = True
                     text = echoes[prompt_index] + text
                     if logprobs is not None and output.prompt_logprobs is not None:
                         logprobs.add_prompt(prepared.prompts[prompt_index], output.prompt_logprobs)
-                if logprobs is not None and delta.logprobs:
+                if logprobs is not None and delta.logprobs and not echo_only:
                     logprobs.add(delta.logprobs)
                 if logprobs is not None and len(logprobs):
                     events.append(chunk(index, text, logprobs.as_dict()))
                 elif text:
                     events.append(encoder.text(index, text))
                 if delta.finish_reason is not None:
-                    events.append(chunk(index, "", finish_reason=delta.finish_reason))
+                    events.append(chunk(index, "", finish_reason="length" if echo_only else delta.finish_reason))
             if events:
                 yield events[0] if len(events) == 1 else b"".join(events)
 

@@ -169,10 +169,11 @@ class Generation:
             self._num_finished += 1
         counts.finished = output.finished
         n = self.prepared.sampling.n
+        echo_only = self.prepared.echo_only  # its one sampled token is not answered, so neither counted nor billed
         for delta in output.choices:
             choice = self.choices[prompt_index * n + delta.index]
-            choice.num_output_tokens = delta.num_output_tokens
-            choice.num_reasoning_tokens = delta.num_reasoning_tokens
+            choice.num_output_tokens = 0 if echo_only else delta.num_output_tokens
+            choice.num_reasoning_tokens = 0 if echo_only else delta.num_reasoning_tokens
             if delta.finish_reason is not None:
                 choice.finish_reason = delta.finish_reason
                 choice.stop_reason = delta.stop_reason

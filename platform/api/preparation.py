@@ -168,11 +168,20 @@ async def _prepare_completion(
         raise InvalidRequestError("suffix is not supported", param="suffix")
     if body.best_of is not None and body.best_of != body.n:
         raise InvalidRequestError("best_of other than n is not supported", param="best_of")
+    # max_tokens 0 with echo scores the prompt (its text and logprobs back, nothing generated), as OpenAI's legacy
+    # completions and the evaluation harnesses built on them do. The engine always samples a token: one is asked
+    # for and left out of the answer, its usage and its bill.
+    echo_only = body.max_tokens == 0
+    if echo_only and not body.echo:
+        raise InvalidRequestError("max_tokens must be at least 1, or 0 with echo=true (the prompt back with its "
+                                  "logprobs, nothing generated)", param="max_tokens")
     prepared = PreparedRequest(
         request_id=request_id, kind="completion", tenant_id=key.tenant_id, key_id=key.key_id, body=body, model=model,
-        sampling=sampling_from(body, max_tokens=body.max_tokens),
-        priority=body.priority, tenant_weight=key.tenant_weight,
+        sampling=sampling_from(body, max_tokens=1 if echo_only else body.max_tokens),
+        priority=body.priority, tenant_weight=key.tenant_weight, echo_only=echo_only,
     )
+    if echo_only:
+        prepared.sampling.logprobs = None  # the sampled token's logprobs are not returned
     prepared.sampling.validate(len(services.tokenizer))  # top_k and token ids within the vocabulary
     await services.pipeline.run(prepared)
     size = sum(len(p) for p in body.prompt if isinstance(p, str)) if isinstance(body.prompt, list) else len(body.prompt)

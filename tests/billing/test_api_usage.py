@@ -52,6 +52,18 @@ def test_each_request_is_one_ledger_row_with_the_served_usage(server):
     assert row.duration_ms > 0 and row.ttft_ms is not None
 
 
+def test_a_scored_prompt_bills_its_input_and_no_output(server):
+    """/v1/completions with echo and max_tokens 0: the token the engine samples after the prompt is not answered,
+    so the ledger bills the prompt alone."""
+    client = server.client("all")
+    raw = client.completions.with_raw_response.create(model=MODEL, prompt="Score this sentence.", max_tokens=0,
+                                                      echo=True, logprobs=0)
+    answer = raw.parse()
+    row = ledger_rows(server)[raw.headers["x-request-id"]]
+    assert answer.usage.completion_tokens == 0 and answer.usage.prompt_tokens > 0
+    assert (row.input_tokens, row.output_tokens) == (answer.usage.prompt_tokens, 0)
+
+
 def test_a_token_past_the_vocabulary_is_refused_before_anything_is_billed(server):
     """A logit_bias token past the vocabulary is refused by the API server, which knows the tokenizer's size,
     before the request is queued or metered: a 400 naming the parameter, the engine's counters count

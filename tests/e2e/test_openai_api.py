@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import httpx
+import openai
 import pytest
 
 MODEL = "SmolLM2-135M-Instruct"
@@ -110,6 +111,39 @@ def test_completions_echo_and_logprobs(openai_client, api_server) -> None:  # ty
     for token, lp, top in zip(logprobs.tokens[num_prompt:], logprobs.token_logprobs[num_prompt:],
                               logprobs.top_logprobs[num_prompt:], strict=True):
         assert max(top.values()) == pytest.approx(lp, abs=1e-4) and token in top
+
+
+def test_completions_echo_with_max_tokens_0_scores_the_prompt(openai_client, api_server) -> None:  # type: ignore[no-untyped-def]
+    """echo + max_tokens 0, as the evaluation harnesses score a text: the prompt back with its logprobs, nothing
+    generated, no completion tokens; its logprobs are those a generating request gets for the same prompt."""
+    prompt = "The capital of France is Paris"
+    num_prompt = len(api_server.services.tokenizer(prompt, add_special_tokens=False)["input_ids"])
+    scored = openai_client.completions.create(model=MODEL, prompt=prompt, max_tokens=0, echo=True, logprobs=1,
+                                              temperature=0)
+    generating = openai_client.completions.create(model=MODEL, prompt=prompt, max_tokens=2, echo=True, logprobs=1,
+                                                  temperature=0)
+    choice = scored.choices[0]
+    assert choice.text == prompt and choice.finish_reason == "length"
+    assert len(choice.logprobs.tokens) == num_prompt and "".join(choice.logprobs.tokens) == prompt
+    assert choice.logprobs.token_logprobs[0] is None
+    assert choice.logprobs.token_logprobs[1:] == pytest.approx(
+        generating.choices[0].logprobs.token_logprobs[1:num_prompt], abs=1e-4)
+    assert (scored.usage.prompt_tokens, scored.usage.completion_tokens) == (num_prompt, 0)
+
+    streamed = list(openai_client.completions.create(model=MODEL, prompt=[prompt, "Hello"], max_tokens=0, echo=True,
+                                                     stream=True, stream_options={"include_usage": True}))
+    texts: dict[int, str] = {}
+    for chunk in streamed:
+        for c in chunk.choices:
+            texts[c.index] = texts.get(c.index, "") + c.text
+    assert texts == {0: prompt, 1: "Hello"}
+    finishes = [c.finish_reason for chunk in streamed for c in chunk.choices if c.finish_reason]
+    assert finishes == ["length", "length"]
+    assert streamed[-1].usage.completion_tokens == 0
+
+    with pytest.raises(openai.BadRequestError) as refused:  # without echo, max_tokens 0 asks for nothing
+        openai_client.completions.create(model=MODEL, prompt=prompt, max_tokens=0)
+    assert refused.value.body["param"] == "max_tokens" and "echo" in refused.value.body["message"]
 
 
 def test_completions_streaming(openai_client) -> None:  # type: ignore[no-untyped-def]
