@@ -142,22 +142,29 @@ class HostSplit:
     where the host time between graph replays goes. Wraps the instance's methods while active."""
 
     PARTS = (("scheduler", "schedule"), ("runner", "execute"), ("runner", "launch"), ("runner", "collect"),
-             (None, "_update"))
+             (None, "apply_step_result"))
 
     def __init__(self, engine: LLMEngine) -> None:
         self.engine = engine
         self.times: dict[str, list[float]] = {name: [] for _, name in self.PARTS}
 
     def __enter__(self) -> HostSplit:
-        for owner, name in self.PARTS:
-            target = self.engine if owner is None else getattr(self.engine, owner)
+        for target, name in self._parts():
             setattr(target, name, self._timed(getattr(target, name), self.times[name]))
         return self
 
     def __exit__(self, *exc: object) -> None:
+        for target, name in self._parts():
+            delattr(target, name)
+
+    def _parts(self) -> list[tuple[object, str]]:
+        """(object, method name) of each part (a runner without `launch`/`collect` runs its steps in `execute`)."""
+        parts = []
         for owner, name in self.PARTS:
             target = self.engine if owner is None else getattr(self.engine, owner)
-            delattr(target, name)
+            if callable(getattr(type(target), name, None)):
+                parts.append((target, name))
+        return parts
 
     @staticmethod
     def _timed(method, sink: list[float]):
