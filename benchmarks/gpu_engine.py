@@ -30,7 +30,7 @@ if not torch.cuda.is_available():
 
 import triton
 from attention_kernels import copy_bandwidth_gbps, decode_attention_bandwidth, relative_error, time_eager_us
-from loraplex.engine.config import AdapterLimits, EngineConfig
+from loraplex.engine.config import AdapterLimits, EngineConfig, ModelConfig
 from loraplex.engine.context import StepContext
 from loraplex.engine.cuda.attention import TritonAttentionMetadata, TritonPagedAttention
 from loraplex.engine.cuda.fused_ops import rms_norm, rms_norm_reference, rotary_, rotary_reference
@@ -411,7 +411,30 @@ def quick_cpu_check() -> None:
               relative_error(k, k_ref)]
     if max(errors) > 1e-5:
         raise SystemExit(f"fused op check failed: {errors}")
-    print("no GPU: the CUDA runner's fused ops checked through the Triton interpreter; timings need a CUDA device")
+    host_split_check()
+    print("no GPU: the CUDA runner's fused ops checked through the Triton interpreter, the host-split timer on a "
+          "tiny CPU engine; timings need a CUDA device")
+
+
+def host_split_check() -> None:
+    """The timer the GPU run wraps around each step's parts, on a tiny random engine on the CPU: every part it
+    names must still exist and be timed (it once wrapped a method renamed since, and failed only on a GPU)."""
+    config = ModelConfig.from_hf_dict({
+        "model_type": "llama", "vocab_size": 256, "hidden_size": 64, "intermediate_size": 128,
+        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+        "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "max_position_embeddings": 256, "tie_word_embeddings": True,
+        "bos_token_id": 1, "eos_token_id": 2})
+    engine = LLMEngine.from_random(config, EngineConfig(kv_cache_bytes=4 << 20, max_model_len=256),
+                                   SyntheticTokenizer(config.vocab_size))
+    for i, prompt in enumerate(random_prompts(3, 12, config.vocab_size, 0)):
+        engine.add_request(EngineRequest(f"q{i}", prompt, SamplingParams(max_tokens=4, temperature=0.0,
+                                                                         ignore_eos=True)))
+    with HostSplit(engine) as split:
+        while engine.has_unfinished_requests():
+            engine.step()
+    timed = split.medians()
+    if not {"schedule", "execute", "apply_step_result"} <= timed.keys():
+        raise SystemExit(f"host-split timer lost a part: {sorted(timed)}")
 
 
 def run_lora_leg(report: Report, engine: LLMEngine, config, prompts64: list[list[int]], weights: int,
