@@ -28,9 +28,10 @@ from typing import Any
 
 from loraplex.engine.errors import InvalidRequestError
 from loraplex.grammar.backends.disk_cache import GrammarDiskCache
+from loraplex.grammar.backends.ebnf_productivity import unfinishable_rules
 from loraplex.grammar.backends.protocol import GrammarBackend, TokenizerContext, UnsupportedSchemaError
 from loraplex.grammar.backends.registry import backend_order, check_choice, create_backends, token_vocabulary
-from loraplex.grammar.runtime.closing import ClosingTokens, plan_completion
+from loraplex.grammar.runtime.closing import ClosingTokens, unfinishable
 from loraplex.grammar.runtime.matcher import StructuredGrammar
 from loraplex.grammar.runtime.unique_items import TokenBytes, UniqueItemsGrammar
 from loraplex.grammar.schema.passes import prepare_schema
@@ -146,6 +147,8 @@ class GrammarCompilerService:
                     f"{spec.param} cannot be enforced exactly: keyword 'schema' at # accepts no JSON value "
                     "(its constraints contradict each other)", param=spec.param)
             payload, unique_items = prepared.schema, prepared.unique_items
+        elif spec.kind == GrammarKind.EBNF:
+            self._check_rules_finish(spec)
         for name, exact in backend_order(spec, self.backends, self.limits.backend):
             backend = self.backends[name]
             started = time.perf_counter()
@@ -180,18 +183,28 @@ class GrammarCompilerService:
         )
 
 
-    def _check_finishable(self, spec: GrammarSpec, inner: Any) -> None:
-        """400 unless some output completes the grammar. A schema can be well formed and admit no finite JSON
-        value (`{"$ref": "#"}`, two definitions referring to each other, a required property whose schema
-        is its parent's): its grammar allows no token at all, or only an endless chain of them, and without
-        this check the request ran and answered an empty "stop" that is no JSON, or ran to its token limit.
-        The closing plan's greedy walk (the shortest way to finish, as near a `max_tokens` budget) looks for a
-        completion once per compiled grammar, on a matcher of its own."""
-        limit = self.limits.max_completion_tokens
-        if plan_completion(inner.new_matcher(), self.closing_tokens, limit=limit) is None:
+    @staticmethod
+    def _check_rules_finish(spec: GrammarSpec) -> None:
+        """400 for an EBNF grammar with a reachable rule that never finishes, before any backend sees it: its
+        forced text would go on without end, and xgrammar's jump-forward never returns on it."""
+        unfinishable = unfinishable_rules(spec.payload) if isinstance(spec.payload, str) else None
+        if unfinishable:
+            names = ", ".join(repr(name) for name in unfinishable[:5])
             raise InvalidRequestError(
-                f"{spec.param} cannot be satisfied: no output of at most {limit} tokens completes it (does a "
-                "required part refer back to itself, or a reference to another with no end?)", param=spec.param)
+                f"{spec.param} cannot be satisfied: no text ever completes rule {names} (every way through it "
+                "refers back to a rule that never ends)", param=spec.param)
+
+    def _check_finishable(self, spec: GrammarSpec, inner: Any) -> None:
+        """400 when no output can complete the grammar. A schema can be well formed and admit no finite JSON
+        value (`{"$ref": "#"}`, two definitions referring only to each other, a required property whose schema
+        is its parent's): its grammar allows no token but a stop token, or forces an endless chain, and without
+        this check the request ran and answered an empty "stop" that is no JSON, or ran to its token limit.
+        Checked once per compiled grammar, on a matcher of its own, following only forced tokens (cheap)."""
+        reason = unfinishable(inner.new_matcher(), self.closing_tokens, self.limits.max_completion_tokens)
+        if reason is not None:
+            raise InvalidRequestError(
+                f"{spec.param} cannot be satisfied: {reason} (does a required part refer back to itself, or a "
+                "reference to another that never ends?)", param=spec.param)
 
 
 def _encoder(tokenizer: Any) -> Callable[[str], list[int]]:

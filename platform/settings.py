@@ -165,7 +165,7 @@ class Settings(BaseSettings):
     grammar_max_schema_depth: int = Field(default=64, ge=1)
     grammar_max_schema_nodes: int = Field(default=20000, ge=1)
     grammar_max_tools: int = Field(default=128, ge=1)
-    # A grammar that no output of at most this many tokens completes (a schema with no finite value): 400
+    # A grammar forcing more tokens than this without a choice, or allowing no output (no finite value): 400
     grammar_max_completion_tokens: int = Field(default=8192, ge=1)
     grammar_cache_dir: str | None = None  # compiled grammars shared by this host's processes; None: per process
     # Grammar compilations one tenant may have running at once (per API server, and in the engine core, where

@@ -163,3 +163,26 @@ def _completes(matcher: Any, plan: list[int]) -> bool:
         return bool(matcher.is_completed())
     finally:
         matcher.rollback(accepted)
+
+
+def unfinishable(matcher: Any, tokens: ClosingTokens, limit: int) -> str | None:
+    """Why no output can complete `matcher`'s grammar from its start, or None when one may. Sound, not complete:
+    it follows only what the grammar forces, so it proves the two ways a well-formed grammar has no finite output
+    (nothing but a stop token may come before the output is complete; or every token is forced, on without end)
+    and answers None at the first free choice (whether that choice leads anywhere would take a search that can
+    cost without bound)."""
+    row = torch.empty((1, tokens.num_words), dtype=torch.int32)
+    walked = 0
+    while not matcher.is_completed():
+        forced = matcher.forced_token_ids()
+        if not forced:
+            matcher.fill_bitmask(row, 0)
+            return None if tokens.pick(row[0].numpy()) is not None else "it allows no output"
+        walked += len(forced)
+        if walked > limit:
+            return f"every output it allows goes on without end (more than {limit} tokens forced)"
+        for token_id in forced:
+            if not matcher.accept_token(token_id):
+                return None  # the backend's forced tokens were not its own: no proof either way
+    return None
+

@@ -54,7 +54,10 @@ SELF_REQUIRING = {"type": "object", "properties": {"child": {"$ref": "#"}}, "req
     GrammarSpec(GrammarKind.JSON_SCHEMA, SELF_REQUIRING),
     GrammarSpec(GrammarKind.JSON_SCHEMA, {"type": "array", "minItems": 1, "items": SELF_REQUIRING}),
     GrammarSpec(GrammarKind.EBNF, 'root ::= "x" root', param="response_format.grammar"),
-], ids=["ref-to-itself", "refs-to-each-other", "required-self", "array-of-required-self", "ebnf-without-end"])
+    GrammarSpec(GrammarKind.EBNF, 'root ::= "a" | "b" loop\nloop ::= "x" loop', param="response_format.grammar"),
+    GrammarSpec(GrammarKind.EBNF, 'root ::= a\na ::= b\nb ::= a', param="response_format.grammar"),
+], ids=["ref-to-itself", "refs-to-each-other", "required-self", "array-of-required-self", "ebnf-without-end",
+        "ebnf-rule-without-end-behind-a-choice", "ebnf-rules-referring-to-each-other"])
 def test_a_grammar_no_output_completes_is_a_400(compiler, spec):
     """Well formed, yet no finite output matches: refused at compile time (a request ran before, and its empty
     `stop` answer was no JSON, or it ran to its token limit)."""
@@ -72,6 +75,13 @@ def test_a_grammar_no_output_completes_is_a_400(compiler, spec):
 def test_recursive_and_long_but_finishable_schemas_compile(compiler, schema):
     grammar = compiler.compile_blocking(GrammarSpec(GrammarKind.JSON_SCHEMA, schema))
     assert grammar.new_matcher() is not None
+
+
+@pytest.mark.parametrize("ebnf", ['root ::= "x" root | "x"', 'root ::= item+\nitem ::= [a-z] | "(" root ")"',
+                                  'root ::= ("a" root)*', 'root ::= [0-9]{3} "-" [0-9]{4}'])
+def test_recursive_ebnf_with_a_way_out_compiles_and_its_matcher_starts(compiler, ebnf):
+    grammar = compiler.compile_blocking(GrammarSpec(GrammarKind.EBNF, ebnf, param="response_format.grammar"))
+    assert grammar.new_matcher() is not None  # jump-forward computed at the start, and it returned
 
 
 def test_spec_size_limit(tokenizer):
