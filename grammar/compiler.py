@@ -51,7 +51,7 @@ class GrammarLimits:
     max_tools: int = 128                        # `tools` entries in one request
     backend: str = "auto"                       # auto, or a registered backend name for every spec
     cache_dir: str | None = None                # compiled grammars shared across processes (GrammarDiskCache)
-    # A grammar no output of at most this many tokens completes is refused (see _check_finishable)
+    # A grammar forcing more tokens than this without a choice is refused (see _check_finishable)
     max_completion_tokens: int = 8192
 
 
@@ -181,7 +181,6 @@ class GrammarCompilerService:
             "to have it relaxed",
             param=spec.param,
         )
-
 
     @staticmethod
     def _check_rules_finish(spec: GrammarSpec) -> None:

@@ -185,4 +185,3 @@ def unfinishable(matcher: Any, tokens: ClosingTokens, limit: int) -> str | None:
             if not matcher.accept_token(token_id):
                 return None  # the backend's forced tokens were not its own: no proof either way
     return None
-
