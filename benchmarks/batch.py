@@ -323,6 +323,35 @@ def phase(name: str) -> None:
     print(f"[phase] {name} {time.time():.3f}", file=sys.stderr, flush=True)
 
 
+# The engine's step counters on /metrics that explain a phase's latency: steps by how they ran (graph or eager)
+# and, under overlapped scheduling, whether the host ran ahead of the device or why it waited.
+STEP_COUNTERS = {"loraplex_engine_steps_total": "kind", "loraplex_engine_overlap_steps_total": "outcome"}
+
+
+def step_counters(server_url: str) -> dict[str, float]:
+    """The server's engine step counters now, as `family:label` -> count (the time under `seconds`)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(server_url + "/metrics", timeout=60).text
+    counts = {"seconds": time.perf_counter()}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            label = STEP_COUNTERS.get(sample.name)
+            if label is not None:
+                counts[f"{sample.name.removesuffix('_total')}:{sample.labels[label]}"] = sample.value
+    return counts
+
+
+def phase_steps(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """What the engine's steps did in a phase: each counter's increase, and the mean step's milliseconds."""
+    out = {k: v - before.get(k, 0.0) for k, v in after.items() if k != "seconds" and v - before.get(k, 0.0)}
+    steps = sum(v for k, v in out.items() if k.startswith("loraplex_engine_steps:"))
+    out["seconds"] = after["seconds"] - before["seconds"]
+    if steps:
+        out["mean_step_ms"] = 1000 * out["seconds"] / steps
+    return out
+
+
 def p95(values: list[float]) -> float:
     return statistics.quantiles(values, n=20, method="inclusive")[18] if len(values) > 1 else values[0]
 
@@ -374,15 +403,19 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         chat_client = openai.OpenAI(base_url=server.url + "/v1", api_key=keys["chatco"], max_retries=0, timeout=600)
         interactive(chat_client, model, sizes.interactive_max_tokens, count=2)  # warm-up
         phase("quiet")
+        counters = {"quiet": step_counters(server.url)}
         quiet = interactive(chat_client, model, sizes.interactive_max_tokens, count=sizes.num_quiet)
+        counters["quiet_end"] = step_counters(server.url)
 
         # One batch of every model at full concurrency first, untimed: the first use of an adapter's shapes
         # compiles kernels and captures graphs, which the timed phases would otherwise pay in turn.
         if not args.quick:  # the quick mode's figures are not recorded: its paths are what it checks
             run_batch(batch_client, lines_for("warm", sizes.concurrency, models, sizes.max_tokens), sizes.max_tokens)
         phase("alone")
+        counters["alone"] = step_counters(server.url)
         alone_s, alone_answers = run_batch(batch_client, lines_for("alone", sizes.num_lines, models, sizes.max_tokens),
                                            sizes.max_tokens)
+        counters["alone_end"] = step_counters(server.url)
 
         stop = threading.Event()
         loaded: list[float] = []
@@ -390,8 +423,10 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             interactive(chat_client, model, sizes.interactive_max_tokens, stop=stop)))
         worker.start()
         phase("mixed")
+        counters["mixed"] = step_counters(server.url)
         with_s, _ = run_batch(batch_client, lines_for("mixed", sizes.num_lines, models, sizes.max_tokens),
                               sizes.max_tokens)
+        counters["mixed_end"] = step_counters(server.url)
         stop.set()
         worker.join()
 
@@ -421,7 +456,9 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         "batch_alone_tokens_per_s": batch_tokens / alone_s, "batch_with_interactive_s": with_s,
         "online_tokens_per_s": batch_tokens / online_s, "greedy_equal_fraction": equal,
     }
-    return {"sizes": sizes, "model": model, "metrics": metrics, "checked": lost_or_duplicated in (0, None)}
+    steps = {name: phase_steps(counters[name], counters[f"{name}_end"]) for name in ("quiet", "alone", "mixed")}
+    return {"sizes": sizes, "model": model, "metrics": metrics, "steps": steps,
+            "checked": lost_or_duplicated in (0, None)}
 
 
 def _setting(text: str) -> tuple[str, str]:
@@ -452,6 +489,8 @@ def main() -> None:
     metrics = run["metrics"]
     for name, value in metrics.items():
         print(f"{name:40s} {value:.4g}" if isinstance(value, float) else f"{name:40s} {value}")
+    for name, steps in run["steps"].items():
+        print(f"steps {name}: " + ", ".join(f"{k.split(':')[-1]} {v:.4g}" for k, v in steps.items()))
     if not run["checked"]:
         raise SystemExit("lines were lost or duplicated across the restart")
     out = args.out or (None if args.quick or args.skip_restart else RESULT)
@@ -471,6 +510,7 @@ def main() -> None:
                    "device": args.device, **sizes.__dict__, "server_settings": args.server_setting,
                    "tokens": "generated (output) tokens"},
         "metrics": metrics,
+        "engine_steps_by_phase": run["steps"],
         "targets": {"interactive_p95_ratio_under_batch": {"op": "<=", "value": 1.5},
                     "total_throughput_ratio_with_batch": {"op": ">=", "value": 0.9},
                     "batch_over_online_throughput": {"op": ">=", "value": 0.9},

@@ -161,8 +161,9 @@ class EngineConfig:
     # where the machine supports it; False: NCCL for every all-reduce
     tp_one_shot_all_reduce: bool = True
     # Launch each plain decode step (greedy, or drawing at a temperature alone) before the previous one's tokens are
-    # read back, so the host schedules and updates outputs while the GPU runs (engine/step_overlap.py); same outputs
-    overlap_scheduling: bool = False
+    # read back, so the host schedules and updates outputs while the GPU runs (engine/step_overlap.py); same outputs.
+    # None: on on CUDA, off on the CPU (whose runner runs a launched step at once: nothing to overlap)
+    overlap_scheduling: bool | None = None
     # A long decode sits out two steps of three for a much shorter sequence of another tenant
     # (engine/scheduler.py); None: on (16 tokens) on the CPU, where a step's cost grows with its batch,
     # off on CUDA, where it barely does; 0: off.
@@ -196,6 +197,11 @@ class EngineConfig:
         if self.decode_yield_min_tokens is not None:
             return self.decode_yield_min_tokens
         return 16 if self.device == "cpu" else 0
+
+    def resolve_overlap_scheduling(self) -> bool:
+        if self.overlap_scheduling is not None:
+            return self.overlap_scheduling
+        return self.device.startswith("cuda")
 
     def mixed_steps_replay_graphs(self) -> bool:
         """Whether steps with prefill chunks replay captured graphs (CUDA, one rank): then they cost about what a

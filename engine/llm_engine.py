@@ -507,6 +507,7 @@ class LLMEngine:
             "reasoning_tokens_total": self.num_reasoning_tokens_total,
             "num_preemptions": self.scheduler.num_preemptions,
             "engine_steps": self.runner.step_counts(),
+            "overlap_steps": dict(self.overlap.outcomes) if self.overlap is not None else {},
             **(self.speculation.stats() if self.speculation is not None else Speculation.empty_stats()),
             "num_pins_evicted": bm.num_pins_evicted,
             "num_pins_over_budget": bm.num_pins_over_budget,

@@ -20,9 +20,10 @@ finishes at step N has already been scheduled into step N+1; that row is compute
 Run ahead only when nothing can change under the placeholders: every in-flight sequence that samples
 does so on the device, greedily or drawing at its temperature alone (its uniform for the next position is
 drawn when that step launches, the one it would draw when it runs), with no grammar, forced tokens,
-reasoning budget, logprobs, penalties or min_tokens; there are blocks for a whole step beside one more
-token each (no preemption, no pin eviction) and no forks are pending. Otherwise the in-flight step is
-finished first and the step runs as before.
+logprobs, penalties or min_tokens, nor a thinking budget the token in flight could spend (reasoning markers
+alone only count thinking tokens: every chat request carries them); there are blocks for a whole step
+beside one more token each (no preemption, no pin eviction) and no forks are pending. Otherwise the
+in-flight step is finished first and the step runs as before.
 
 With speculative decoding on, a step scheduled ahead never drafts (its sequences' last tokens are
 placeholders), and steps run ahead only while no sequence would draft: once one would (its known tokens
@@ -37,7 +38,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
-from loraplex.engine.protocol import RequestOutput
+from loraplex.engine.protocol import ReasoningMarkers, RequestOutput
 from loraplex.engine.sampler import draws_at_random, draws_by_temperature_alone
 from loraplex.engine.scheduler import SchedulerOutput
 from loraplex.engine.sequence import Sequence
@@ -48,6 +49,19 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 PLACEHOLDER_TOKEN = 0  # stands for a token still on the device; never read as an input id
+OUTCOMES = ("ahead", "launched", "not_plain", "room", "drafts", "not_launchable", "launch_failed")
+
+
+def _budget_reachable(seq: Sequence, markers: ReasoningMarkers | None) -> bool:
+    """Whether the token in flight could spend the sequence's thinking budget, after which its next token is
+    forced (the end marker; engine/output/processor.py). Every chat request carries the reasoning markers, to
+    count thinking tokens; only a budget makes what comes next depend on the last token."""
+    budget = seq.sampling.max_reasoning_tokens
+    if markers is None or budget is None:
+        return False
+    # inside the segment the token counts one; outside, it may complete the start marker, which counts them all
+    spent = seq.num_reasoning_tokens + (1 if seq.reasoning_inside else max(1, len(markers.start_token_ids)))
+    return spent >= budget
 
 
 class StepOverlap:
@@ -58,10 +72,17 @@ class StepOverlap:
         self.num_prompt_steps_ahead = 0  # of those, steps with prompt chunks (new requests admitted, or chunks)
         self.num_rows_dropped = 0  # rows computed for a sequence that finished the step before
         self.last_step_was_idle = False  # work is waiting but nothing could run (the engine reports it)
+        # Steps by how they ran, for operators (`loraplex_engine_overlap_steps_total{outcome}`): `ahead` (launched
+        # before the previous step's tokens reached the host), `launched` (left in flight, nothing in flight
+        # before it), or why the host waited for the device first: `not_plain` (a row in flight samples on the
+        # host or with a grammar, penalties, logprobs...), `room` (too few free blocks to schedule ahead
+        # safely, or a fork or swap pending), `drafts` (a sequence would draft), `not_launchable` (this
+        # step's shape has no captured graph, or it preempts), `launch_failed`.
+        self.outcomes: dict[str, int] = dict.fromkeys(OUTCOMES, 0)
 
     @classmethod
     def for_engine(cls, engine: LLMEngine) -> StepOverlap | None:
-        if not engine.config.overlap_scheduling:
+        if not engine.config.resolve_overlap_scheduling():
             return None
         return cls(engine)
 
@@ -70,7 +91,9 @@ class StepOverlap:
         engine = self.engine
         outputs: list[RequestOutput] = []
         pending, self.pending = self.pending, None
-        if pending is not None and not self._can_run_ahead(pending):
+        waited_for = self._why_not_ahead(pending) if pending is not None else None
+        if waited_for is not None:
+            self.outcomes[waited_for] += 1
             outputs += self._complete(pending)
             pending = None
         advanced = self._advance(pending) if pending is not None else []
@@ -86,7 +109,10 @@ class StepOverlap:
             if pending is not None:
                 outputs += self._complete(pending)
             self.last_step_was_idle = scheduled.is_empty and not outputs
-            return outputs + (self._run_now(scheduled) if not scheduled.is_empty else [])
+            if scheduled.is_empty:
+                return outputs
+            self.outcomes["not_launchable"] += 1
+            return outputs + self._run_now(scheduled)
         self.last_step_was_idle = False
         if pending is not None and not self._launchable(scheduled, fed):
             # What the scheduler chose ahead of the in-flight step cannot be left in flight (a preemption, a
@@ -94,6 +120,7 @@ class StepOverlap:
             # placeholders it was scheduled on are the real tokens by then).
             self._retreat(advanced)
             outputs += self._complete(pending)
+            self.outcomes["not_launchable"] += 1
             return outputs + self._run_now(self._live(scheduled))
         try:
             launched = engine.runner.launch(scheduled, feed=pending)
@@ -101,10 +128,12 @@ class StepOverlap:
             # Run it again on its own, where a failing row is found and fails alone (engine/step_isolation.py).
             self._retreat(advanced)
             logger.exception("launching a step ahead failed; running it on its own")
+            self.outcomes["launch_failed"] += 1
             if pending is not None:
                 outputs += self._complete(pending)
             return outputs + self._run_now(self._live(scheduled))
         self._retreat(advanced)
+        self.outcomes["ahead" if pending is not None else "launched"] += 1
         if pending is not None:
             self.num_steps_ahead += 1
             self.num_prompt_steps_ahead += any(seq.seq_id not in fed for seq in scheduled.seqs)
@@ -150,7 +179,9 @@ class StepOverlap:
                                                                          strict=True))
                 and self.engine.runner.can_launch(scheduled))
 
-    def _can_run_ahead(self, pending: Any) -> bool:
+    def _why_not_ahead(self, pending: Any) -> str | None:
+        """None when the next step may be scheduled and launched while `pending` runs; else the outcome that
+        names why not (see `outcomes`)."""
         engine = self.engine
         scheduler = engine.scheduler
         running = scheduler.running
@@ -159,15 +190,17 @@ class StepOverlap:
         if (scheduler.pending_forks
                 or bm.num_free_blocks < len(running) + bm.blocks_needed(scheduler.max_num_batched_tokens)
                 or (engine.host_tier is not None and engine.host_tier.swaps)):
-            return False
+            return "room"
         requests = engine.requests
         for seq, num_new in zip(pending.scheduled.seqs, pending.scheduled.num_new_tokens, strict=True):
             if seq.is_finished or seq.request_id not in requests:
                 continue
             if seq.num_computed_tokens + num_new == len(seq.token_ids) and not (
                     self._plain(seq) and len(seq.token_ids) + 2 <= engine.max_model_len):
-                return False  # it samples in flight, and what comes next depends on that token
-        return engine.speculation is None or not engine.speculation.may_draft(running)
+                return "not_plain"  # it samples in flight, and what comes next depends on that token
+        if engine.speculation is not None and engine.speculation.may_draft(running):
+            return "drafts"
+        return None
 
     def _plain(self, seq: Sequence) -> bool:
         """Decodes on the device (greedily, or drawing at its temperature alone from its own uniforms), and
@@ -175,7 +208,7 @@ class StepOverlap:
         state = self.engine.requests.get(seq.request_id)
         sampling = seq.sampling
         return (state is not None and len(state.choices) == 1 and seq.matcher is None and not seq.forced_token_ids
-                and state.request.reasoning is None and not seq.wants_prompt_logprobs
+                and not _budget_reachable(seq, state.request.reasoning) and not seq.wants_prompt_logprobs
                 and not seq.min_tokens_ban_ids and sampling.logprobs is None
                 and (not draws_at_random(seq) or draws_by_temperature_alone(seq))
                 and not (sampling.presence_penalty or sampling.frequency_penalty or sampling.logit_bias)

@@ -137,18 +137,24 @@ class VllmEngineCollector(Collector):
                 counter.add_metric(model, float(value))
                 yield counter
         yield from self._accepted_per_position(stats)
-        yield from self._engine_steps(stats)
+        yield from self._labelled_counter(stats.get("engine_steps"), "loraplex_engine_steps",
+                                          "Engine steps run, by how they ran", "kind")
+        yield from self._labelled_counter(stats.get("overlap_steps"), "loraplex_engine_overlap_steps",
+                                          "Engine steps under overlapped scheduling, by whether the host ran ahead "
+                                          "of the device or why it waited", "outcome")
 
-    def _engine_steps(self, stats: dict[str, Any]) -> Iterator[Metric]:
-        """`loraplex_engine_steps_total{kind}`: how the engine's steps ran (CUDA: `decode_graph`, `mixed_graph`,
-        `eager`): eager steps cost the host's kernel launches, so a rising share of them explains slow steps."""
-        steps = stats.get("engine_steps") or {}
-        if not steps:
+    def _labelled_counter(self, counts: dict[str, int] | None, name: str, help_text: str, label: str
+                          ) -> Iterator[Metric]:
+        """A counter family with one series per key of `counts` (none while it is empty): `loraplex_engine_steps
+        {kind}` (CUDA: `decode_graph`, `mixed_graph`, `eager`: eager steps cost the host's kernel launches, so
+        a rising share of them explains slow steps) and, with overlapped scheduling on,
+        `loraplex_engine_overlap_steps{outcome}` (engine/step_overlap.py: a share of `ahead` falling explains
+        steps the host no longer hides)."""
+        if not counts:
             return
-        counter = CounterMetricFamily("loraplex_engine_steps", "Engine steps run, by how they ran",
-                                      labels=["model_name", "kind"])
-        for kind, count in sorted(steps.items()):
-            counter.add_metric([self._model, kind], float(count))
+        counter = CounterMetricFamily(name, help_text, labels=["model_name", label])
+        for key, count in sorted(counts.items()):
+            counter.add_metric([self._model, key], float(count))
         yield counter
 
     def _accepted_per_position(self, stats: dict[str, Any]) -> Iterator[Metric]:

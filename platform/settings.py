@@ -78,10 +78,9 @@ class Settings(BaseSettings):
     speculative_ngram_max: int = Field(default=4, ge=1, le=16)
     max_num_batched_tokens: int = 512
     # CUDA: launch each plain decode step (greedy, or drawing at a temperature alone) before the previous step's
-    # tokens reach the host, so the host's scheduling and bookkeeping overlap the GPU's work (same outputs). Off
-    # by default: it shortens large models' decode steps, but with SmolLM2 over HTTP its effect stayed within
-    # run-to-run noise (docs/hooks/settings.yml)
-    overlap_scheduling: bool = False
+    # tokens reach the host, so the host's scheduling and bookkeeping overlap the GPU's work (same outputs).
+    # None (the default): on on CUDA, off on the CPU (docs/hooks/settings.yml)
+    overlap_scheduling: bool | None = None
     # CUDA: steps that mix prompt chunks with decodes replay captured graphs too (padded to a captured shape),
     # instead of launching every kernel from the host; False: such steps run eagerly
     cuda_graph_mixed_steps: bool = True

@@ -17,7 +17,7 @@ from enginecore_helpers import tiny_random_config
 from loraplex.engine.config import EngineConfig
 from loraplex.engine.cuda.random_weights import SyntheticTokenizer
 from loraplex.engine.llm_engine import LLMEngine
-from loraplex.engine.protocol import EngineRequest, SamplingParams
+from loraplex.engine.protocol import EngineRequest, ReasoningMarkers, SamplingParams
 
 VOCAB = 1000
 CONFIG = tiny_random_config(vocab_size=VOCAB)
@@ -82,6 +82,13 @@ def test_overlap_gives_the_same_tokens_and_runs_ahead() -> None:
     assert len(got["g3"]) == 21 and len(got["late"]) == 9 and len(got["edge"]) == 28
     assert engine.overlap.num_steps_ahead > 10  # most decode steps were launched ahead
     assert engine.overlap.num_rows_dropped > 0  # rows of sequences that had finished one step before
+    # Each step is counted once by how it ran: the top-p row ("filtered") samples on the host, so the steps
+    # after each of its own wait for the device ("not_plain"); /metrics shows these under the same names.
+    outcomes = engine.stats()["overlap_steps"]
+    assert outcomes["ahead"] == engine.overlap.num_steps_ahead
+    assert outcomes["not_plain"] >= len(got["filtered"]) - 1 and outcomes["launched"] > 0
+    assert outcomes["launch_failed"] == 0 and outcomes["drafts"] == 0
+    assert make_engine(overlap=False).stats()["overlap_steps"] == {}
     assert engine.overlap.pending is None or all(s.is_finished for s in engine.overlap.pending.scheduled.seqs)
 
 
@@ -122,11 +129,23 @@ def test_preemption_and_tiny_pools_fall_back_with_the_same_tokens() -> None:
     got, _ = run(True)
     assert preemptions > 0
     assert got == expected
+    # the room check: nothing is scheduled ahead without blocks for a whole step beside one more token each
+    engine = make_engine(True, num_blocks=12)
+    for i in range(4):
+        engine.add_request(EngineRequest(f"p{i}", prompt(20 + i, 20), SamplingParams(max_tokens=40, temperature=0.0,
+                                                                                     ignore_eos=True)))
+    while engine.has_unfinished_requests():
+        engine.step()
+    assert engine.overlap.outcomes["room"] > 0
 
 
-def test_off_by_default() -> None:
-    assert EngineConfig().overlap_scheduling is False
+def test_on_for_gpus_off_on_the_cpu() -> None:
+    assert EngineConfig().resolve_overlap_scheduling() is False  # the CPU: a launched step runs at once
+    assert EngineConfig(device="cuda").resolve_overlap_scheduling() is True
+    assert EngineConfig(device="cuda", overlap_scheduling=False).resolve_overlap_scheduling() is False
     assert make_engine(overlap=False).overlap is None
+    assert LLMEngine.from_random(CONFIG, EngineConfig(num_blocks=32, max_model_len=128), SyntheticTokenizer(VOCAB),
+                                 seed=0).overlap is None
 
 
 def mid_flight_arrivals(engine: LLMEngine) -> dict[str, list[int]]:
@@ -164,3 +183,35 @@ def test_requests_arriving_mid_flight_are_admitted_ahead_with_the_same_tokens() 
     assert mid_flight_arrivals(engine) == expected
     assert engine.overlap.num_prompt_steps_ahead > 0
     assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
+
+
+def reasoning_workload(engine: LLMEngine) -> tuple[dict[str, list[int]], dict[str, int]]:
+    """Chat-like requests carrying reasoning markers (as every chat request does, to count thinking tokens),
+    generation starting inside the segment: without a budget, and with budgets of 1, 3 and 7 (the end marker is
+    forced once a budget is spent); the one without a budget runs on alone after the others end."""
+    markers = ReasoningMarkers(start_token_ids=[300], end_token_ids=[301, 302], starts_inside=True)
+    budgets = {"free": None, "b1": 1, "b3": 3, "b7": 7}
+    for i, (name, budget) in enumerate(budgets.items()):
+        engine.add_request(EngineRequest(name, prompt(90 + i, 9), SamplingParams(
+            max_tokens=40 if budget is None else 16, temperature=0.0, ignore_eos=True, max_reasoning_tokens=budget),
+            reasoning=markers))
+    tokens: dict[str, list[int]] = {}
+    thinking: dict[str, int] = {}
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            tokens.setdefault(out.request_id, []).extend(t for c in out.choices for t in c.token_ids)
+            thinking[out.request_id] = out.choices[0].num_reasoning_tokens if out.choices else 0
+    return tokens, thinking
+
+
+def test_reasoning_markers_run_ahead_and_budgets_stay_exact() -> None:
+    expected, expected_thinking = reasoning_workload(make_engine(overlap=False))
+    engine = make_engine(overlap=True)
+    got, thinking = reasoning_workload(engine)
+    assert got == expected and thinking == expected_thinking
+    for name, budget in (("b1", 1), ("b3", 3), ("b7", 7)):  # the end marker comes right after the budget
+        assert got[name][budget: budget + 2] == [301, 302], (name, got[name])
+    assert 301 not in got["free"][:2]
+    # markers without a budget do not hold the host back: once the budgeted requests end (each could still
+    # reopen the segment and have its end forced), the steps run ahead
+    assert engine.overlap.outcomes["ahead"] >= 20 and engine.overlap.outcomes["not_plain"] >= 10

@@ -1,5 +1,5 @@
 """/metrics counts the engine's steps by how they ran (`loraplex_engine_steps_total{kind}`: decode graph, mixed-step
-graph, eager on CUDA), and shows nothing of it where the engine reports no kinds (the CPU)."""
+graph, eager on CUDA; `loraplex_engine_overlap_steps_total{outcome}` under overlapped scheduling), and shows nothing of it where the engine reports no kinds (the CPU)."""
 
 from __future__ import annotations
 
@@ -17,3 +17,14 @@ def test_steps_are_counted_by_kind() -> None:
 def test_no_step_counter_without_kinds() -> None:
     assert "loraplex_engine_steps" not in scrape({"engine_steps": {}})
     assert "loraplex_engine_steps" not in scrape({})
+    assert "loraplex_engine_overlap_steps" not in scrape({"overlap_steps": {}})
+
+
+def test_overlap_outcomes_are_counted() -> None:
+    """With overlapped scheduling on, each step by whether the host ran ahead of the device or why it waited."""
+    outcomes = {"ahead": 900, "launched": 40, "not_plain": 12, "room": 0, "drafts": 3, "not_launchable": 45,
+                "launch_failed": 0}
+    family = scrape({"overlap_steps": outcomes})["loraplex_engine_overlap_steps"]
+    assert family.type == "counter"
+    samples = {s.labels["outcome"]: s.value for s in family.samples if s.name == "loraplex_engine_overlap_steps_total"}
+    assert samples == {k: float(v) for k, v in outcomes.items()}

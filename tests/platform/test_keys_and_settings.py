@@ -61,10 +61,13 @@ def test_engine_core_cpu_threads_default_to_one_on_cuda_and_all_cores_on_the_cpu
         Settings(engine_cpu_threads=-1)
 
 
-def test_overlapped_scheduling_is_a_server_setting_off_by_default(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_overlapped_scheduling_is_a_server_setting_on_for_gpus(monkeypatch: pytest.MonkeyPatch) -> None:
     from loraplex.platform.wiring import engine_config
 
     monkeypatch.delenv("LORAPLEX_OVERLAP_SCHEDULING", raising=False)
-    assert engine_config(Settings(device="cpu", dtype="float32")).overlap_scheduling is False
+    assert engine_config(Settings(device="cpu", dtype="float32")).resolve_overlap_scheduling() is False
+    assert engine_config(Settings(device="cuda", dtype="bfloat16")).resolve_overlap_scheduling() is True
+    monkeypatch.setenv("LORAPLEX_OVERLAP_SCHEDULING", "false")
+    assert engine_config(Settings(device="cuda", dtype="bfloat16")).resolve_overlap_scheduling() is False
     monkeypatch.setenv("LORAPLEX_OVERLAP_SCHEDULING", "true")
-    assert engine_config(Settings(device="cpu", dtype="float32")).overlap_scheduling is True
+    assert engine_config(Settings(device="cpu", dtype="float32")).resolve_overlap_scheduling() is True
