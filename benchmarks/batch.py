@@ -538,7 +538,8 @@ def beside_main_figures(result: dict[str, Any], shape: str) -> dict[str, Any]:
     main["metrics"] = {k: v for k, v in main["metrics"].items() if not k.endswith(suffix)}
     main["metrics"].update({f"{k}{suffix}": v for k, v in result["metrics"].items()})
     main["config"].setdefault("body_shapes", {})[shape] = {
-        "date": result["date"], "machine": result["machine"], "config": result["config"]}
+        "date": result["date"], "machine": result["machine"], "config": result["config"],
+        "engine_steps_by_phase": result.get("engine_steps_by_phase")}
     main["checked"] = main["checked"] and result["checked"]
     return main
 

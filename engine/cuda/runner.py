@@ -213,6 +213,8 @@ class CudaModelRunner(ModelRunner):
         if not self.use_graphs or step.blocks_to_copy:
             return False
         rows = StepRows.of(step)
+        if rows.forks:  # a request's choices fork: `execute` samples each from its parent's row
+            return False
         if rows.is_plain_decode:
             fits = len(rows.decodes) <= self.ladder[-1]
         else:  # a launched step returns its tokens alone: prompt logprobs are made by `execute`
