@@ -72,10 +72,11 @@ services:
 	@test -x /usr/sbin/haproxy || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq haproxy; }
 
 # The suite is `make lint` (ruff and mypy) and five pytest processes, each with its own summary. Three lanes run side
-# by side: the folders that load models and compile grammars (after the lint); billing, sessions, Responses, scale-out
-# and the README's examples, followed by the browser tests in a process of their own (Playwright's sync API leaves an
-# asyncio loop running in the main thread that async tests must never see); and everything else (the servers), the
-# longest lane, which the browser tests used to follow (3.5 more minutes on the critical path). The
+# by side: the folders that load models and compile grammars (after the lint), followed by the browser tests in a
+# process of their own (Playwright's sync API leaves an asyncio loop running in the main thread that async tests must
+# never see); billing, sessions, Responses, scale-out and the README's examples, now the longest lane (~21 min on two
+# cores), which the browser tests used to follow (1.5-2 more minutes on the critical path); and everything else (the
+# servers). The
 # tests that bound wall-clock time (marker `timing`) then run last and alone, so that nothing else is still winding
 # down. Each lane waits on servers, databases and subprocesses a fifth of its time, so three lanes keep two cores busy
 # where two lanes left them idle ~20% of the run. The suite is CPU-bound (~29 CPU-minutes; 17.5 min from a fresh clone
@@ -98,18 +99,18 @@ test: $(TEST_STAMP) services model docs
 	  ( $(LINT) ) || status=1; \
 	  LORAPLEX_TEST_REDIS_URL=redis://127.0.0.1:6379/2 $(PYTEST) -p no:cacheprovider $(UNTIMED) $(MODEL_TESTS) \
 	    || status=1; \
+	  LORAPLEX_TEST_REDIS_URL=redis://127.0.0.1:6379/4 $(PYTEST) -m "browser and not gpu" $(PYTEST_ARGS) tests/browser \
+	    || status=1; \
 	  exit $$status ) > build/test-models.log 2>&1 & models=$$!; \
 	( status=0; \
 	  LORAPLEX_TEST_REDIS_URL=redis://127.0.0.1:6379/3 $(PYTEST) -p no:cacheprovider $(UNTIMED) $(SECOND_LANE_TESTS) \
-	    || status=1; \
-	  LORAPLEX_TEST_REDIS_URL=redis://127.0.0.1:6379/4 $(PYTEST) -m "browser and not gpu" $(PYTEST_ARGS) tests/browser \
 	    || status=1; \
 	  exit $$status ) > build/test-second-lane.log 2>&1 & second=$$!; \
 	$(PYTEST) $(UNTIMED) $(addprefix --ignore=,$(MODEL_TESTS) $(SECOND_LANE_TESTS) tests/browser) || failed=1; \
 	wait $$models || failed=1; \
 	wait $$second || failed=1; \
-	echo "---- lint and $(MODEL_TESTS) (run beside the above) ----"; cat build/test-models.log; \
-	echo "---- $(SECOND_LANE_TESTS), then tests/browser (run beside the above) ----"; cat build/test-second-lane.log; \
+	echo "---- lint and $(MODEL_TESTS), then tests/browser (run beside the above) ----"; cat build/test-models.log; \
+	echo "---- $(SECOND_LANE_TESTS) (run beside the above) ----"; cat build/test-second-lane.log; \
 	$(PYTEST) -m "timing and not gpu and not browser" $(PYTEST_ARGS) --ignore=tests/browser tests || failed=1; \
 	exit $$failed
 
