@@ -198,8 +198,10 @@ def case(loaded, compiler: GrammarCompilerService, task: str, batch: int, modes:
          repeats: int, num_tokens: int) -> dict:
     batch_requests = requests(loaded[2], compiler, task, batch, max_tokens)
     runs: dict[str, list[dict]] = {mode: [] for mode in modes}
-    for _ in range(repeats):
-        for mode in modes:  # interleaved, so load on the shared machine hits every mode alike
+    for repeat in range(repeats):
+        # interleaved, each repeat in the other order, so load on the shared machine and a mode's place in the
+        # sequence (the allocator's state after the one before) hit every mode alike
+        for mode in modes if repeat % 2 == 0 else modes[::-1]:
             runs[mode].append(run(loaded, mode, batch_requests, num_tokens))
     best = {mode: max(r, key=lambda x: x["tokens_per_cpu_s"]) for mode, r in runs.items()}
     base = best["off"]
@@ -472,7 +474,7 @@ def run_sizes(args: argparse.Namespace) -> dict[str, Any]:
         sizes = {"max_tokens": 128, "repeats": 3, "modes": ["off", "ngram", "auto"],
                  "batches": args.batches or list(FULL_BATCHES)}
     else:
-        sizes = {"max_tokens": 64, "repeats": 2, "modes": ["off", "ngram", "auto"],
+        sizes = {"max_tokens": 64, "repeats": 3, "modes": ["off", "ngram", "auto"],
                  "batches": args.batches or list(FULL_BATCHES)}
     sizes["speculative_num_tokens"] = args.num_tokens or EngineConfig().speculative_num_tokens  # the server's default
     return sizes | {k: v for k, v in (("max_tokens", args.max_tokens), ("repeats", args.repeats)) if v is not None}
@@ -485,7 +487,7 @@ def main() -> None:
     parser.add_argument("--batches", type=int, nargs="+", help=f"batch sizes (default {list(FULL_BATCHES)}; "
                         "quick: [1, 2])")
     parser.add_argument("--max-tokens", type=int, help="tokens per request (default: CPU 64, GPU 128, quick 16)")
-    parser.add_argument("--repeats", type=int, help="timed runs per mode (default: CPU 2 (best), GPU 3 (median))")
+    parser.add_argument("--repeats", type=int, help="timed runs per mode (default: CPU 3 (best), GPU 3 (median))")
     parser.add_argument("--tasks", nargs="+", choices=TASKS, default=list(TASKS), help="GPU: the tasks to run")
     parser.add_argument("--num-tokens", type=int, help="draft tokens per sequence and step (default: the server's "
                         "speculative_num_tokens)")

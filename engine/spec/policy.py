@@ -24,13 +24,12 @@ FIRST_COOLDOWN, MAX_COOLDOWN = 16, 256  # output tokens a switch-off lasts, doub
 # Decode rows times (1 + drafts) past which a step is compute-bound: the CPU's matrix products stop being
 # bound by reading the weights after a few dozen rows; a GPU's after a few hundred.
 COMPUTE_BOUND_TOKENS = {"cpu": 32, "cuda": 256}
-# Where `auto` never drafts a grammar-constrained sequence. On a GPU a plain greedy row's drafts are verified by
-# an argmax on the device; a grammar row's need its logits on the host and the grammar's mask at each position
-# after the step (a decode fills its mask while the forward runs), ~2 ms a verification on an H100 against a
-# 1.2 ms step; with the jump-forward already taking the grammar's forced text, the benchmark's JSON drafts were
-# accepted 12% of the time: 0.6-0.8x of `off`. `ngram` drafts them everywhere.
-HOST_VERIFIED_GRAMMARS = frozenset({"cuda"})
-
+# `auto` never drafts a grammar-constrained sequence: the grammar's jump-forward already takes the text it forces
+# (keys, punctuation), so what is left to guess is the free values, and the benchmark's JSON drafts were accepted
+# 12% of the time, on the CPU and a GPU alike. A verification row costs ~1.6x a decode row on the CPU (0.82-0.97x
+# of `off` at batch 1 and 64 with `ngram`); on a GPU a grammar row's drafts also need its logits on the host and
+# the grammar's mask at each position after the step, ~2 ms a verification on an H100 against a 1.2 ms step
+# (0.6-0.8x). `ngram` drafts them everywhere.
 
 @dataclass(slots=True)
 class SpeculationConfig:
@@ -117,12 +116,12 @@ class Speculation:
     def _may_draft_for(self, seq: Sequence) -> bool:
         """Not a seeded random row: whether it gets drafts depends on its batch mates (the step's budget, free
         blocks), and a draft changes which token its uniform picks, so its tokens would no longer depend on its
-        seed alone. Nor, with `auto` where the host verifies grammars, a grammar row; nor a sequence switched off."""
+        seed alone. Nor, with `auto`, a grammar row; nor a sequence switched off."""
         sampling = seq.sampling
         seeded_random = sampling.seed is not None and sampling.temperature > 0 and sampling.top_k != 1
-        host_grammar = self.adaptive and seq.matcher is not None and self.config.device_type in HOST_VERIFIED_GRAMMARS
+        adaptive_grammar = self.adaptive and seq.matcher is not None
         return (seq.parent is None and not seq.wants_prompt_logprobs and not seq.forced_token_ids
-                and seq.num_output_tokens >= seq.spec_resume_at and not seeded_random and not host_grammar)
+                and seq.num_output_tokens >= seq.spec_resume_at and not seeded_random and not adaptive_grammar)
 
     # ---- after verification ---------------------------------------------------------------
     def record(self, seq: Sequence, num_drafts: int, num_accepted: int) -> None:

@@ -233,9 +233,9 @@ def test_auto_stops_drafting_for_a_sequence_whose_drafts_are_rejected_then_tries
     assert fixed.propose(other, 16) == [3, 1, 2]
 
 
-def test_auto_on_a_gpu_leaves_grammar_rows_undrafted_and_says_when_a_step_would_draft() -> None:
-    """On a GPU `auto` drafts plain rows, not grammar rows (their verification runs the grammar on the host after
-    the step); `may_draft` tells overlapped scheduling whether the running decodes would draft, from the tokens
+def test_auto_leaves_grammar_rows_undrafted_and_says_when_a_step_would_draft() -> None:
+    """`auto` drafts plain rows, not grammar rows (the jump-forward already takes what a grammar forces; on a GPU
+    their verification also runs the grammar on the host after the step), on the CPU too; `may_draft` tells overlapped scheduling whether the running decodes would draft, from the tokens
     they have (one may still be in flight), so that steps run ahead only while none would."""
     def gpu(mode: str) -> Speculation:
         speculation = Speculation.from_config(SpeculationConfig(mode=mode, num_tokens=4, ngram_min=1, ngram_max=3,
@@ -249,6 +249,8 @@ def test_auto_on_a_gpu_leaves_grammar_rows_undrafted_and_says_when_a_step_would_
     assert auto.propose(plain, 16) == [3, 1, 2]
     assert auto.propose(constrained, 16) == []
     assert fixed.propose(constrained, 16) == [3, 1, 2]  # `ngram` drafts every row
+    cpu_auto = _speculation("auto")
+    assert cpu_auto.propose(plain, 16) == [3, 1, 2] and cpu_auto.propose(constrained, 16) == []
     in_flight = _decoding([1, 2, 3, 1, 2])
     in_flight.num_computed_tokens = len(in_flight.token_ids)  # its next token is being sampled
     assert auto.may_draft([in_flight]) and auto.may_draft([_decoding([5, 6, 7]), plain])
