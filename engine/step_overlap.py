@@ -72,12 +72,13 @@ class StepOverlap:
         self.num_prompt_steps_ahead = 0  # of those, steps with prompt chunks (new requests admitted, or chunks)
         self.num_rows_dropped = 0  # rows computed for a sequence that finished the step before
         self.last_step_was_idle = False  # work is waiting but nothing could run (the engine reports it)
-        # Steps by how they ran, for operators (`loraplex_engine_overlap_steps_total{outcome}`): `ahead` (launched
-        # before the previous step's tokens reached the host), `launched` (left in flight, nothing in flight
-        # before it), or why the host waited for the device first: `not_plain` (a row in flight samples on the
-        # host or with a grammar, penalties, logprobs...), `room` (too few free blocks to schedule ahead
-        # safely, or a fork or swap pending), `drafts` (a sequence would draft), `not_launchable` (this
-        # step's shape has no captured graph, or it preempts), `launch_failed`.
+        # For operators (`loraplex_engine_overlap_steps_total{outcome}`). Each step counts once, by how it ran:
+        # `ahead` (launched before the previous step's tokens reached the host), `launched` (left in flight with
+        # nothing in flight before it), `not_launchable` (run at once: no captured graph for its shape, a row
+        # sampled on the host, a preemption) or `launch_failed`. Each time the host waited for the step in
+        # flight before scheduling the next also counts, by why: `not_plain` (a row in flight samples with a
+        # grammar, penalties, logprobs, a thinking budget about to run out...), `room` (too few free blocks to
+        # schedule ahead safely, or a fork or swap pending), `drafts` (a sequence would draft).
         self.outcomes: dict[str, int] = dict.fromkeys(OUTCOMES, 0)
 
     @classmethod

@@ -140,8 +140,9 @@ class VllmEngineCollector(Collector):
         yield from self._labelled_counter(stats.get("engine_steps"), "loraplex_engine_steps",
                                           "Engine steps run, by how they ran", "kind")
         yield from self._labelled_counter(stats.get("overlap_steps"), "loraplex_engine_overlap_steps",
-                                          "Engine steps under overlapped scheduling, by whether the host ran ahead "
-                                          "of the device or why it waited", "outcome")
+                                          "Overlapped scheduling: engine steps by how they ran (ahead, launched, "
+                                          "not_launchable, launch_failed) and the host's waits for the step in "
+                                          "flight by why (not_plain, room, drafts)", "outcome")
 
     def _labelled_counter(self, counts: dict[str, int] | None, name: str, help_text: str, label: str
                           ) -> Iterator[Metric]:
