@@ -75,12 +75,13 @@ services:
 # by side, each ~17-19 min on two AMD EPYC cores: the folders that load models and compile grammars (after the
 # lint and the adapter fixtures' training), followed by the browser tests in a process of their own (Playwright's
 # sync API leaves an asyncio loop running in the main thread that async tests must never see); billing, sessions,
-# Responses and scale-out; and everything else (the servers, the README's examples). The tests that bound wall-clock time (marker `timing`) then run last
-# and alone, so that nothing else is still winding down. Each lane waits on servers, databases and subprocesses a
-# fifth of its time, so three lanes keep two cores busy where two lanes left them idle ~20% of the run. The suite is
-# CPU-bound (~60 minutes of tests in all), and every process it starts computes on one thread (tests/conftest.py sets
-# OMP_NUM_THREADS): two spinning OpenMP threads per process beside another lane made it 41 min instead of 25-29.
-# Every group runs even after one fails, and the target fails if any did.
+# Responses and scale-out; and everything else (the servers, the README's examples). The tests that bound
+# wall-clock time (marker `timing`) then run last and alone, so that nothing else is still winding down. Each lane
+# waits on servers, databases and subprocesses a fifth of its time, so three lanes keep two cores busy where two
+# lanes left them idle ~20% of the run. The suite is CPU-bound (~60 minutes of tests in all), and every process it
+# starts computes on one thread (tests/conftest.py sets OMP_NUM_THREADS): two spinning OpenMP threads per process
+# beside another lane made it 41 min instead of 25-29. Every group runs even after one fails, and the target fails
+# if any did.
 MODEL_TESTS := tests/engine tests/adapters tests/grammar
 # The second lane's folders; they use Redis under their own key prefixes and PostgreSQL databases of their own.
 SECOND_LANE_TESTS := tests/billing tests/sessions tests/responses tests/scaleout
