@@ -366,6 +366,7 @@ def run_gpu(args: argparse.Namespace, sizes: dict[str, Any]) -> dict[str, Any]:
             cases.append(result)
             print(f"{task} batch {batch}: {case_line(result, sizes['modes'], 'tokens_per_s')} "
                   f"[{time.perf_counter() - started:.0f} s]", flush=True)
+    overlap = {mode: engine.overlap is not None for mode, engine in engines.items()}
     for engine in engines.values():
         engine.close()
     identity = float32_identity(path, model_config, loaded[2], compiler, args.tasks, sizes)
@@ -382,7 +383,9 @@ def run_gpu(args: argparse.Namespace, sizes: dict[str, Any]) -> dict[str, Any]:
               "clock": "wall time between torch.cuda.synchronize() calls; median of the repeats, min and max beside",
               "engine": "the CUDA runner as loraplex serve builds it: decode CUDA graphs captured at start, 64 "
                         "sequences, 512-token steps; one engine per mode over one copy of the weights; KV pool "
-                        f"{GPU_KV_TOKENS_PER_SEQ} tokens a row; prefix caching off (each run prefills)",
+                        f"{GPU_KV_TOKENS_PER_SEQ} tokens a row; prefix caching off (each run prefills); "
+                        "overlapped scheduling as the GPU's default (steps without drafts launch ahead)",
+              "overlap_scheduling": overlap,
               "warm_up": "each case once per mode, untimed, before its timed runs",
               "ngram": [2, 4], "tasks": list(TASKS),
               "seconds_total": round(time.perf_counter() - started, 1)}

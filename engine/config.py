@@ -181,6 +181,10 @@ class EngineConfig:
     # While interactive work runs or waits, batch work runs at most this many rows a step (engine/scheduler.py,
     # _batch_rows_allowance); 0: no limit. The CPU (decode yielding on) runs no batch row beside interactive work.
     batch_rows_beside_interactive: int = 0
+    # While interactive work runs or waits, batch work is admitted once this share of its room is free, in waves
+    # (engine/scheduler.py, _batch_admission_waits_for_a_wave); 0: whenever a slot is free. The CPU admits no batch
+    # line beside interactive work.
+    batch_admission_wave: float = 0.5
     # Speculative decoding (engine/spec): off | ngram (decodes draft up to speculative_num_tokens tokens by
     # prompt lookup, n-grams of speculative_ngram_min..max tokens) | auto (the same, switched off per
     # sequence where drafts are mostly rejected and per step where the batch is compute-bound)
@@ -191,7 +195,8 @@ class EngineConfig:
 
     def speculation(self, max_model_len: int) -> SpeculationConfig:
         return SpeculationConfig(self.speculative_decoding, self.speculative_num_tokens, self.speculative_ngram_min,
-                                 self.speculative_ngram_max, torch.device(self.device).type, max_model_len)
+                                 self.speculative_ngram_max, torch.device(self.device).type, max_model_len,
+                                 overlapped=self.resolve_overlap_scheduling())
 
     def resolve_decode_yield_min_tokens(self) -> int:
         if self.decode_yield_min_tokens is not None:

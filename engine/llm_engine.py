@@ -86,6 +86,7 @@ class LLMEngine:
             flood_sit_out_prompt_tokens=(engine_config.flood_sit_out_prompt_tokens
                                          if engine_config.mixed_steps_replay_graphs() else None),
             batch_rows_beside_interactive=engine_config.batch_rows_beside_interactive,
+            batch_admission_wave=engine_config.batch_admission_wave,
         )
         if adapters is not None:
             self.lora = self._new_lora_manager(model, workers, adapters, adapter_limits or AdapterLimits())
@@ -112,6 +113,8 @@ class LLMEngine:
         # Launch decode steps ahead (engine/step_overlap.py); never a step with drafts, which the host verifies
         # after the step: with speculation on, steps run ahead only while no sequence would draft
         self.overlap = StepOverlap.for_engine(self)
+        if self.speculation is not None:  # whether steps do run ahead (not every engine the setting asks it of can)
+            self.speculation.config.overlapped = self.overlap is not None
 
     # ---- constructors ---------------------------------------------------------------------
     @classmethod

@@ -69,6 +69,9 @@ class Settings(BaseSettings):
     # step, so interactive requests decode in steps of few rows, at the batch's expense; 0 (the default): no limit
     # (the CPU runs no batch row beside interactive work whatever this says)
     batch_rows_beside_interactive: int = Field(default=0, ge=0)
+    # GPU: while interactive work runs or waits, batch lines are admitted in waves, once this share of the batch's
+    # room is free, so that few steps carry batch prompts beside interactive decodes; 0: whenever a slot is free
+    batch_admission_wave: float = Field(default=0.5, ge=0, le=1)
     # Speculative decoding: off | ngram (decodes draft up to speculative_num_tokens tokens by prompt lookup, with
     # n-grams of speculative_ngram_min..max tokens, verified in one forward pass) | auto (the same, switched off
     # per sequence where drafts are mostly rejected and per step where the batch is compute-bound)

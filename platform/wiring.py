@@ -61,6 +61,7 @@ def engine_config(settings: Settings) -> Any:
         newcomer_reserved_slots=settings.newcomer_reserved_slots,
         flood_sit_out_prompt_tokens=settings.flood_sit_out_prompt_tokens,
         batch_rows_beside_interactive=settings.batch_rows_beside_interactive,
+        batch_admission_wave=settings.batch_admission_wave,
         speculative_decoding=settings.speculative_decoding,
         speculative_num_tokens=settings.speculative_num_tokens,
         speculative_ngram_min=settings.speculative_ngram_min,

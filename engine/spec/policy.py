@@ -7,7 +7,9 @@ cost compute and yield nothing), with the pause doubling each time it happens
 again; and a step stops drafting altogether when its decodes are many enough
 that the step is compute-bound: there a draft row costs about what a token of
 another sequence does, so rejected drafts slow everyone and even accepted
-ones gain little.
+ones gain little. Where steps run ahead of the host (overlapped scheduling), a
+step of more than a few decodes does not draft either: a step with drafts
+cannot run ahead, which costs more than its accepted drafts gain.
 """
 
 from __future__ import annotations
@@ -24,6 +26,12 @@ FIRST_COOLDOWN, MAX_COOLDOWN = 16, 256  # output tokens a switch-off lasts, doub
 # Decode rows times (1 + drafts) past which a step is compute-bound: the CPU's matrix products stop being
 # bound by reading the weights after a few dozen rows; a GPU's after a few hundred.
 COMPUTE_BOUND_TOKENS = {"cpu": 32, "cuda": 256}
+# With overlapped scheduling, `auto` drafts only in steps of at most this many decodes. A step with drafts cannot
+# be launched ahead (the host verifies it before the next is scheduled), so drafting trades the run-ahead's hidden
+# host time for the accepted tokens, and that pays only where a step is one or a few rows: on an H200 (SmolLM2,
+# overlap on) batch 1 ran 1.45-1.92x with drafts on the input-grounded tasks, while at batch 8 drafts accepted 80%
+# of the time gained nothing (1.00x) and 58% lost 22%, and at batch 64 drafting rows lost 23-36%.
+OVERLAP_MAX_DRAFTING_DECODES = 4
 # `auto` never drafts a grammar-constrained sequence: the grammar's jump-forward already takes the text it forces
 # (keys, punctuation), so what is left to guess is the free values, and the benchmark's JSON drafts were accepted
 # 12% of the time, on the CPU and a GPU alike. A verification row costs ~1.6x a decode row on the CPU (0.82-0.97x
@@ -39,6 +47,7 @@ class SpeculationConfig:
     ngram_max: int = 4
     device_type: str = "cpu"
     max_model_len: int = 2048    # drafts never reach past the context
+    overlapped: bool = False     # steps without drafts are launched ahead (engine/step_overlap.py)
 
     @property
     def drafts(self) -> bool:
@@ -85,7 +94,11 @@ class Speculation:
         return False
 
     def _step_allowed(self, num_decodes: int) -> bool:
-        return not self.adaptive or num_decodes * (1 + self.config.num_tokens) <= self.compute_bound_tokens
+        if not self.adaptive:
+            return True
+        if self.config.overlapped and num_decodes > OVERLAP_MAX_DRAFTING_DECODES:
+            return False
+        return num_decodes * (1 + self.config.num_tokens) <= self.compute_bound_tokens
 
     def may_draft(self, running: list[Sequence]) -> bool:
         """Whether a step of these decodes would likely carry drafts: one of them may draft and the proposer

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 
+import pytest
 from loraplex.engine import fair_share
 from loraplex.engine.fair_share import FairShare
 from loraplex.engine.kv.block_manager import BlockManager
@@ -378,11 +379,9 @@ def test_on_a_gpu_a_flood_sits_out_another_tenants_prefill_steps_but_never_more_
 
 
 def test_on_a_gpu_batch_work_is_admitted_in_waves_while_interactive_work_runs():
-    from loraplex.engine.scheduler import BATCH_ADMISSION_WAVE
-
     bm = BlockManager(4000, 16)
-    sched = Scheduler(bm, max_num_batched_tokens=2048, max_num_seqs=16)
-    wave = int(16 * BATCH_ADMISSION_WAVE)
+    sched = Scheduler(bm, max_num_batched_tokens=2048, max_num_seqs=16, batch_admission_wave=0.25)
+    wave = 4
     interactive = seq(8, "globex")
     sched.add(interactive)
     batch = [seq(8, "acme", background=True) for _ in range(15 + 2 * wave)]
@@ -460,14 +459,33 @@ def test_on_a_gpu_batch_lines_are_admitted_in_waves_of_the_rows_beside_interacti
     assert sum(s.background and n > 1 for s, n in zip(out.seqs, out.num_new_tokens, strict=True)) == 2
 
 
-def test_the_batch_rows_beside_interactive_work_are_a_setting_with_a_default():
+def test_with_no_admission_wave_batch_lines_come_in_as_slots_free():
+    bm = BlockManager(4000, 16)
+    sched = Scheduler(bm, max_num_batched_tokens=2048, max_num_seqs=16, batch_admission_wave=0)
+    interactive = seq(8, "globex")
+    sched.add(interactive)
+    batch = [seq(8, "acme", background=True) for _ in range(20)]
+    for s in batch:
+        sched.add(s)
+    run(sched, bm, 2)
+    running_batch = [s for s in sched.running if s.background]
+    assert len(running_batch) == 15
+    sched.running.remove(running_batch[0])  # one line finished: its slot takes the next line at once
+    out = sched.schedule()
+    assert sum(s.background and s.num_computed_tokens == 0 for s in out.seqs) == 1
+
+
+def test_the_batch_rows_beside_interactive_work_and_admission_wave_are_settings_with_defaults():
     from loraplex.engine.config import EngineConfig
     from loraplex.platform.settings import Settings
     from loraplex.platform.wiring import engine_config
 
     assert EngineConfig().batch_rows_beside_interactive == Settings().batch_rows_beside_interactive == 0
-    config = engine_config(Settings(batch_rows_beside_interactive=16))
-    assert config.batch_rows_beside_interactive == 16
+    assert EngineConfig().batch_admission_wave == Settings().batch_admission_wave == 0.5
+    config = engine_config(Settings(batch_rows_beside_interactive=16, batch_admission_wave=0.5))
+    assert config.batch_rows_beside_interactive == 16 and config.batch_admission_wave == 0.5
+    with pytest.raises(ValueError):
+        Settings(batch_admission_wave=1.5)
 
 
 def test_a_flood_stops_short_of_the_kept_slots_and_a_newcomer_starts_without_a_preemption():

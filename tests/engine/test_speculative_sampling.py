@@ -280,3 +280,28 @@ def test_auto_drafts_nothing_in_a_compute_bound_step_and_drafts_respect_the_limi
     assert Speculation.from_config(SpeculationConfig(mode="off")) is None
     with pytest.raises(ValueError):
         Speculation.from_config(SpeculationConfig(mode="sometimes"))
+
+
+def test_auto_with_overlapped_steps_drafts_only_in_steps_of_few_decodes() -> None:
+    """A step with drafts cannot run ahead: with overlap on, `auto` drafts only where the step is a few rows."""
+    from loraplex.engine.spec.policy import OVERLAP_MAX_DRAFTING_DECODES
+
+    overlapped = Speculation.from_config(SpeculationConfig(mode="auto", device_type="cuda", overlapped=True))
+    plain = Speculation.from_config(SpeculationConfig(mode="auto", device_type="cuda"))
+    fixed = Speculation.from_config(SpeculationConfig(mode="ngram", device_type="cuda", overlapped=True))
+    assert overlapped.allows_step(OVERLAP_MAX_DRAFTING_DECODES)
+    assert not overlapped.allows_step(OVERLAP_MAX_DRAFTING_DECODES + 1)
+    assert plain.allows_step(OVERLAP_MAX_DRAFTING_DECODES + 1) and plain.allows_step(51) and not plain.allows_step(52)
+    assert fixed.allows_step(64), "ngram drafts whatever the step"
+    assert overlapped.num_skipped_steps == 1
+    running = [_decoding([1, 2, 3, 1, 2]) for _ in range(OVERLAP_MAX_DRAFTING_DECODES + 1)]
+    assert not overlapped.may_draft(running) and overlapped.may_draft(running[:-1])
+
+
+def test_the_engine_config_tells_speculation_whether_its_steps_run_ahead() -> None:
+    from loraplex.engine.config import EngineConfig
+
+    assert EngineConfig(device="cuda", speculative_decoding="auto").speculation(2048).overlapped
+    assert not EngineConfig(device="cuda", speculative_decoding="auto", overlap_scheduling=False
+                            ).speculation(2048).overlapped
+    assert not EngineConfig(speculative_decoding="auto").speculation(2048).overlapped  # the CPU
