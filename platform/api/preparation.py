@@ -70,10 +70,17 @@ def _logit_bias(bias: dict[str, float] | None) -> dict[int, float] | None:
 
 
 def chat_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
-    """Messages as the chat template takes them: text content only, tool fields kept."""
+    """Messages as the chat template takes them: text content only, tool fields kept. As OpenAI's API, only an
+    assistant message may leave out its content (when it calls tools), and a tool message names the call it
+    answers."""
     out: list[dict[str, Any]] = []
     for i, message in enumerate(messages):
         content = message.content
+        if content is None and message.role != "assistant":
+            raise InvalidRequestError(f"a '{message.role}' message needs content", param=f"messages[{i}].content")
+        if message.role == "tool" and not message.tool_call_id:
+            raise InvalidRequestError("a 'tool' message needs the tool_call_id of the call it answers",
+                                      param=f"messages[{i}].tool_call_id")
         if isinstance(content, list):
             texts = []
             for j, part in enumerate(content):

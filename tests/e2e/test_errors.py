@@ -15,6 +15,17 @@ def test_wrong_type_is_400_naming_the_field(api_server) -> None:  # type: ignore
     assert_openai_error(r, 400, param="temperature")
     r = post(api_server, "/v1/chat/completions", chat_body(messages=[{"role": "wizard", "content": "x"}]), key)
     assert_openai_error(r, 400, param="messages[0].role")
+    # As OpenAI's API: only an assistant message (calling tools) may leave its content out, and a tool message
+    # names the call it answers.
+    r = post(api_server, "/v1/chat/completions", chat_body(messages=[{"role": "user", "content": None}]), key)
+    assert_openai_error(r, 400, param="messages[0].content")
+    call = {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    answered = [{"role": "user", "content": "x"}, {"role": "assistant", "content": None, "tool_calls": [call]},
+                {"role": "tool", "content": "42"}]
+    r = post(api_server, "/v1/chat/completions", chat_body(messages=answered), key)
+    assert_openai_error(r, 400, param="messages[2].tool_call_id")
+    answered[2]["tool_call_id"] = "call_1"
+    assert post(api_server, "/v1/chat/completions", chat_body(messages=answered, max_tokens=1), key).status_code == 200
     r = post(api_server, "/v1/completions", {"model": MODEL, "prompt": "hi", "max_tokens": "many"}, key)
     assert_openai_error(r, 400, param="max_tokens")
     r = post(api_server, "/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}]}, key)

@@ -441,7 +441,8 @@ def test_on_a_gpu_batch_work_runs_few_rows_beside_interactive_work_and_full_widt
 
 def test_on_a_gpu_batch_lines_are_admitted_in_waves_of_the_rows_beside_interactive_work():
     bm = BlockManager(4000, 16)
-    sched = Scheduler(bm, max_num_batched_tokens=2048, max_num_seqs=64, batch_rows_beside_interactive=16)
+    sched = Scheduler(bm, max_num_batched_tokens=2048, max_num_seqs=64, batch_rows_beside_interactive=16,
+                      batch_admission_wave=0.125)
     interactive = seq(8, "globex")
     sched.add(interactive)
     batch = [seq(8, "acme", background=True) for _ in range(40)]
