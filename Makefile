@@ -72,7 +72,7 @@ services:
 	@test -x /usr/sbin/haproxy || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq haproxy; }
 
 # The suite is `make lint` (ruff and mypy) and five pytest processes, each with its own summary. Three lanes run side
-# by side, each ~17-19 min on two AMD EPYC cores: the folders that load models and compile grammars (after the
+# by side, each ~18-22 min on two AMD EPYC cores: the folders that load models and compile grammars (after the
 # lint and the adapter fixtures' training), followed by the browser tests in a process of their own (Playwright's
 # sync API leaves an asyncio loop running in the main thread that async tests must never see); billing, sessions,
 # Responses and scale-out; and everything else (the servers, the README's examples). The tests that bound
@@ -82,7 +82,9 @@ services:
 # starts computes on one thread (tests/conftest.py sets OMP_NUM_THREADS): two spinning OpenMP threads per process
 # beside another lane made it 41 min instead of 25-29. Every group runs even after one fails, and the target fails
 # if any did.
-MODEL_TESTS := tests/engine tests/adapters tests/grammar
+# The serving benchmark's quick run (~2 min: it loads the model in its own servers) rides in the models lane, which
+# ended ~3 min before the rest's.
+MODEL_TESTS := tests/engine tests/adapters tests/grammar tests/platform/test_serving_benchmark_quick.py
 # The second lane's folders; they use Redis under their own key prefixes and PostgreSQL databases of their own.
 SECOND_LANE_TESTS := tests/billing tests/sessions tests/responses tests/scaleout
 PYTEST := $(VENV)/bin/pytest --timeout=900
