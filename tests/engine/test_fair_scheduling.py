@@ -378,17 +378,21 @@ def test_on_a_gpu_a_flood_sits_out_another_tenants_prefill_steps_but_never_more_
     assert any(flood_ran)
 
 
+def _batch_beside_interactive(sched: Scheduler, bm: BlockManager, num_lines: int) -> tuple[Sequence, list[Sequence]]:
+    """An interactive request and `num_lines` batch lines queued, two steps run: the request and the running lines."""
+    interactive = seq(8, "globex")
+    sched.add(interactive)
+    for _ in range(num_lines):
+        sched.add(seq(8, "acme", background=True))
+    run(sched, bm, 2)
+    return interactive, [s for s in sched.running if s.background]
+
+
 def test_on_a_gpu_batch_work_is_admitted_in_waves_while_interactive_work_runs():
     bm = BlockManager(4000, 16)
     sched = Scheduler(bm, max_num_batched_tokens=2048, max_num_seqs=16, batch_admission_wave=0.25)
     wave = 4
-    interactive = seq(8, "globex")
-    sched.add(interactive)
-    batch = [seq(8, "acme", background=True) for _ in range(15 + 2 * wave)]
-    for s in batch:
-        sched.add(s)
-    run(sched, bm, 2)
-    running_batch = [s for s in sched.running if s.background]
+    interactive, running_batch = _batch_beside_interactive(sched, bm, 15 + 2 * wave)
     assert len(running_batch) == 15
     sched.running.remove(running_batch[0])  # one line finished: one slot is free, less than a wave
     assert not any(s.background and s.num_computed_tokens == 0 for s in sched.schedule().seqs)
@@ -443,13 +447,7 @@ def test_on_a_gpu_batch_lines_are_admitted_in_waves_of_the_rows_beside_interacti
     bm = BlockManager(4000, 16)
     sched = Scheduler(bm, max_num_batched_tokens=2048, max_num_seqs=64, batch_rows_beside_interactive=16,
                       batch_admission_wave=0.125)
-    interactive = seq(8, "globex")
-    sched.add(interactive)
-    batch = [seq(8, "acme", background=True) for _ in range(40)]
-    for s in batch:
-        sched.add(s)
-    run(sched, bm, 2)
-    running = [s for s in sched.running if s.background]
+    _, running = _batch_beside_interactive(sched, bm, 40)
     assert len(running) == 16, "interactive work running: batch lines fill only its rows"
     sched.finish(running[0])  # one row free: less than a wave (2 of 16)
     (out,) = run(sched, bm, 1)
@@ -463,13 +461,7 @@ def test_on_a_gpu_batch_lines_are_admitted_in_waves_of_the_rows_beside_interacti
 def test_with_no_admission_wave_batch_lines_come_in_as_slots_free():
     bm = BlockManager(4000, 16)
     sched = Scheduler(bm, max_num_batched_tokens=2048, max_num_seqs=16, batch_admission_wave=0)
-    interactive = seq(8, "globex")
-    sched.add(interactive)
-    batch = [seq(8, "acme", background=True) for _ in range(20)]
-    for s in batch:
-        sched.add(s)
-    run(sched, bm, 2)
-    running_batch = [s for s in sched.running if s.background]
+    _, running_batch = _batch_beside_interactive(sched, bm, 20)
     assert len(running_batch) == 15
     sched.running.remove(running_batch[0])  # one line finished: its slot takes the next line at once
     out = sched.schedule()
