@@ -195,8 +195,7 @@ class EngineConfig:
 
     def speculation(self, max_model_len: int) -> SpeculationConfig:
         return SpeculationConfig(self.speculative_decoding, self.speculative_num_tokens, self.speculative_ngram_min,
-                                 self.speculative_ngram_max, torch.device(self.device).type, max_model_len,
-                                 overlapped=self.resolve_overlap_scheduling())
+                                 self.speculative_ngram_max, torch.device(self.device).type, max_model_len)
 
     def resolve_decode_yield_min_tokens(self) -> int:
         if self.decode_yield_min_tokens is not None:

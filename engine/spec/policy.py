@@ -47,7 +47,7 @@ class SpeculationConfig:
     ngram_max: int = 4
     device_type: str = "cpu"
     max_model_len: int = 2048    # drafts never reach past the context
-    overlapped: bool = False     # steps without drafts are launched ahead (engine/step_overlap.py)
+    overlapped: bool = False     # steps without drafts are launched ahead (set by the engine that runs them)
 
     @property
     def drafts(self) -> bool:

@@ -296,12 +296,3 @@ def test_auto_with_overlapped_steps_drafts_only_in_steps_of_few_decodes() -> Non
     assert overlapped.num_skipped_steps == 1
     running = [_decoding([1, 2, 3, 1, 2]) for _ in range(OVERLAP_MAX_DRAFTING_DECODES + 1)]
     assert not overlapped.may_draft(running) and overlapped.may_draft(running[:-1])
-
-
-def test_the_engine_config_tells_speculation_whether_its_steps_run_ahead() -> None:
-    from loraplex.engine.config import EngineConfig
-
-    assert EngineConfig(device="cuda", speculative_decoding="auto").speculation(2048).overlapped
-    assert not EngineConfig(device="cuda", speculative_decoding="auto", overlap_scheduling=False
-                            ).speculation(2048).overlapped
-    assert not EngineConfig(speculative_decoding="auto").speculation(2048).overlapped  # the CPU

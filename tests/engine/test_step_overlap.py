@@ -215,3 +215,13 @@ def test_reasoning_markers_run_ahead_and_budgets_stay_exact() -> None:
     # markers without a budget do not hold the host back: once the budgeted requests end (each could still
     # reopen the segment and have its end forced), the steps run ahead
     assert engine.overlap.outcomes["ahead"] >= 20 and engine.overlap.outcomes["not_plain"] >= 10
+
+
+def test_the_engine_tells_speculation_whether_its_steps_run_ahead() -> None:
+    """`auto` bounds its drafting steps only where steps do run ahead (engine/spec/policy.py)."""
+    ahead = make_engine(True, speculative_decoding="auto")
+    plain = make_engine(False, speculative_decoding="auto")
+    assert ahead.overlap is not None and ahead.speculation.config.overlapped
+    assert plain.overlap is None and not plain.speculation.config.overlapped
+    for engine in (ahead, plain):
+        engine.close()
