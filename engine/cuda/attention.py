@@ -3,7 +3,11 @@
 The runner builds `TritonAttentionMetadata` once per step (integer tensors already on the
 device). A step whose every sequence has one new token takes the FlashDecoding kernel with a
 split count fixed by shapes (so a CUDA graph can replay it); any other step, prefill chunks
-and decodes mixed, takes the variable-length prefill kernel in one launch.
+and decodes mixed, takes the variable-length prefill kernel, and where it has decodes too
+(`decodes_apart`) those take the FlashDecoding kernel beside it: the prefill kernel gives each
+sequence a whole tile of queries (one valid row in 32 for a decode), and a step of 62 decodes beside
+two short prompt chunks (Llama-3.1-8B shapes, rank-8 adapters, an H200) spent 2.07 ms of its 7.17 ms of
+GPU time in attention that way, 1.39 of 6.49 ms with the decodes apart.
 """
 
 from __future__ import annotations
@@ -25,7 +29,8 @@ class TritonAttentionMetadata:
     block_tables: torch.Tensor            # [S, W] int32
     seq_lens: torch.Tensor                # [S] int32 tokens of context after this step (0 = padding)
     cu_seqlens_q: torch.Tensor | None     # [S + 1] int32 row offsets; None: one row per sequence (decode)
-    num_splits: int = 1                   # decode only: KV-length splits, chosen from shapes
+    num_splits: int = 1                   # the decode kernel's KV-length splits, chosen from shapes
+    decodes_apart: bool = False           # with cu_seqlens_q: one-row sequences take the decode kernel
 
 
 class TritonPagedAttention:
@@ -55,6 +60,9 @@ class TritonPagedAttention:
             paged_decode_attention(q, key_cache, value_cache, meta.block_tables, meta.seq_lens, scale,
                                    num_splits=meta.num_splits, out=out)
         else:
+            if meta.decodes_apart:
+                paged_decode_attention(q, key_cache, value_cache, meta.block_tables, meta.seq_lens, scale,
+                                       num_splits=meta.num_splits, out=out, cu_seqlens_q=meta.cu_seqlens_q)
             paged_prefill_attention(q, key_cache, value_cache, meta.block_tables, meta.cu_seqlens_q,
-                                    meta.seq_lens, scale, out=out)
+                                    meta.seq_lens, scale, out=out, skip_single_rows=meta.decodes_apart)
         return out.view(q.shape[0], -1)

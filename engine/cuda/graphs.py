@@ -150,17 +150,21 @@ def capture_mixed_graph(
     pool: torch.cuda._POOL_HANDLE,
     device: torch.device,
     num_logit_rows: int | None = None,
+    decode_splits: int = 1,
 ) -> DecodeGraph:
     """`step_forward(ids, positions, attention_metadata, lora, logit_rows)` runs the model to the logits of
     `logit_rows` (int32 [r]: `num_logit_rows`, by default one per sequence; more to verify drafts); the graph
-    converts them into `logits` (float32 [r, vocab]). The sampler graph samples the first `num_seqs` rows."""
+    converts them into `logits` (float32 [r, vocab]). The sampler graph samples the first `num_seqs` rows.
+    The step's decodes take the decode kernel with `decode_splits` KV splits, its prompt chunks (and drafts
+    to verify) the prefill kernel."""
     b, t, width = num_seqs, num_tokens, max_blocks_per_seq
     r = num_logit_rows or b
     inputs = torch.zeros(3 * t + 2 * b + 1 + r + b * width, dtype=torch.int32, device=device)
     ids, positions, slots, seq_lens, cu_seqlens_q, logit_rows, tables = torch.split(
         inputs, [t, t, t, b, b + 1, r, b * width])
     slots.fill_(-1)  # warm-up and capture runs must not write the cache (and attend to nothing: no query rows)
-    meta = TritonAttentionMetadata(block_size, slots, tables.view(b, width), seq_lens, cu_seqlens_q, 1)
+    meta = TritonAttentionMetadata(block_size, slots, tables.view(b, width), seq_lens, cu_seqlens_q, decode_splits,
+                                   decodes_apart=True)
     lora_meta, lora = _graph_lora(lora_batch, t, device)
     logits = logits[:r]
 

@@ -538,6 +538,7 @@ class CudaModelRunner(ModelRunner):
             block_size=self.block_size, lora_batch=graph_lora(lora), masks=self.masks, draws=self.draws,
             step_forward=self._mixed_forward, logits=self._graph_logits(), pool=self._graph_pool,
             device=self.device, num_logit_rows=self._verify_rows(num_seqs, num_tokens) if verify else None,
+            decode_splits=self._decode_splits(num_seqs),
         )
 
     def _mixed_forward(self, ids: torch.Tensor, positions: torch.Tensor, meta: TritonAttentionMetadata,
@@ -619,10 +620,12 @@ class CudaModelRunner(ModelRunner):
             batch.block_tables, batch.logit_rows,
         ])
         decode_only = batch.is_decode_only
+        new_tokens = np.diff(batch.cu_seqlens_q)
         meta = TritonAttentionMetadata(
             block_size=self.block_size, slot_mapping=slots_d, block_tables=tables_d.view(num_seqs, width),
             seq_lens=lens_d, cu_seqlens_q=None if decode_only else cu_d,
-            num_splits=self._decode_splits(self.padded_size(num_seqs)) if decode_only else 1,
+            num_splits=self._decode_splits(self.padded_size(num_seqs) if decode_only else num_seqs),
+            decodes_apart=not decode_only and bool((new_tokens == 1).any()),
         )
         cos, sin = self.model.rotary.cos_sin(pos_d)
         ctx = StepContext(attention=meta, cos=cos, sin=sin, backend=self.attention_backend, lora=lora)

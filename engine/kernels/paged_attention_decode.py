@@ -6,6 +6,11 @@ share of the sequence. With one split the program writes the output; otherwise i
 normalised partial output and its log-sum-exp, and a small second kernel merges the splits.
 Grids depend only on tensor shapes and the split count, so a decode step can be captured in a
 CUDA graph (the split count is chosen from shapes, never from the current lengths).
+
+In a step that mixes prompt chunks with decodes, the decodes take this kernel too (``cu_seqlens_q``
+names each sequence's rows; a sequence with other than one new token is left to the prefill
+kernel): the prefill kernel gives every sequence a tile of ``BLOCK_Q`` queries, so a decode row
+there computed some thirty times its one query and read its keys without splitting them.
 Layout and metadata are those of ``paged_attention_reference``.
 """
 
@@ -26,6 +31,7 @@ def _decode_split_kernel(
     value_cache_ptr,
     block_tables_ptr,
     seq_lens_ptr,
+    cu_seqlens_q_ptr,
     out_ptr,
     partial_out_ptr,
     partial_lse_ptr,
@@ -46,11 +52,17 @@ def _decode_split_kernel(
     BLOCK_N: tl.constexpr,
     NUM_SPLITS: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    ROWS_FROM_CU: tl.constexpr,
 ):
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
     seq_len = tl.load(seq_lens_ptr + seq)
+    row = seq.to(tl.int64)
+    if ROWS_FROM_CU:  # a mixed step: this sequence's one row, or none (a prompt chunk: the prefill kernel's)
+        row = tl.load(cu_seqlens_q_ptr + seq).to(tl.int64)
+        # Any other sequence attends to nothing here, and its output rows are left alone below.
+        seq_len = tl.where(tl.load(cu_seqlens_q_ptr + seq + 1) - row == 1, seq_len, 0)
     tokens_per_split = tl.cdiv(tl.cdiv(seq_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
     start = split * tokens_per_split
     end = tl.minimum(start + tokens_per_split, seq_len)
@@ -58,9 +70,12 @@ def _decode_split_kernel(
     group = tl.arange(0, BLOCK_G)
     dims = tl.arange(0, BLOCK_D)
     q_heads = kv_head * QUERIES_PER_KV + group
-    row_mask = (group < QUERIES_PER_KV)[:, None] & (dims < head_dim)[None, :]
+    num_live_heads = QUERIES_PER_KV
+    if ROWS_FROM_CU:  # nothing read or written for a sequence this kernel leaves alone
+        num_live_heads = tl.where(seq_len > 0, QUERIES_PER_KV, 0)
+    row_mask = (group < num_live_heads)[:, None] & (dims < head_dim)[None, :]
     query = tl.load(
-        query_ptr + seq.to(tl.int64) * query_seq_stride + q_heads[:, None] * query_head_stride + dims[None, :],
+        query_ptr + row * query_seq_stride + q_heads[:, None] * query_head_stride + dims[None, :],
         mask=row_mask,
         other=0.0,
     )
@@ -93,7 +108,7 @@ def _decode_split_kernel(
     result = acc / safe_sum[:, None]
     if NUM_SPLITS == 1:
         tl.store(
-            out_ptr + seq.to(tl.int64) * out_seq_stride + q_heads[:, None] * out_head_stride + dims[None, :],
+            out_ptr + row * out_seq_stride + q_heads[:, None] * out_head_stride + dims[None, :],
             result.to(out_ptr.dtype.element_ty),
             mask=row_mask,
         )
@@ -109,6 +124,7 @@ def _decode_split_kernel(
 def _merge_splits_kernel(
     partial_out_ptr,
     partial_lse_ptr,
+    cu_seqlens_q_ptr,
     out_ptr,
     head_dim,
     out_seq_stride,
@@ -116,12 +132,18 @@ def _merge_splits_kernel(
     NUM_SPLITS: tl.constexpr,
     BLOCK_S: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    ROWS_FROM_CU: tl.constexpr,
 ):
     seq = tl.program_id(0)
     q_head = tl.program_id(1)
+    out_row = seq.to(tl.int64)
+    dims = tl.arange(0, BLOCK_D)
+    num_dims_stored = head_dim
+    if ROWS_FROM_CU:  # only a sequence with one new row (the others' rows are the prefill kernel's)
+        out_row = tl.load(cu_seqlens_q_ptr + seq).to(tl.int64)
+        num_dims_stored = tl.where(tl.load(cu_seqlens_q_ptr + seq + 1) - out_row == 1, head_dim, 0)
     row = seq.to(tl.int64) * tl.num_programs(1) + q_head
     splits = tl.arange(0, BLOCK_S)
-    dims = tl.arange(0, BLOCK_D)
     lse = tl.load(partial_lse_ptr + row * NUM_SPLITS + splits, mask=splits < NUM_SPLITS, other=float("-inf"))
     top = tl.max(lse, axis=0)
     top = tl.where(top == float("-inf"), 0.0, top)
@@ -135,9 +157,9 @@ def _merge_splits_kernel(
     )
     result = tl.sum(partial * weights[:, None], axis=0) / total
     tl.store(
-        out_ptr + seq.to(tl.int64) * out_seq_stride + q_head * out_head_stride + dims,
+        out_ptr + out_row * out_seq_stride + q_head * out_head_stride + dims,
         result.to(out_ptr.dtype.element_ty),
-        mask=dims < head_dim,
+        mask=dims < num_dims_stored,
     )
 
 
@@ -175,13 +197,18 @@ def paged_decode_attention(
     num_splits: int | None = None,
     out: torch.Tensor | None = None,
     *,
+    cu_seqlens_q: torch.Tensor | None = None,
     block_n: int = 64,
     num_warps: int = 4,
     num_stages: int = 2,
 ) -> torch.Tensor:
     """Attention of ``query [B, Hq, D]`` (one token per sequence, at position ``seq_lens - 1``)
-    over each sequence's paged K/V. ``block_n``/``num_warps``/``num_stages`` are tuning knobs."""
-    num_seqs, num_q_heads, head_dim = query.shape
+    over each sequence's paged K/V. With ``cu_seqlens_q`` ([S + 1], a mixed step's row offsets),
+    ``query`` is [T, Hq, D] and only the sequences with exactly one new token are attended (their
+    rows of ``out``; the other rows are left as they are). ``block_n``/``num_warps``/``num_stages``
+    are tuning knobs."""
+    num_q_heads, head_dim = query.shape[1:]
+    num_seqs = query.shape[0] if cu_seqlens_q is None else seq_lens.shape[0]
     block_size, num_kv_heads = key_cache.shape[1], key_cache.shape[2]
     if key_cache.stride() != value_cache.stride() or key_cache.stride(3) != 1 or query.stride(2) != 1:
         raise ValueError("paged_decode_attention needs matching caches with head_dim contiguous")
@@ -196,12 +223,15 @@ def paged_decode_attention(
     if num_splits > 1:
         partial_out = torch.empty(num_seqs * num_q_heads * num_splits, block_d, dtype=torch.float32, device=query.device)
         partial_lse = torch.empty(num_seqs * num_q_heads * num_splits, dtype=torch.float32, device=query.device)
+    rows_from_cu = cu_seqlens_q is not None
+    cu = cu_seqlens_q if rows_from_cu else seq_lens  # an unread placeholder without it
     _decode_split_kernel[(num_seqs, num_kv_heads, num_splits)](
         query,
         key_cache,
         value_cache,
         block_tables,
         seq_lens,
+        cu,
         out,
         partial_out,
         partial_lse,
@@ -222,6 +252,7 @@ def paged_decode_attention(
         BLOCK_N=block_n,
         NUM_SPLITS=num_splits,
         DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
+        ROWS_FROM_CU=rows_from_cu,
         num_warps=num_warps,
         num_stages=num_stages,
     )
@@ -229,6 +260,7 @@ def paged_decode_attention(
         _merge_splits_kernel[(num_seqs, num_q_heads)](
             partial_out,
             partial_lse,
+            cu,
             out,
             head_dim,
             out.stride(0),
@@ -236,6 +268,7 @@ def paged_decode_attention(
             NUM_SPLITS=num_splits,
             BLOCK_S=triton.next_power_of_2(num_splits),
             BLOCK_D=block_d,
+            ROWS_FROM_CU=rows_from_cu,
             num_warps=4,
         )
     return out

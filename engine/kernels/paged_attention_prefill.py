@@ -6,7 +6,8 @@ with all query heads of that head's GQA group packed into the tile's rows
 numbered per sequence from ``cu_seqlens_q[s] // BLOCK_Q + s`` (a bound that grows with s), so
 the grid ``cdiv(T, BLOCK_Q) + num_seqs`` comes from shapes alone and each program finds its
 sequence by binary search: no host sync, CUDA-graph capturable. Decode rows (q_len 1) are just
-short sequences, so one launch serves a mixed prefill + decode batch.
+short sequences, so one launch can serve a mixed prefill + decode batch; but each takes a whole
+tile, so where a step has many, the decode kernel attends them instead (``skip_single_rows``).
 Layout and metadata are those of ``paged_attention_reference``.
 """
 
@@ -113,6 +114,7 @@ def _prefill_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    SKIP_SINGLE_ROWS: tl.constexpr,
 ):
     tile = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -120,7 +122,10 @@ def _prefill_kernel(
     q_begin = tl.load(cu_seqlens_q_ptr + seq)
     q_len = tl.load(cu_seqlens_q_ptr + seq + 1) - q_begin
     first_q = (tile - (q_begin // BLOCK_Q + seq)) * BLOCK_Q
-    if first_q < q_len:
+    last_q = q_len
+    if SKIP_SINGLE_ROWS:  # the decode kernel attends those
+        last_q = tl.where(q_len == 1, 0, q_len)
+    if first_q < last_q:
         seq_len = tl.load(seq_lens_ptr + seq)
         num_cached = seq_len - q_len
 
@@ -179,11 +184,14 @@ def paged_prefill_attention(
     block_n: int = 64,
     num_warps: int = 8,
     num_stages: int = 2,
+    skip_single_rows: bool = False,
 ) -> torch.Tensor:
     """Causal attention of the new tokens ``query [T, Hq, D]`` (sequence ``s`` owns rows
     ``cu_seqlens_q[s]:cu_seqlens_q[s+1]`` at positions ending at ``seq_lens[s] - 1``) over each
-    sequence's paged K/V. ``block_m`` (rows per tile, query heads of a group packed in),
-    ``block_n``, ``num_warps``, ``num_stages`` are tuning knobs."""
+    sequence's paged K/V. ``skip_single_rows``: sequences with one new token are left alone
+    (their rows of ``out`` untouched: ``paged_decode_attention`` attends them). ``block_m`` (rows
+    per tile, query heads of a group packed in), ``block_n``, ``num_warps``, ``num_stages`` are
+    tuning knobs."""
     num_tokens, num_q_heads, head_dim = query.shape
     block_size, num_kv_heads = key_cache.shape[1], key_cache.shape[2]
     if key_cache.stride() != value_cache.stride() or key_cache.stride(3) != 1 or query.stride(2) != 1:
@@ -224,6 +232,7 @@ def paged_prefill_attention(
         BLOCK_N=block_n,
         BLOCK_D=triton.next_power_of_2(head_dim),
         DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
+        SKIP_SINGLE_ROWS=skip_single_rows,
         num_warps=num_warps,
         num_stages=num_stages,
     )

@@ -127,6 +127,33 @@ def test_decode_and_prefill_kernels_agree_on_single_token_queries():
     assert relative_error(decode, prefill) < 1e-5
 
 
+@pytest.mark.parametrize("num_splits", [1, 3])
+def test_mixed_step_with_decodes_apart_matches_reference(num_splits):
+    """A mixed step's decodes through the decode kernel (rows found from cu_seqlens_q) and its prompt chunks
+    through the prefill kernel skipping one-row sequences: together every row equals the reference, padded
+    sequences (no rows) write nothing, and neither kernel touches the other's rows."""
+    seq_lens, q_lens = [40, 9, 1, 23, 30, 0], [1, 9, 1, 5, 1, 0]  # decode, fresh prompt, decode, chunk, decode, pad
+    batch = make_paged_batch(seq_lens, q_lens, 4, 2, 16, 8, torch.float32, DEVICE, seed=9)
+    num_rows = batch.query.shape[0]
+    # a graph's query is padded past the last sequence's rows: the pad sequence's offset points there
+    query = torch.cat([batch.query, torch.randn(2, *batch.query.shape[1:], device=batch.query.device)])
+    cu = batch.cu_seqlens_q
+    scale = 0.25
+    out = torch.full_like(query, float("nan"))
+    paged_decode_attention(query, batch.key_cache, batch.value_cache, batch.block_tables, batch.seq_lens, scale,
+                           num_splits, out=out, cu_seqlens_q=cu, block_n=16)
+    single = [int(cu[s]) for s in range(len(seq_lens)) if q_lens[s] == 1]
+    assert not out[single].isnan().any()
+    assert out[[r for r in range(num_rows + 2) if r not in single]].isnan().all()  # the rest left alone
+    paged_prefill_attention(query, batch.key_cache, batch.value_cache, batch.block_tables, cu, batch.seq_lens, scale,
+                            out=out, skip_single_rows=True, **SMALL_TILES)
+    expected = paged_prefill_attention_reference(batch.query, batch.key_cache, batch.value_cache, batch.block_tables,
+                                                 cu, batch.seq_lens, scale)
+    assert not out[:num_rows].isnan().any()
+    assert out[num_rows:].isnan().all()  # padding rows untouched by both
+    assert relative_error(out[:num_rows], expected) < TOLERANCE[torch.float32]
+
+
 def test_chunked_prefill_then_decode_through_the_cache():
     """Write each chunk's K/V, attend, then decode: equals dense causal attention over it all."""
     generator = torch.Generator().manual_seed(9)

@@ -40,6 +40,24 @@ def test_gpu_mixed_prefill_and_decode_batch(dtype, block_size, num_q_heads, num_
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(("num_q_heads", "num_kv_heads", "head_dim"), HEADS)
+@pytest.mark.parametrize("num_splits", [1, 4])
+def test_gpu_mixed_batch_with_decodes_apart(dtype, num_q_heads, num_kv_heads, head_dim, num_splits):
+    """The mixed batch's decode rows through the decode kernel, its chunks through the prefill kernel."""
+    batch = make_paged_batch(MIXED_SEQ_LENS, MIXED_Q_LENS, num_q_heads, num_kv_heads, head_dim, 16, dtype, "cuda")
+    cache = (batch.key_cache, batch.value_cache, batch.block_tables)
+    out = torch.full_like(batch.query, float("nan"))
+    scale = head_dim**-0.5
+    paged_decode_attention(batch.query, *cache, batch.seq_lens, scale, num_splits, out=out,
+                           cu_seqlens_q=batch.cu_seqlens_q)
+    paged_prefill_attention(batch.query, *cache, batch.cu_seqlens_q, batch.seq_lens, scale, out=out,
+                            skip_single_rows=True)
+    expected = paged_prefill_attention_reference(batch.query, *cache, batch.cu_seqlens_q, batch.seq_lens, scale)
+    assert not out.isnan().any()
+    assert relative_error(out, expected) < TOLERANCE[dtype]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("block_size", BLOCK_SIZES)
 @pytest.mark.parametrize(("num_q_heads", "num_kv_heads", "head_dim"), HEADS)
 @pytest.mark.parametrize("num_splits", [None, 1, 7])
