@@ -34,8 +34,9 @@ start, the serving defaults: 64 sequences, 512-token steps), one engine per
 mode over one copy of the weights, its KV pool sized for the rows (three
 engines share the card) and prefix caching off, so every run prefills its
 prompts as a fresh request would. Each case runs once per mode untimed first
-(Triton compiles for its shapes), then `--repeats` times interleaved; the
-figure is the median of wall time between `torch.cuda.synchronize()` calls.
+(Triton compiles for its shapes), then `--repeats` times interleaved (three
+times that below batch 64, whose cases last milliseconds); the figure is the
+median of wall time between `torch.cuda.synchronize()` calls.
 Its figures go into the same file with the suffix `_gpu` (the CPU figures
 stay; a CPU run keeps the GPU's), with the card, date and method under `gpu`.
 `acceptance_per_position_<task>` is the share of drafts kept at each draft
@@ -323,6 +324,12 @@ def summarize(task: str, batch: int, max_tokens: int, runs: dict[str, list[dict]
     return out
 
 
+def gpu_repeats(repeats: int, batch: int) -> int:
+    """Timed runs of a GPU case: a case of a few sequences lasts 8-30 ms, where one stray host hiccup moved a
+    median of three by 5-10% between runs of the same code, so small batches run three times as often."""
+    return repeats * 3 if batch < 64 else repeats
+
+
 def gpu_targets(batches: list[int]) -> dict[str, dict]:
     """The issue's targets on a GPU: 2x at batch 1 where the answer quotes its input, no loss at batch 64."""
     targets = {f"speedup_{task}_b1_gpu": {"op": ">=", "value": 2.0} for task in GPU_TARGET_TASKS if 1 in batches}
@@ -362,7 +369,8 @@ def run_gpu(args: argparse.Namespace, sizes: dict[str, Any]) -> dict[str, Any]:
     cases = []
     for task in args.tasks:
         for batch in sizes["batches"]:
-            result = gpu_case(engines, compiler, loaded[2], task, batch, sizes["max_tokens"], sizes["repeats"])
+            result = gpu_case(engines, compiler, loaded[2], task, batch, sizes["max_tokens"],
+                              gpu_repeats(sizes["repeats"], batch))
             cases.append(result)
             print(f"{task} batch {batch}: {case_line(result, sizes['modes'], 'tokens_per_s')} "
                   f"[{time.perf_counter() - started:.0f} s]", flush=True)
@@ -380,7 +388,8 @@ def run_gpu(args: argparse.Namespace, sizes: dict[str, Any]) -> dict[str, Any]:
     figures["greedy_identical_gpu"] = identity["identical"]
     checked = report_checks(cases, sizes["modes"], figures["greedy_identical_gpu"])
     config = {"model": DEFAULT_MODEL_NAME, "dtype": "bfloat16", "quick": args.quick, **sizes,
-              "clock": "wall time between torch.cuda.synchronize() calls; median of the repeats, min and max beside",
+              "clock": "wall time between torch.cuda.synchronize() calls; median of the repeats (three times "
+                       "`repeats` below batch 64), min and max beside",
               "engine": "the CUDA runner as loraplex serve builds it: decode CUDA graphs captured at start, 64 "
                         "sequences, 512-token steps; one engine per mode over one copy of the weights; KV pool "
                         f"{GPU_KV_TOKENS_PER_SEQ} tokens a row; prefix caching off (each run prefills); "

@@ -58,6 +58,7 @@ class Sequence:
         "sampling",
         "seq_id",
         "spec_acceptance",
+        "spec_cautious_until",
         "spec_cooldown",
         "spec_resume_at",
         "spec_state",
@@ -117,6 +118,7 @@ class Sequence:
         self.spec_acceptance = 1.0  # moving average of the share of draft tokens accepted
         self.spec_resume_at = 0     # no drafts before this many output tokens
         self.spec_cooldown = 0      # output tokens the next switch-off lasts (doubles each time)
+        self.spec_cautious_until = 0  # before this many output tokens, only the proposer's surest drafts
         self.spec_state: Any = None  # the proposer's own memory of this sequence, made at its first proposal
 
     def __len__(self) -> int:

@@ -23,15 +23,23 @@ from typing import Any, Protocol
 # Earlier places ending in the sequence's last min_n tokens that one proposal compares, latest first. Past it,
 # older places are not looked at: a crafted prompt repeating one n-gram thousands of times costs what 64 do.
 MAX_CANDIDATES = 64
+# A match shorter than this many tokens drafts only where it is the sequence's one earlier occurrence of those
+# tokens. A short n-gram seen twice or more is a common pair (an indent and a keyword, a comma and "and"), and
+# what followed its latest occurrence predicted poorly: in 128-token greedy answers of SmolLM2-135M at batch 8,
+# repeated 2-token matches had 1 of 92 drafted tokens accepted on code editing and 0 of 32 on JSON, unique ones
+# 24% and 17% there and 80% on extraction, 3- and 4-token matches 62-100% everywhere. On 24 prompts outside the
+# benchmark (batch 1) the rule cut verifications by 6-17% and accepted tokens by under 3%.
+UNIQUE_BELOW = 3
 
 
 class Proposer(Protocol):
     def new_state(self) -> Any:
         """What this proposer keeps for one sequence between its steps (kept on the sequence, dropped with it)."""
 
-    def propose(self, token_ids: list[int], max_tokens: int, state: Any = None) -> list[int]:
+    def propose(self, token_ids: list[int], max_tokens: int, state: Any = None, cautious: bool = False) -> list[int]:
         """Up to `max_tokens` draft tokens to follow `token_ids` (none when there is no good guess). `state`:
-        this sequence's `new_state()`, whose earlier work the proposer may reuse; None: from the tokens alone."""
+        this sequence's `new_state()`, whose earlier work the proposer may reuse; None: from the tokens alone.
+        `cautious`: only the proposer's surest kind of guess (the sequence's drafts were rejected lately)."""
 
 
 class NgramIndex:
@@ -81,7 +89,9 @@ class NgramProposer:
     def new_state(self) -> NgramIndex:
         return NgramIndex(self.min_n)
 
-    def propose(self, token_ids: list[int], max_tokens: int, state: NgramIndex | None = None) -> list[int]:
+    def propose(self, token_ids: list[int], max_tokens: int, state: NgramIndex | None = None,
+                cautious: bool = False) -> list[int]:
+        """`cautious`: matches of UNIQUE_BELOW tokens or more only."""
         length = len(token_ids)
         if max_tokens <= 0 or length <= self.min_n:
             return []
@@ -91,11 +101,17 @@ class NgramProposer:
         if not ends:
             return []
         candidates = ends[: -MAX_CANDIDATES - 1 : -1]  # each already matches the last min_n tokens; latest first
-        for n in range(min(self.max_n, length - 1), self.min_n - 1, -1):
+        shortest = max(self.min_n, UNIQUE_BELOW) if cautious else self.min_n
+        for n in range(min(self.max_n, length - 1), shortest - 1, -1):
             tail = token_ids[length - n : length - 1]
-            for end in candidates:  # the latest occurrence: nearest context, likeliest to go on alike
-                if end >= n - 1 and token_ids[end - n + 1 : end] == tail:
-                    return token_ids[end + 1 : end + 1 + max_tokens]
+            # the latest occurrence: nearest context, likeliest to go on alike
+            matches = (end for end in candidates if end >= n - 1 and token_ids[end - n + 1 : end] == tail)
+            latest = next(matches, None)
+            if latest is None:
+                continue
+            if n < UNIQUE_BELOW and next(matches, None) is not None:
+                return []  # a common short phrase; a shorter n would be commoner still
+            return token_ids[latest + 1 : latest + 1 + max_tokens]
         return []
 
 

@@ -21,8 +21,8 @@ from grammar_double import FixedSetGrammar
 from loraplex.engine.protocol import SamplingParams
 from loraplex.engine.sampler import Sampler, draw_with_draft
 from loraplex.engine.sequence import Sequence
-from loraplex.engine.spec.policy import Speculation, SpeculationConfig
-from loraplex.engine.spec.proposer import MAX_CANDIDATES, NgramProposer
+from loraplex.engine.spec.policy import CAUTIOUS_TOKENS, Speculation, SpeculationConfig
+from loraplex.engine.spec.proposer import MAX_CANDIDATES, UNIQUE_BELOW, NgramProposer
 from loraplex.engine.spec.verify import verify_drafts
 
 VOCAB = 6
@@ -123,7 +123,11 @@ def test_greedy_walk_stops_at_the_first_draft_the_argmax_refuses() -> None:
 def test_ngram_proposer_continues_the_latest_match_longest_first() -> None:
     proposer = NgramProposer(1, 3)
     assert proposer.propose([1, 2, 3, 4, 5, 1, 2, 3], 3) == [4, 5, 1]
-    assert proposer.propose([7, 8, 9, 1, 8, 9, 2, 8, 9], 2) == [2, 8]  # latest occurrence wins
+    assert proposer.propose([7, 8, 9, 4, 1, 8, 9, 4, 2, 8, 9, 4], 2) == [2, 8]  # latest occurrence wins
+    # A match shorter than UNIQUE_BELOW tokens drafts only where it occurred once: a repeated pair is a
+    # common phrase (here 8, 9 twice), and no shorter match stands in for it.
+    assert proposer.propose([7, 8, 9, 1, 8, 9, 2, 8, 9], 2) == []
+    assert proposer.propose([7, 8, 9, 1, 5, 9], 2) == [1, 5]        # a pair seen once drafts
     assert proposer.propose([5, 6, 7, 8], 4) == []                      # nothing repeats: no draft
     assert proposer.propose([4, 5, 6, 9, 5, 6], 0) == []
     # The longest n-gram decides over a later single-token match.
@@ -134,14 +138,15 @@ def test_ngram_proposer_continues_the_latest_match_longest_first() -> None:
 
 def _latest_longest_match(token_ids: list[int], max_tokens: int, min_n: int, max_n: int) -> list[int]:
     """The proposer's rule written the slow, obvious way: for n from max_n down, the latest earlier position whose
-    n tokens ending there equal the last n."""
+    n tokens ending there equal the last n; none where such a match of fewer than UNIQUE_BELOW tokens has another
+    earlier occurrence."""
     length = len(token_ids)
     if max_tokens <= 0 or length <= min_n:
         return []
     for n in range(min(max_n, length - 1), min_n - 1, -1):
-        for end in range(length - 2, n - 2, -1):
-            if token_ids[end - n + 1 : end + 1] == token_ids[length - n :]:
-                return token_ids[end + 1 : end + 1 + max_tokens]
+        ends = [end for end in range(length - 2, n - 2, -1) if token_ids[end - n + 1 : end + 1] == token_ids[length - n :]]
+        if ends:
+            return [] if n < UNIQUE_BELOW and len(ends) > 1 else token_ids[ends[0] + 1 : ends[0] + 1 + max_tokens]
     return []
 
 
@@ -173,12 +178,12 @@ def test_ngram_proposer_keeping_its_index_between_steps_proposes_as_a_fresh_sear
 
 
 def test_ngram_proposer_looks_at_the_latest_places_only() -> None:
-    # The same bigram ends 200 times, each after a different token; the one place also matching a longer n-gram
-    # lies past the latest MAX_CANDIDATES of them and is not looked at: the latest bigram match is proposed.
-    filler = [token for i in range(200) for token in (100 + i, 1, 2, 7)]
-    tokens = [9, 1, 2, 8, *filler, 9, 1, 2]
-    assert NgramProposer(2, 3).propose(tokens, 1) == [7]
-    assert NgramProposer(2, 3).propose([9, 1, 2, 8, *filler[: 4 * (MAX_CANDIDATES - 1)], 9, 1, 2], 1) == [8]
+    # The same 3-gram ends 200 times, each after a different token; the one place also matching a 4-gram lies
+    # past the latest MAX_CANDIDATES of them and is not looked at: the latest 3-gram match is proposed.
+    filler = [token for i in range(200) for token in (100 + i, 1, 2, 3, 7)]
+    tokens = [9, 1, 2, 3, 8, *filler, 9, 1, 2, 3]
+    assert NgramProposer(3, 4).propose(tokens, 1) == [7]
+    assert NgramProposer(3, 4).propose([9, 1, 2, 3, 8, *filler[: 5 * (MAX_CANDIDATES - 1)], 9, 1, 2, 3], 1) == [8]
 
 
 def test_ngram_proposer_cost_does_not_grow_with_a_crafted_prompt() -> None:
@@ -195,9 +200,9 @@ def test_ngram_proposer_cost_does_not_grow_with_a_crafted_prompt() -> None:
     assert (time.perf_counter() - start) / 200 < 1e-3
 
 
-def _speculation(mode: str) -> Speculation:
+def _speculation(mode: str, max_model_len: int = 64) -> Speculation:
     speculation = Speculation.from_config(SpeculationConfig(mode=mode, num_tokens=4, ngram_min=1, ngram_max=3,
-                                                            device_type="cpu", max_model_len=64))
+                                                            device_type="cpu", max_model_len=max_model_len))
     assert speculation is not None
     return speculation
 
@@ -231,6 +236,27 @@ def test_auto_stops_drafting_for_a_sequence_whose_drafts_are_rejected_then_tries
     for _ in range(10):
         fixed.record(other, 3, 0)
     assert fixed.propose(other, 16) == [3, 1, 2]
+
+
+def test_auto_drafts_only_long_matches_for_a_while_after_a_draft_rejected_whole() -> None:
+    """A draft rejected whole makes `auto` cautious for CAUTIOUS_TOKENS output tokens: a 2-token match no
+    longer drafts (nor tells overlapped scheduling to wait for it), a match of UNIQUE_BELOW tokens still does;
+    a draft accepted in part changes nothing, and `ngram` is never cautious."""
+    speculation, fixed = _speculation("auto", max_model_len=256), _speculation("ngram", max_model_len=256)
+    short = _decoding([5, 1, 2, 7, 8, 1, 2], 256)      # the pair 1, 2 seen once before: a 2-token match
+    long = _decoding([5, 1, 2, 3, 7, 8, 1, 2, 3], 256)  # 1, 2, 3 seen once before: a 3-token match
+    assert speculation.propose(short, 16) == [7, 8, 1, 2]
+    speculation.record(short, 3, 1)
+    assert speculation.propose(short, 16) == [7, 8, 1, 2]  # accepted in part: no caution
+    speculation.record(short, 3, 0)
+    assert short.spec_resume_at == 0  # not paused: the moving share is still above the floor
+    assert speculation.propose(short, 16) == [] and not speculation.may_draft([short])
+    assert fixed.propose(short, 16) == [7, 8, 1, 2]
+    speculation.record(long, 3, 0)
+    assert speculation.propose(long, 16) == [7, 8, 1, 2]
+    short.token_ids += [4, 6, 11] + [9] * CAUTIOUS_TOKENS + [4, 6]  # a fresh 2-token match, the caution over
+    short.num_computed_tokens = len(short.token_ids) - 1
+    assert speculation.propose(short, 16) == [11, 9, 9, 9]
 
 
 def test_auto_leaves_grammar_rows_undrafted_and_says_when_a_step_would_draft() -> None:
