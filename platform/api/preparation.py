@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import jinja2
-from loraplex.engine.errors import InvalidRequestError, PromptTooLongError
+from loraplex.engine.errors import DomainError, InvalidRequestError, PromptTooLongError
 from loraplex.engine.protocol import SamplingParams
 from loraplex.platform.api.admission import AdmissionTicket, UnslottedTicket, admit_early
 from loraplex.platform.api.schemas import ChatCompletionRequest, ChatMessage, CompletionRequest
@@ -153,18 +153,33 @@ async def _prepare_chat(services: Services, key: Principal, body: ChatCompletion
                         ) -> PreparedRequest:
     model = await services.extensions.model_resolver.resolve(key.tenant_id, body.model)
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
-    prepared = PreparedRequest(
-        request_id=request_id, kind="chat", tenant_id=key.tenant_id, key_id=key.key_id, body=body, model=model,
-        sampling=sampling_from(body, max_tokens=max_tokens), messages=chat_messages(body.messages),
-        session_id=body.session_id, template_kwargs=chat_template_options(body),
-        priority=body.priority, tenant_weight=key.tenant_weight,
-    )
-    prepared.sampling.validate(len(services.tokenizer))  # top_k and token ids within the vocabulary
-    await services.pipeline.run(prepared)
-    tokens = await _maybe_off_loop(_apply_chat_template, services.tokenizer, prepared, size=_chat_size(prepared))
-    prepared.prompts = [tokens]
-    _fit_context(services, prepared, explicit_max_tokens=max_tokens is not None)
+    with _named_as_sent(body):
+        prepared = PreparedRequest(
+            request_id=request_id, kind="chat", tenant_id=key.tenant_id, key_id=key.key_id, body=body, model=model,
+            sampling=sampling_from(body, max_tokens=max_tokens), messages=chat_messages(body.messages),
+            session_id=body.session_id, template_kwargs=chat_template_options(body),
+            priority=body.priority, tenant_weight=key.tenant_weight,
+        )
+        prepared.sampling.validate(len(services.tokenizer))  # top_k and token ids within the vocabulary
+        await services.pipeline.run(prepared)
+        tokens = await _maybe_off_loop(_apply_chat_template, services.tokenizer, prepared, size=_chat_size(prepared))
+        prepared.prompts = [tokens]
+        _fit_context(services, prepared, explicit_max_tokens=max_tokens is not None)
     return prepared
+
+
+@contextlib.contextmanager
+def _named_as_sent(body: ChatCompletionRequest) -> Iterator[None]:
+    """An error about the token limit names `max_completion_tokens` where the client sent that field (the
+    sampling parameters and the context check know the limit as max_tokens, which chat clients may send too)."""
+    try:
+        yield
+    except DomainError as exc:
+        if body.max_completion_tokens is not None and exc.param == "max_tokens":
+            exc.param = "max_completion_tokens"
+            exc.message = exc.message.replace("max_tokens", "max_completion_tokens")
+            exc.args = (exc.message,)
+        raise
 
 
 async def _prepare_completion(

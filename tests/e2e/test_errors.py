@@ -53,6 +53,11 @@ def test_out_of_range_values_are_400(api_server) -> None:  # type: ignore[no-unt
     assert_openai_error(post(api_server, "/v1/chat/completions", chat_body(max_tokens=0), key), 400, param="max_tokens")
     r = post(api_server, "/v1/chat/completions", chat_body(top_logprobs=30, logprobs=True), key)
     assert_openai_error(r, 400, param="top_logprobs")
+    # The token limit is named as the client sent it, past int32 and past the context alike.
+    for limit, code in ((2**63, "invalid_request"), (5000, "context_length_exceeded")):
+        r = post(api_server, "/v1/chat/completions", chat_body(max_completion_tokens=limit), key)
+        error = assert_openai_error(r, 400, code=code, param="max_completion_tokens")
+        assert "max_completion_tokens" in error["message"] and "max_tokens" not in error["message"]
 
 
 def test_invalid_json_is_400(api_server) -> None:  # type: ignore[no-untyped-def]
