@@ -6,11 +6,12 @@ draft was rejected whole drafts only the proposer's surest guesses for a
 while; one whose drafts are mostly rejected stops drafting for a while (the
 verification rows cost compute and yield nothing), with the pause doubling
 each time it happens again; and a step stops drafting altogether when its
-decodes are many enough that the step is compute-bound: there a draft row costs about what a token of
-another sequence does, so rejected drafts slow everyone and even accepted
-ones gain little. Where steps run ahead of the host (overlapped scheduling), a
-step of more than a few decodes does not draft either: a step with drafts
-cannot run ahead, which costs more than its accepted drafts gain.
+decodes are many enough that the step is compute-bound: there a draft row
+costs about what a token of another sequence does, so rejected drafts slow
+everyone and even accepted ones gain little. Where steps run ahead of the
+host (overlapped scheduling), a step of more than a few decodes does not
+draft either: a step with drafts cannot run ahead, which costs more than its
+accepted drafts gain.
 """
 
 from __future__ import annotations
