@@ -324,8 +324,11 @@ def phase(name: str) -> None:
 
 
 # The engine's step counters on /metrics that explain a phase's latency: steps by how they ran (graph or eager)
-# and, under overlapped scheduling, whether the host ran ahead of the device or why it waited.
-STEP_COUNTERS = {"loraplex_engine_steps_total": "kind", "loraplex_engine_overlap_steps_total": "outcome"}
+# and, under overlapped scheduling, whether the host ran ahead of the device or why it waited; on CUDA the GPU
+# time of the forward passes by kind and padded rows (the steps timed beside it).
+STEP_COUNTERS = {"loraplex_engine_steps_total": ("kind",), "loraplex_engine_overlap_steps_total": ("outcome",),
+                 "loraplex_engine_step_gpu_seconds_total": ("kind", "rows"),
+                 "loraplex_engine_timed_steps_total": ("kind", "rows")}
 
 
 def step_counters(server_url: str) -> dict[str, float]:
@@ -336,9 +339,10 @@ def step_counters(server_url: str) -> dict[str, float]:
     counts = {"seconds": time.perf_counter()}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
-            label = STEP_COUNTERS.get(sample.name)
-            if label is not None:
-                counts[f"{sample.name.removesuffix('_total')}:{sample.labels[label]}"] = sample.value
+            labels = STEP_COUNTERS.get(sample.name)
+            if labels is not None:
+                key = ":".join(sample.labels[label] for label in labels)
+                counts[f"{sample.name.removesuffix('_total')}:{key}"] = sample.value
     return counts
 
 
@@ -349,6 +353,12 @@ def phase_steps(before: dict[str, float], after: dict[str, float]) -> dict[str, 
     out["seconds"] = after["seconds"] - before["seconds"]
     if steps:
         out["mean_step_ms"] = 1000 * out["seconds"] / steps
+    timed = "loraplex_engine_timed_steps:"
+    gpu_ms = {key.removeprefix(timed): 1000 * out.get("loraplex_engine_step_gpu_seconds:" + key.removeprefix(timed),
+                                                      0.0) / count
+              for key, count in out.items() if key.startswith(timed)}
+    if gpu_ms:
+        out["mean_gpu_ms_by_kind_and_rows"] = dict(sorted(gpu_ms.items()))
     return out
 
 
@@ -490,7 +500,11 @@ def main() -> None:
     for name, value in metrics.items():
         print(f"{name:40s} {value:.4g}" if isinstance(value, float) else f"{name:40s} {value}")
     for name, steps in run["steps"].items():
-        print(f"steps {name}: " + ", ".join(f"{k.split(':')[-1]} {v:.4g}" for k, v in steps.items()))
+        counts = {k: v for k, v in steps.items() if isinstance(v, float)
+                  and not k.startswith(("loraplex_engine_timed_steps:", "loraplex_engine_step_gpu_seconds:"))}
+        print(f"steps {name}: " + ", ".join(f"{k.split(':')[-1]} {v:.4g}" for k, v in counts.items()))
+        for shape, ms in steps.get("mean_gpu_ms_by_kind_and_rows", {}).items():
+            print(f"  GPU ms a step, {shape}: {ms:.3f}")
     if not run["checked"]:
         raise SystemExit("lines were lost or duplicated across the restart")
     out = args.out or (None if args.quick or args.skip_restart else RESULT)

@@ -184,7 +184,11 @@ class EngineConfig:
     # While interactive work runs or waits, batch work is admitted once this share of its room is free, in waves
     # (engine/scheduler.py, _batch_admission_waits_for_a_wave); 0: whenever a slot is free. The CPU admits no batch
     # line beside interactive work.
-    batch_admission_wave: float = 0.5
+    batch_admission_wave: float = 0.25
+    # While interactive work runs or waits, a step runs at most this many batch prompt tokens, and an admission
+    # wave stays open over steps until its room is filled (engine/scheduler.py, _batch_prefill_chunk); 0: the
+    # step's budget. The CPU admits no batch line beside interactive work.
+    batch_prefill_tokens_beside_interactive: int = 64
     # Speculative decoding (engine/spec): off | ngram (decodes draft up to speculative_num_tokens tokens by
     # prompt lookup, n-grams of speculative_ngram_min..max tokens) | auto (the same, switched off per
     # sequence where drafts are mostly rejected and per step where the batch is compute-bound)

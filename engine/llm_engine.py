@@ -87,6 +87,7 @@ class LLMEngine:
                                          if engine_config.mixed_steps_replay_graphs() else None),
             batch_rows_beside_interactive=engine_config.batch_rows_beside_interactive,
             batch_admission_wave=engine_config.batch_admission_wave,
+            batch_prefill_tokens_beside_interactive=engine_config.batch_prefill_tokens_beside_interactive,
         )
         if adapters is not None:
             self.lora = self._new_lora_manager(model, workers, adapters, adapter_limits or AdapterLimits())
@@ -510,6 +511,7 @@ class LLMEngine:
             "reasoning_tokens_total": self.num_reasoning_tokens_total,
             "num_preemptions": self.scheduler.num_preemptions,
             "engine_steps": self.runner.step_counts(),
+            "engine_step_gpu": self.runner.step_gpu_times(),
             "overlap_steps": dict(self.overlap.outcomes) if self.overlap is not None else {},
             **(self.speculation.stats() if self.speculation is not None else Speculation.empty_stats()),
             "num_pins_evicted": bm.num_pins_evicted,

@@ -203,6 +203,10 @@ class ModelRunner:
         """Steps run so far by how they ran (CUDA: decode graph, mixed-step graph, eager); none on the CPU."""
         return {}
 
+    def step_gpu_times(self) -> dict[str, list[float]]:
+        """CUDA: `kind:padded rows` -> [steps, GPU seconds] of the forward passes (engine/cuda/step_timer.py)."""
+        return {}
+
     def broadcast(self, op: str, *args: object) -> None:
         """Send an operation to the tensor-parallel workers (none with one rank)."""
         if self.workers is not None:

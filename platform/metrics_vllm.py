@@ -143,6 +143,7 @@ class VllmEngineCollector(Collector):
                                           "Overlapped scheduling: engine steps by how they ran (ahead, launched, "
                                           "not_launchable, launch_failed) and the host's waits for the step in "
                                           "flight by why (not_plain, room, drafts)", "outcome")
+        yield from self._step_gpu_time(stats.get("engine_step_gpu"))
 
     def _labelled_counter(self, counts: dict[str, int] | None, name: str, help_text: str, label: str
                           ) -> Iterator[Metric]:
@@ -157,6 +158,26 @@ class VllmEngineCollector(Collector):
         for key, count in sorted(counts.items()):
             counter.add_metric([self._model, key], float(count))
         yield counter
+
+    def _step_gpu_time(self, totals: dict[str, list[float]] | None) -> Iterator[Metric]:
+        """`loraplex_engine_step_gpu_seconds_total{kind,rows}` and `loraplex_engine_timed_steps_total{kind,rows}`
+        (CUDA, engine/cuda/step_timer.py): the GPU time of the steps' forward passes by how they ran and their
+        padded rows; one over the other is what a step of that shape costs the GPU (a mixed step admitting prompts
+        beside a decode step of the same rows prices batch work beside interactive traffic)."""
+        if not totals:
+            return
+        seconds = CounterMetricFamily("loraplex_engine_step_gpu_seconds",
+                                      "GPU seconds of the engine steps' forward passes, by how they ran and their "
+                                      "padded rows", labels=["model_name", "kind", "rows"])
+        steps = CounterMetricFamily("loraplex_engine_timed_steps", "Engine steps whose forward pass was timed on "
+                                    "the GPU, by how they ran and their padded rows",
+                                    labels=["model_name", "kind", "rows"])
+        for key, (count, total) in sorted(totals.items()):
+            kind, _, rows = key.partition(":")
+            seconds.add_metric([self._model, kind, rows], float(total))
+            steps.add_metric([self._model, kind, rows], float(count))
+        yield seconds
+        yield steps
 
     def _accepted_per_position(self, stats: dict[str, Any]) -> Iterator[Metric]:
         """vLLM's per-position acceptance counter; absent while speculation is off (no positions)."""

@@ -62,6 +62,7 @@ def engine_config(settings: Settings) -> Any:
         flood_sit_out_prompt_tokens=settings.flood_sit_out_prompt_tokens,
         batch_rows_beside_interactive=settings.batch_rows_beside_interactive,
         batch_admission_wave=settings.batch_admission_wave,
+        batch_prefill_tokens_beside_interactive=settings.batch_prefill_tokens_beside_interactive,
         speculative_decoding=settings.speculative_decoding,
         speculative_num_tokens=settings.speculative_num_tokens,
         speculative_ngram_min=settings.speculative_ngram_min,

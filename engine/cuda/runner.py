@@ -40,6 +40,7 @@ from loraplex.engine.cuda.graphs import (
 from loraplex.engine.cuda.lora_overlap import SideStreamLoRABatch
 from loraplex.engine.cuda.memory import profile_num_blocks
 from loraplex.engine.cuda.staging import DrawBuffers, GrammarMaskBuffers, PinnedStaging
+from loraplex.engine.cuda.step_timer import StepTimer
 from loraplex.engine.input_batch import InputBatch, StepRows, build_input_batch
 from loraplex.engine.kernels.paged_attention_decode import choose_num_splits
 from loraplex.engine.kernels.token_bitmask import apply_token_bitmask
@@ -143,6 +144,7 @@ class CudaModelRunner(ModelRunner):
         self.num_graph_steps = 0
         self.num_mixed_graph_steps = 0
         self.num_eager_steps = 0
+        self.step_timer = StepTimer()  # GPU time of each forward pass, by kind and padded rows
         self._lora_stream: torch.cuda.Stream | None = None
         self._lora_graphs_of: LoRAStepBuilder | None = None  # whose slot stacks the LoRA graphs read
 
@@ -381,6 +383,9 @@ class CudaModelRunner(ModelRunner):
         return {"decode_graph": self.num_graph_steps, "mixed_graph": self.num_mixed_graph_steps,
                 "eager": self.num_eager_steps}
 
+    def step_gpu_times(self) -> dict[str, list[float]]:
+        return self.step_timer.snapshot()
+
     def release_graphs(self) -> None:
         """Drop every captured graph: NCCL finalizes a communicator only once no graph holds it."""
         self.graphs.clear()
@@ -522,7 +527,9 @@ class CudaModelRunner(ModelRunner):
         ], target=graph.inputs)
         if feed_tokens is not None:
             _take_fed_ids(graph.inputs[:num_tokens], feed_tokens, every_row_fed=bool(batch.input_ids.min() >= 0))
+        started = self.step_timer.begin()
         graph.replay_forward(graph_lora(lora))
+        self.step_timer.end(started, "mixed_graph", num_tokens)
         self.num_mixed_graph_steps += 1
         self.last_graph = graph
         count = len(batch.logit_rows)
@@ -568,7 +575,9 @@ class CudaModelRunner(ModelRunner):
                                           batch.block_tables], target=graph.inputs)
         if feed_tokens is not None:
             _take_fed_ids(graph.inputs[:size], feed_tokens, every_row_fed=bool(batch.input_ids.min() >= 0))
+        started = self.step_timer.begin()
         graph.replay_forward(graph_lora(lora))
+        self.step_timer.end(started, "decode_graph", size)
         self.num_graph_steps += 1
         self.last_graph = graph
         return graph
@@ -629,7 +638,9 @@ class CudaModelRunner(ModelRunner):
         )
         cos, sin = self.model.rotary.cos_sin(pos_d)
         ctx = StepContext(attention=meta, cos=cos, sin=sin, backend=self.attention_backend, lora=lora)
+        started = self.step_timer.begin()
         hidden = self.model(ids_d, ctx, self.kv_caches)
+        self.step_timer.end(started, "eager", 1 << (batch.num_tokens - 1).bit_length())  # a power of 2
         self.num_eager_steps += 1
         if not batch.logit_rows.size:
             return ForwardOutput(hidden, None)

@@ -390,7 +390,8 @@ def _batch_beside_interactive(sched: Scheduler, bm: BlockManager, num_lines: int
 
 def test_on_a_gpu_batch_work_is_admitted_in_waves_while_interactive_work_runs():
     bm = BlockManager(4000, 16)
-    sched = Scheduler(bm, max_num_batched_tokens=2048, max_num_seqs=16, batch_admission_wave=0.25)
+    sched = Scheduler(bm, max_num_batched_tokens=2048, max_num_seqs=16, batch_admission_wave=0.25,
+                      batch_prefill_tokens_beside_interactive=0)  # uncapped: a wave comes in in one step
     wave = 4
     interactive, running_batch = _batch_beside_interactive(sched, bm, 15 + 2 * wave)
     assert len(running_batch) == 15
@@ -446,7 +447,7 @@ def test_on_a_gpu_batch_work_runs_few_rows_beside_interactive_work_and_full_widt
 def test_on_a_gpu_batch_lines_are_admitted_in_waves_of_the_rows_beside_interactive_work():
     bm = BlockManager(4000, 16)
     sched = Scheduler(bm, max_num_batched_tokens=2048, max_num_seqs=64, batch_rows_beside_interactive=16,
-                      batch_admission_wave=0.125)
+                      batch_admission_wave=0.125, batch_prefill_tokens_beside_interactive=0)
     _, running = _batch_beside_interactive(sched, bm, 40)
     assert len(running) == 16, "interactive work running: batch lines fill only its rows"
     sched.finish(running[0])  # one row free: less than a wave (2 of 16)
@@ -468,15 +469,56 @@ def test_with_no_admission_wave_batch_lines_come_in_as_slots_free():
     assert sum(s.background and s.num_computed_tokens == 0 for s in out.seqs) == 1
 
 
+def test_batch_prompt_tokens_are_capped_a_step_beside_interactive_work_and_a_wave_fills_its_room_over_steps():
+    """GPU scheduling with batch_prefill_tokens_beside_interactive: while interactive work runs, no step carries
+    more batch prompt tokens than the cap (a line's prompt is chunked across steps if need be), the interactive
+    request's own tokens are never held back, and an admission wave stays open over steps until its room is
+    filled; alone, batch prompts take the step's whole budget again."""
+    bm = BlockManager(4000, 16)
+    sched = Scheduler(bm, max_num_batched_tokens=2048, max_num_seqs=16, batch_admission_wave=0.5,
+                      batch_prefill_tokens_beside_interactive=20)
+    interactive = seq(40, "globex")
+    sched.add(interactive)
+    lines = [seq(12, "acme", background=True) for _ in range(12)]
+    for line in lines:
+        sched.add(line)
+    first = sched.schedule()
+    assert first.seqs[0] is interactive and first.num_new_tokens[0] == 40, "interactive prompt runs whole"
+    complete(first, bm)
+    admitted: set[int] = set()
+    chunked = False
+    for _ in range(12):
+        out = sched.schedule()
+        prompt_chunks = [(s, n) for s, n in zip(out.seqs, out.num_new_tokens, strict=True)
+                         if s.background and s.num_computed_tokens < s.num_prompt_tokens]
+        assert sum(n for _, n in prompt_chunks) <= 20 and interactive in out.seqs
+        chunked |= any(s.num_computed_tokens + n < s.num_prompt_tokens for s, n in prompt_chunks)
+        admitted |= {s.seq_id for s in out.seqs if s.background}
+        complete(out, bm)
+    assert admitted == {line.seq_id for line in lines}, "the wave stayed open until every line came in"
+    assert chunked, "a prompt past the step's cap is chunked"
+    late = [seq(300, "acme", background=True) for _ in range(2)]
+    for line in late:
+        sched.add(line)
+    sched.finish(interactive)
+    (alone,) = run(sched, bm, 1)
+    assert sum(n for s, n in zip(alone.seqs, alone.num_new_tokens, strict=True) if s in late) == 600, \
+        "batch work alone: no cap"
+
+
 def test_the_batch_rows_beside_interactive_work_and_admission_wave_are_settings_with_defaults():
     from loraplex.engine.config import EngineConfig
     from loraplex.platform.settings import Settings
     from loraplex.platform.wiring import engine_config
 
     assert EngineConfig().batch_rows_beside_interactive == Settings().batch_rows_beside_interactive == 0
-    assert EngineConfig().batch_admission_wave == Settings().batch_admission_wave == 0.5
-    config = engine_config(Settings(batch_rows_beside_interactive=16, batch_admission_wave=0.5))
+    assert EngineConfig().batch_admission_wave == Settings().batch_admission_wave == 0.25
+    assert (EngineConfig().batch_prefill_tokens_beside_interactive
+            == Settings().batch_prefill_tokens_beside_interactive == 64)
+    config = engine_config(Settings(batch_rows_beside_interactive=16, batch_admission_wave=0.5,
+                                    batch_prefill_tokens_beside_interactive=64))
     assert config.batch_rows_beside_interactive == 16 and config.batch_admission_wave == 0.5
+    assert config.batch_prefill_tokens_beside_interactive == 64
     with pytest.raises(ValueError):
         Settings(batch_admission_wave=1.5)
 

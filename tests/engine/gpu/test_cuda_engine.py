@@ -500,6 +500,14 @@ def test_mixed_step_graphs_give_the_eager_steps_tokens_with_lora_and_grammar(dty
     assert on.runner.num_mixed_graph_steps > 0 and on.runner.num_eager_steps == 0
     assert any(key[2] == "lora" for key in on.runner.mixed_graphs)
     assert on.stats()["engine_steps"]["mixed_graph"] == on.runner.num_mixed_graph_steps
+    # Every forward pass was timed on the GPU, by kind and padded rows: the step counts agree, each time is real.
+    for engine, kinds in ((on, {"decode_graph", "mixed_graph"}), (off, {"decode_graph", "eager"})):
+        timed = engine.stats()["engine_step_gpu"]
+        assert {key.split(":")[0] for key in timed} == kinds
+        counts = engine.stats()["engine_steps"]
+        for kind in kinds:
+            assert sum(n for key, (n, _) in timed.items() if key.startswith(kind + ":")) == counts[kind]
+        assert all(seconds > 0 for _, seconds in timed.values())  # a first use spans its kernels' compile too
 
 
 class AttentionOnlyAdapters(RandomAdapterSource):
