@@ -6,6 +6,7 @@ Used by POST /v1/responses and by batch lines of that endpoint, so both fit the 
 from __future__ import annotations
 
 import asyncio
+import re
 
 from loraplex.engine.errors import DomainError, PromptTooLongError
 from loraplex.platform.api.admission import AdmissionTicket, UnslottedTicket
@@ -64,9 +65,13 @@ async def prepare_response(services: Services, key: Principal, turn: ResponseTur
 
 
 def _renamed(exc: DomainError | ApiError) -> DomainError | ApiError:
-    """The same error, its param in the Responses API's name (messages[3] -> input, ...)."""
+    """The same error, its param in the Responses API's name (messages[3] -> input, ...), and a field's chat name
+    in its message too (max_tokens -> max_output_tokens): a Responses client never sent the chat one."""
     param = exc.param or ""
     head = param.split(".", 1)[0].split("[", 1)[0]
     if head in _RESPONSES_PARAMS:
         exc.param = _RESPONSES_PARAMS[head] if head == "messages" else _RESPONSES_PARAMS[head] + param[len(head):]
+        if head != "messages":  # a message's text may say "messages" as a word; input items are not messages
+            exc.message = re.sub(rf"\b{head}\b", _RESPONSES_PARAMS[head], exc.message)
+            exc.args = (exc.message,)
     return exc

@@ -271,6 +271,22 @@ def test_reasoning_effort_is_the_thinking_budget(server):
         assert not thinking
 
 
+def test_an_output_limit_past_the_context_names_max_output_tokens(server):
+    """The chat preparation underneath knows the limit as max_tokens: a Responses client sees its own field's
+    name, in the param and in the message."""
+    context = server.services.engine.max_model_len
+    with pytest.raises(openai.BadRequestError) as refused:
+        server.client("all").responses.create(model=MODEL, input="Hi.", max_output_tokens=context + 10)
+    error = refused.value.body
+    assert refused.value.code == "context_length_exceeded" and error["param"] == "max_output_tokens"
+    assert "max_output_tokens" in error["message"]
+    assert "max_tokens" not in error["message"] and "max_completion_tokens" not in error["message"]
+    with pytest.raises(openai.BadRequestError) as truncating:  # leaving turns out cannot make room for it either
+        server.client("all").responses.create(model=MODEL, input="Hi.", max_output_tokens=context + 10,
+                                              truncation="auto")
+    assert truncating.value.body["param"] == "max_output_tokens"
+
+
 def test_truncation_auto_leaves_out_the_oldest_turns(server):
     client = server.client("all")
     notes = " ".join(f"note {i} about rivers and bridges;" for i in range(120))  # ~1,150 tokens
