@@ -35,6 +35,7 @@ from loraplex.grammar.runtime.closing import ClosingTokens, unfinishable
 from loraplex.grammar.runtime.matcher import StructuredGrammar
 from loraplex.grammar.runtime.unique_items import TokenBytes, UniqueItemsGrammar
 from loraplex.grammar.schema.passes import prepare_schema
+from loraplex.grammar.schema.productive import NO_FINITE_VALUE, admits_no_finite_value
 from loraplex.grammar.spec import GrammarKind, GrammarSpec
 
 
@@ -142,6 +143,8 @@ class GrammarCompilerService:
         if spec.kind == GrammarKind.JSON_SCHEMA:
             # The same language, in words the backends know (schema.passes.SCHEMA_PASSES, in order).
             prepared = prepare_schema(payload)
+            if prepared.schema is False and admits_no_finite_value(payload):
+                raise InvalidRequestError(f"{spec.param} cannot be satisfied: {NO_FINITE_VALUE}", param=spec.param)
             if prepared.schema is False:
                 raise InvalidRequestError(
                     f"{spec.param} cannot be enforced exactly: keyword 'schema' at # accepts no JSON value "

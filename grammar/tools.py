@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from loraplex.grammar.schema.productive import without_unproductive_choices
 from loraplex.grammar.spec import GrammarKind, GrammarSpec, choice_ebnf
 from loraplex.grammar.validation import FunctionTool, ToolRequest
 
@@ -113,6 +114,9 @@ def content_format_for(spec: GrammarSpec | None) -> dict[str, Any] | None:
 def _call_tag(tool: FunctionTool) -> dict[str, Any]:
     parameters = dict(tool.parameters)
     parameters.setdefault("type", "object")
+    # a branch no finite arguments satisfy (validation refused a whole schema of that kind) is one the model
+    # must never start: it could not finish the call
+    parameters = without_unproductive_choices(parameters)
     return {
         "type": "tag",
         "begin": call_prefix(tool.name),

@@ -18,6 +18,7 @@ from typing import Any
 import jsonschema
 from loraplex.engine.errors import InvalidRequestError
 from loraplex.grammar.backends.registry import unenforced_in
+from loraplex.grammar.schema.productive import NO_FINITE_VALUE, admits_no_finite_value
 from loraplex.grammar.schema.walk import SchemaShapeLimits, shape_problem
 from loraplex.grammar.spec import GrammarKind, GrammarSpec
 
@@ -106,6 +107,8 @@ def check_json_schema(schema: Any, *, param: str, strict: bool,
     except jsonschema.SchemaError as exc:
         where = "/".join(str(p) for p in exc.absolute_path) or "(root)"
         raise InvalidRequestError(f"{param} is not a valid JSON schema at {where}: {exc.message}", param=param) from None
+    if admits_no_finite_value(schema):
+        raise InvalidRequestError(f"{param} cannot be satisfied: {NO_FINITE_VALUE}", param=param)
     if strict:
         unenforced = unenforced_in(GrammarKind.STRUCTURAL_TAG, schema)
         if unenforced:
@@ -207,7 +210,9 @@ def _parse_tool(tool: Any, param: str, limits: SchemaShapeLimits) -> FunctionToo
     strict = function.get("strict") or False
     if not isinstance(strict, bool):
         raise InvalidRequestError(f"{param}.function.strict must be a boolean", param=f"{param}.function.strict")
-    check_json_schema(parameters, param=f"{param}.function.parameters", strict=strict, limits=limits)
+    # the call's grammar takes the parameters as an object (grammar/tools.py), so they are checked as one
+    check_json_schema({"type": "object", **parameters}, param=f"{param}.function.parameters", strict=strict,
+                      limits=limits)
     return FunctionTool(name, description, parameters, strict)
 
 

@@ -19,6 +19,7 @@ from loraplex.grammar.schema.lookaheads import with_lookaheads_resolved
 from loraplex.grammar.schema.one_of_disjoint import with_disjoint_one_of_as_any_of
 from loraplex.grammar.schema.pattern_regions import with_disjoint_pattern_properties
 from loraplex.grammar.schema.patterns import with_unmatchable_patterns_as_no_string
+from loraplex.grammar.schema.productive import with_unproductive_as_false
 from loraplex.grammar.schema.refs import (
     with_boolean_refs_inlined,
     with_reachable_ref_targets,
@@ -54,6 +55,8 @@ SCHEMA_PASSES: tuple[SchemaPass, ...] = (
     _on_schema(with_reachable_ref_targets),
     # up to draft 7 a $ref overrides its siblings: they go
     _on_schema(without_ignored_ref_siblings),
+    # a subschema whose every value would hold another without end (a required self-reference) accepts nothing
+    _on_schema(with_unproductive_as_false),
     # annotation formats dropped, the ones with an exact pattern written as it
     _on_schema(with_formats_enforced),
     # a pattern no string matches (anchors inside it) admits no string

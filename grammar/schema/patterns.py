@@ -14,7 +14,7 @@ import copy
 import re
 from typing import Any
 
-from loraplex.grammar.schema.walk import subschemas
+from loraplex.grammar.schema.walk import replace_subschemas, subschemas
 
 try:
     from re import _constants as sre_constants  # type: ignore[attr-defined]
@@ -75,24 +75,4 @@ def with_unmatchable_patterns_as_no_string(schema: Any) -> Any:
                 replaced[id(node)] = False
             else:
                 node["allOf"] = [*node.get("allOf", []), {"type": _NOT_STRING}]
-    return _replace(schema, replaced) if replaced else schema
-
-
-def _replace(node: Any, replaced: dict[int, Any]) -> Any:
-    """`node` with the subschemas named by id swapped for their replacement (walked without recursion)."""
-    if id(node) in replaced:
-        return replaced[id(node)]
-    for _, parent, _ in subschemas(node):
-        if not isinstance(parent, dict):
-            continue
-        for key, value in parent.items():
-            if isinstance(value, dict):
-                if id(value) in replaced:
-                    parent[key] = replaced[id(value)]
-                else:
-                    for name, sub in value.items():
-                        if id(sub) in replaced:
-                            value[name] = replaced[id(sub)]
-            elif isinstance(value, list):
-                parent[key] = [replaced.get(id(sub), sub) for sub in value]
-    return node
+    return replace_subschemas(schema, replaced) if replaced else schema

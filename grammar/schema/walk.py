@@ -112,6 +112,26 @@ def first_keyword_outside(schema: Any, allowed: frozenset[str], formats: frozens
     return None
 
 
+def replace_subschemas(node: Any, replaced: dict[int, Any]) -> Any:
+    """`node` with the subschemas named by id swapped for their replacement, in place (walked without recursion)."""
+    if id(node) in replaced:
+        return replaced[id(node)]
+    for _, parent, _ in subschemas(node):
+        if not isinstance(parent, dict):
+            continue
+        for key, value in parent.items():
+            if isinstance(value, dict):
+                if id(value) in replaced:
+                    parent[key] = replaced[id(value)]
+                else:
+                    for name, sub in value.items():
+                        if id(sub) in replaced:
+                            value[name] = replaced[id(sub)]
+            elif isinstance(value, list):
+                parent[key] = [replaced.get(id(sub), sub) for sub in value]
+    return node
+
+
 def resolve_ref(ref: Any, root: Any) -> Any | None:
     """The subschema a local `$ref` (`#/a/b`, JSON-pointer escapes) names; None for any other reference."""
     if not isinstance(ref, str) or not ref.startswith("#"):

@@ -162,6 +162,10 @@ BAD_TOOLS = [
         "x": {"type": "bogus"}}}}}]}, "tools[0].function.parameters"),
     ({"tools": [{"type": "function", "function": {"name": "f", "strict": True, "parameters": {
         "type": "object", "properties": {"x": {"type": "integer", "multipleOf": 3}}}}}]}, "tools[0].function.parameters"),
+    # arguments that never end: each `next` must hold another (the call could never be closed)
+    ({"tools": [WEATHER, {"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"next": {"$ref": "#"}}, "required": ["next"]}}}],
+      "tool_choice": "auto"}, "tools[1].function.parameters"),
 ]
 
 

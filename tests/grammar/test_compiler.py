@@ -53,10 +53,13 @@ SELF_REQUIRING = {"type": "object", "properties": {"child": {"$ref": "#"}}, "req
                                           "$ref": "#/$defs/a"}),
     GrammarSpec(GrammarKind.JSON_SCHEMA, SELF_REQUIRING),
     GrammarSpec(GrammarKind.JSON_SCHEMA, {"type": "array", "minItems": 1, "items": SELF_REQUIRING}),
+    GrammarSpec(GrammarKind.JSON_SCHEMA, {"anyOf": [SELF_REQUIRING, {"type": "array", "minItems": 1,
+                                                                    "items": SELF_REQUIRING}]}),
     GrammarSpec(GrammarKind.EBNF, 'root ::= "x" root', param="response_format.grammar"),
     GrammarSpec(GrammarKind.EBNF, 'root ::= "a" | "b" loop\nloop ::= "x" loop', param="response_format.grammar"),
     GrammarSpec(GrammarKind.EBNF, 'root ::= a\na ::= b\nb ::= a', param="response_format.grammar"),
-], ids=["ref-to-itself", "refs-to-each-other", "required-self", "array-of-required-self", "ebnf-without-end",
+], ids=["ref-to-itself", "refs-to-each-other", "required-self", "array-of-required-self",
+        "a-choice-of-endless-values", "ebnf-without-end",
         "ebnf-rule-without-end-behind-a-choice", "ebnf-rules-referring-to-each-other"])
 def test_a_grammar_no_output_completes_is_a_400(compiler, spec):
     """Well formed, yet no finite output matches: refused at compile time (a request ran before, and its empty

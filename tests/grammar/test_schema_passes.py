@@ -39,7 +39,8 @@ def same_language(a, b, draft=jsonschema.Draft7Validator) -> bool:
 
 def test_the_passes_run_in_one_declared_order():
     assert [p.__name__ for p in SCHEMA_PASSES] == [
-        "with_reachable_ref_targets", "without_ignored_ref_siblings", "with_formats_enforced",
+        "with_reachable_ref_targets", "without_ignored_ref_siblings", "with_unproductive_as_false",
+        "with_formats_enforced",
         "with_unmatchable_patterns_as_no_string", "with_inner_end_anchors_resolved",
         "with_lookaheads_resolved", "with_disjoint_one_of_as_any_of", "with_exact_identities",
         "with_disjoint_pattern_properties", "with_boolean_refs_inlined",

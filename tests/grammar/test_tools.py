@@ -4,6 +4,7 @@ import pytest
 from grammar_helpers import feed
 from loraplex.grammar.spec import GrammarKind, GrammarSpec
 from loraplex.grammar.tools import (
+    call_prefix,
     content_format_for,
     format_call,
     messages_with_tools,
@@ -69,6 +70,20 @@ def test_tool_call_grammar(compiler, tokenizer, tool_choice, parallel, text, acc
     assert ok is accepted
     if accepted:
         assert matcher.is_terminated() is terminated
+
+
+def test_a_branch_of_the_arguments_no_finite_value_satisfies_is_never_started(compiler, tokenizer):
+    """`x` is a number or an object that must hold another such object without end: a model starting the
+    object could never close the call, so the grammar offers the number alone."""
+    endless = {"type": "object", "properties": {"inner": {"$ref": "#/$defs/endless"}}, "required": ["inner"]}
+    tool = {"type": "function", "function": {"name": "pick", "parameters": {
+        "type": "object", "properties": {"x": {"anyOf": [{"$ref": "#/$defs/endless"}, {"type": "integer"}]}},
+        "required": ["x"], "$defs": {"endless": endless}}}}
+    grammar = compiler.compile_blocking(tool_call_spec(parse_tools([tool], "required", False)))
+    matcher, ok = feed(grammar, tokenizer, format_call("pick", '{"x": 4}'))
+    assert ok and matcher.is_terminated()
+    _, ok = feed(grammar, tokenizer, call_prefix("pick") + '{"x": {')
+    assert not ok
 
 
 def test_tool_choice_none_has_no_grammar():

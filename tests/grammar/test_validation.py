@@ -67,6 +67,14 @@ def nested(depth: int) -> dict:
     return schema
 
 
+def test_a_response_format_whose_values_never_end_is_a_400_naming_it():
+    endless = {"type": "object", "properties": {"a": {"$ref": "#/$defs/b"}}, "required": ["a"],
+               "$defs": {"b": {"type": "array", "minItems": 1, "items": {"$ref": "#"}}}}
+    with pytest.raises(InvalidRequestError) as info:
+        response_format_spec({"type": "json_schema", "json_schema": {"name": "x", "schema": endless}})
+    assert info.value.param == "response_format.json_schema.schema" and "no finite JSON value" in info.value.message
+
+
 def test_a_schema_nested_400_deep_is_a_400_not_a_recursion_error():
     with pytest.raises(InvalidRequestError, match="nests deeper than 64") as info:
         response_format_spec(schema_format(nested(400)))
@@ -143,6 +151,12 @@ def test_tool_choice_forms():
         ([tool("a", {"type": "object", "properties": {"x": {"type": "string", "format": "idn-email"}}}, strict=True)],
          None, None, "tools[0].function.parameters", "strict"),
         ([tool("a")], None, "yes", "parallel_tool_calls", "boolean"),
+        # no finite arguments: each value of `next` must hold another `next`
+        ([tool("a", {"type": "object", "properties": {"next": {"$ref": "#"}}, "required": ["next"]})], "auto",
+         None, "tools[0].function.parameters", "no finite JSON value"),
+        # the same with the type left out: the call's arguments are an object all the same
+        ([tool("a", {"properties": {"next": {"$ref": "#"}}, "required": ["next"]})], None, None,
+         "tools[0].function.parameters", "no finite JSON value"),
     ],
 )
 def test_bad_tools_are_a_400_naming_the_field(tools, tool_choice, parallel, param, needle):
