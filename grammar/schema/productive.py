@@ -37,13 +37,10 @@ NO_FINITE_VALUE = ("it accepts no finite JSON value: every value it allows must 
 
 def with_unproductive_as_false(schema: Any) -> Any:
     """`schema` (a copy when anything changes) with every subschema that no finite value satisfies as `false`."""
-    if not isinstance(schema, dict):
+    found = _copy_with_unproductive(schema)
+    if found is None:
         return schema
-    dead = _unproductive(schema)
-    if not dead:
-        return schema
-    schema = copy.deepcopy(schema)
-    dead = _unproductive(schema)  # the same subschemas, found again by the copy's ids
+    schema, dead = found
     if id(schema) in dead:
         return False
     return replace_subschemas(schema, {node_id: False for node_id in dead})
@@ -53,13 +50,10 @@ def without_unproductive_choices(schema: Any) -> Any:
     """`schema` (a copy when anything changes) with every `anyOf`/`oneOf` member no finite value satisfies left
     out: for a backend that takes no `false` subschema (xgrammar's structural tags), the one place where such a
     member costs something, a choice the model could walk into and never finish, goes all the same."""
-    if not isinstance(schema, dict):
+    found = _copy_with_unproductive(schema)
+    if found is None:
         return schema
-    dead = _unproductive(schema)
-    if not dead:
-        return schema
-    schema = copy.deepcopy(schema)
-    dead = _unproductive(schema)
+    schema, dead = found
     for _, node, _ in subschemas(schema):
         if not isinstance(node, dict) or id(node) in dead:
             continue
@@ -70,6 +64,14 @@ def without_unproductive_choices(schema: Any) -> Any:
                 if kept and len(kept) < len(members):
                     node[key] = kept
     return schema
+
+
+def _copy_with_unproductive(schema: Any) -> tuple[dict, set[int]] | None:
+    """A copy of `schema` and the ids of its subschemas no finite value satisfies; None when there are none."""
+    if not isinstance(schema, dict) or not _unproductive(schema):
+        return None
+    schema = copy.deepcopy(schema)
+    return schema, _unproductive(schema)  # the same subschemas, found again by the copy's ids
 
 
 def admits_no_finite_value(schema: Any) -> bool:
