@@ -45,6 +45,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from loraplex.engine import fair_share
+from loraplex.engine.batch_beside_interactive import BACKGROUND, BatchBesideInteractive
 from loraplex.engine.fair_share import FairShare, admission_key
 from loraplex.engine.kv import preempt_swap
 from loraplex.engine.kv.block_manager import BlockManager
@@ -66,7 +67,6 @@ NEWCOMER = "\x00newcomer"  # the tenant that may come next, at the default weigh
 # _narrow_step_allowance)
 CPU_FLOOD_STEP_ROWS = 4
 FLOOD_GRACE_STEPS = 32
-BACKGROUND = "\x00background"  # the allowance key of batch work, whatever its tenant (never a real tenant id)
 MAX_FLOOD_SIT_OUT_STEPS = 4  # GPU: a flood sits out at most this many steps in a row for others' prefills
 # GPU with mixed-step graphs: a flood sits out the step admitting another tenant's short prompt at most once in this
 # many steps, so many tiny requests of one tenant cannot hold a flood below 3/4 of its speed
@@ -139,16 +139,9 @@ class Scheduler:
         # admitting another tenant's prompt of at most that many tokens (0: never)
         self.flood_sit_out_prompt_tokens = flood_sit_out_prompt_tokens
         self._last_short_sit_out_step = -FLOOD_SHORT_SIT_OUT_EVERY
-        # GPU: batch rows a step runs while interactive work runs or waits (0: no limit; see _batch_rows_allowance)
-        self.batch_rows_beside_interactive = batch_rows_beside_interactive
-        # GPU: while interactive work runs, batch work is admitted once this share of its room is free (see
-        # _batch_admission_waits_for_a_wave); 0: whenever a slot is free
-        self.batch_admission_wave = batch_admission_wave
-        # GPU: batch prompt tokens a step runs while interactive work runs or waits (0: the step's budget; see
-        # _batch_prefill_allowance); with a cap, an admission wave stays open over steps until its room is filled
-        self.batch_prefill_tokens_beside_interactive = batch_prefill_tokens_beside_interactive
-        self._batch_wave_open = False
-        self._batch_prefill_left: int | None = None  # this step's batch prompt tokens left; None: no cap
+        # GPU: batch work's rows, admission waves and prompt tokens while interactive work runs or waits
+        self.batch = BatchBesideInteractive(batch_rows_beside_interactive, batch_admission_wave,
+                                            batch_prefill_tokens_beside_interactive)
         self._sat_out_since = 0  # CPU: the step since which the long decodes have sat out (see _long_decodes_run)
         # Waiting sequences whose adapter_ready raised: the engine fails their requests.
         self.failed: dict[int, tuple[Sequence, Exception]] = {}
@@ -249,13 +242,12 @@ class Scheduler:
             else:
                 budget = min(budget, CPU_BATCH_STEP_TOKENS)
         allowance = self._narrow_step_allowance(batch_waits)
-        self._batch_prefill_left = None
-        if not self.decode_yield_min_tokens and self._has_interactive_work():
-            allowance = self._batch_rows_allowance()
-            batch_trickles = self._batch_admission_waits_for_a_wave(allowance)
-            self._batch_prefill_left = self.batch_prefill_tokens_beside_interactive or None
-        else:
-            self._batch_wave_open = False
+        beside_interactive = not self.decode_yield_min_tokens and self._has_interactive_work()
+        self.batch.begin_step(beside_interactive)
+        if beside_interactive:
+            allowance = self.batch.rows_allowance(self.running)
+            batch_trickles = self.batch.waits_for_a_wave(self.max_num_seqs - self.num_slots_taken(),
+                                                         self.max_num_seqs, allowance)
         # Decodes first, then prefill chunks, each group in admission order.
         order = sorted(self.running, key=lambda s: s.num_uncomputed_tokens > 1)
         caps = self._prefill_caps(order, budget, yielding)
@@ -278,7 +270,7 @@ class Scheduler:
                 caps[seq.tenant_id] -= num_new
             batch_prefill = seq.background and seq.num_uncomputed_tokens > 1
             if batch_prefill:
-                num_new = self._batch_prefill_chunk(num_new)
+                num_new = self.batch.prefill_chunk(num_new)
                 if num_new <= 0:
                     continue
             if drafting and num_new == 1:
@@ -287,7 +279,7 @@ class Scheduler:
                 continue
             budget -= self._schedule_seq(seq, num_new, out)
             if batch_prefill:
-                self._take_batch_prefill(num_new)
+                self.batch.take_prefill(num_new)
         if out.num_preempted == 0:
             room = {t: self._step_rows(t) - len(allowed) for t, allowed in allowance.items()}
             self._admit(budget, out, skip_tenants=flooding, skip_background=batch_waits or batch_trickles,
@@ -329,62 +321,11 @@ class Scheduler:
                 return False
         return True
 
-    def _batch_rows_allowance(self) -> dict[str, set[int]]:
-        """GPU, interactive work running or waiting: the batch rows this step may run, under BACKGROUND ({} when
-        not limited). On a GPU a step's rows are not free for a small model: on an H200 a 64-row SmolLM2 step with
-        four adapters took ~2.5-3 ms of GPU and host work against ~1.2 ms for one row, and every interactive
-        request decoding beside a full batch ran that much slower. `batch_rows_beside_interactive` rows run (the
-        lines furthest along first, so slots free soonest); the batch's other admitted lines sit the step out, and
-        new ones come in only as these finish. Batch work alone runs at full width."""
-        limit = self.batch_rows_beside_interactive
-        if not limit:
-            return {}
-        allowed: set[int] = set()
-        batch = [s for s in self.running if s.background]
-        for seq in sorted(batch, key=lambda s: (-s.num_output_tokens, s.seq_id))[:limit]:
-            allowed.add(seq.seq_id)
-        return {BACKGROUND: allowed}
-
     def _step_rows(self, allowance_key: str) -> int:
-        """The rows a narrowed step runs for `allowance_key` (see _narrow_step_allowance, _batch_rows_allowance)."""
+        """The rows a narrowed step runs for `allowance_key` (see _narrow_step_allowance, BatchBesideInteractive)."""
         if allowance_key == BACKGROUND and not self.decode_yield_min_tokens:
-            return self.batch_rows_beside_interactive
+            return self.batch.step_rows()
         return CPU_FLOOD_STEP_ROWS
-
-    def _batch_admission_waits_for_a_wave(self, allowance: dict[str, set[int]]) -> bool:
-        """On a GPU, while interactive work runs, batch work is admitted in waves: only once a
-        `batch_admission_wave` fraction of its room (the free slots, or what batch_rows_beside_interactive leaves)
-        is free. Admitted one by one as batch lines finish, nearly every step carried a batch prefill (an eager
-        step of 64 SmolLM2 rows took ~15 ms on an H200 against ~3 ms for a graph; mixed-step graphs still cost
-        more than a decode graph), and the interactive requests decoding beside them paid for it; in waves one
-        step admits many lines. On Llama-3.1-8B's shapes (H200) lines let in as slots freed made 57% of the steps
-        beside interactive work admit prompts, waves of an eighth 22%, of a half 11%: the interactive p95 went from
-        1.66x quiet at the first two to 1.52-1.53x at the third, the batch's throughput beside it from ~1.0 to ~0.9.
-        That admitting step carried a whole wave's prompts (512 tokens: 14.5 ms of GPU against 5.6 ms for the 64
-        decode rows alone); with them capped at 64 tokens a step (6.1 ms) and the wave open until its room is
-        filled, waves of a quarter gave 1.52-1.54x at 1.01-1.03x."""
-        free = self.max_num_seqs - self.num_slots_taken()
-        room, limit = free, self.max_num_seqs
-        if BACKGROUND in allowance:
-            limit = self.batch_rows_beside_interactive
-            room = min(free, limit - len(allowance[BACKGROUND]))
-        if not self.batch_prefill_tokens_beside_interactive:
-            return room < max(1, int(limit * self.batch_admission_wave))
-        # With batch prompts capped a step, a wave takes several steps: it stays open until its room is filled.
-        if room <= 0:
-            self._batch_wave_open = False
-        elif room >= max(1, int(limit * self.batch_admission_wave)):
-            self._batch_wave_open = True
-        return not self._batch_wave_open
-
-    def _batch_prefill_chunk(self, num_tokens: int) -> int:
-        """How many of `num_tokens` batch prompt tokens this step may still run (all where there is no cap)."""
-        left = self._batch_prefill_left
-        return num_tokens if left is None else min(num_tokens, left)
-
-    def _take_batch_prefill(self, num_tokens: int) -> None:
-        if self._batch_prefill_left is not None:
-            self._batch_prefill_left -= num_tokens
 
     def _has_interactive_work(self) -> bool:
         """Whether interactive (not batch) work runs or waits. On the CPU (decode yielding on) batch work sits
@@ -709,7 +650,7 @@ class Scheduler:
         room = dict(tenant_room or {})
         skip = set(skip_tenants or ()) | {t for t, n in room.items() if n <= 0}
         while budget > 0 and self.num_slots_taken() < self.max_num_seqs:
-            no_batch_room = room.get(BACKGROUND, 1) <= 0 or self._batch_prefill_chunk(budget) <= 0
+            no_batch_room = room.get(BACKGROUND, 1) <= 0 or self.batch.prefill_chunk(budget) <= 0
             seq = self._next_waiting(skip, skip_background or no_batch_room)
             if seq is None:
                 return
@@ -725,7 +666,7 @@ class Scheduler:
             preempt_swap.swap_in(self.block_manager, seq)
             num_new = min(seq.num_uncomputed_tokens, budget)
             if seq.background and num_new > 1:
-                num_new = self._batch_prefill_chunk(num_new)
+                num_new = self.batch.prefill_chunk(num_new)
             while not self.block_manager.can_append(seq, num_new):
                 if self.block_manager.evict_oldest_pin() is None:
                     self.block_manager.deallocate(seq)
@@ -742,7 +683,7 @@ class Scheduler:
             self.running.append(seq)
             budget -= self._schedule_seq(seq, num_new, out)
             if seq.background and seq.num_uncomputed_tokens > 1:
-                self._take_batch_prefill(num_new)
+                self.batch.take_prefill(num_new)
             key = _allowance_key(seq)
             if key in room:
                 room[key] -= 1
