@@ -84,7 +84,8 @@ def test_harmless_parameters_are_accepted(openai_client) -> None:  # type: ignor
         modalities=["text"], parallel_tool_calls=True,
     )
     assert reply.choices[0].message.content
-    completion = openai_client.completions.create(model=MODEL, prompt="Hello", max_tokens=2, user="user-123")
+    completion = openai_client.completions.create(model=MODEL, prompt="Hello", max_tokens=2, temperature=0,
+                                                   user="user-123")
     assert completion.choices[0].text
 
 

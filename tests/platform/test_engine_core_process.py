@@ -208,7 +208,7 @@ def test_sigkill_of_the_engine_core_fails_open_requests_and_the_server_exits(
 
     server.start(timeout_s=300)
     answer = _client(server, api_key).chat.completions.create(
-        model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=4)
+        model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=4, temperature=0)
     assert answer.choices[0].message.content
     wait_until(lambda: len(_ledger(database_url)) == len(rows) + 1, timeout_s=30, interval_s=0.1,
                what="one more ledger row")
