@@ -239,10 +239,8 @@ class Scheduler:
         flooding = flooding or self._floods_sitting_out_for_a_prefill()
         batch_waits = batch_trickles = False
         if self.decode_yield_min_tokens:  # the CPU: batch work must never lengthen an interactive request's steps
-            batch_waits = self._has_interactive_work()
-            if batch_waits:
-                self._interactive_seen_step = self.num_steps
-            else:
+            batch_waits = self._interactive_work_now()
+            if not batch_waits:
                 budget = min(budget, CPU_BATCH_STEP_TOKENS)
         allowance = self._narrow_step_allowance(batch_waits)
         beside_interactive = not self.decode_yield_min_tokens and self._interactive_within_grace()
@@ -336,10 +334,15 @@ class Scheduler:
         gap's first step admitted a whole wave of batch prompts (576 tokens: 14.5 ms of GPU on Llama-3.1-8B's
         shapes, against 6 ms for the capped step), and the next interactive request, arriving during it, waited
         for it."""
-        if self._has_interactive_work():
-            self._interactive_seen_step = self.num_steps
-            return True
-        return self.num_steps - self._interactive_seen_step <= BATCH_GRACE_STEPS
+        return self._interactive_work_now() or self.num_steps - self._interactive_seen_step <= BATCH_GRACE_STEPS
+
+    def _interactive_work_now(self) -> bool:
+        """Whether interactive work runs or waits this step, noting the step when it does (the graces after
+        interactive work count from it)."""
+        if not self._has_interactive_work():
+            return False
+        self._interactive_seen_step = self.num_steps
+        return True
 
     def _has_interactive_work(self) -> bool:
         """Whether interactive (not batch) work runs or waits. On the CPU (decode yielding on) batch work sits
