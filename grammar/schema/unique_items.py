@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import copy
 import re
-import sre_constants
 from typing import Any
 
 from loraplex.grammar.schema.finite import JUDGING_ERRORS, offline_validators
@@ -54,9 +53,11 @@ from loraplex.grammar.schema.walk import (
     subschemas,
 )
 
-try:
+try:  # the public sre_* modules are deprecated aliases of these since Python 3.11
+    from re import _constants as sre_constants  # type: ignore[attr-defined]
     from re import _parser as sre_parse  # type: ignore[attr-defined]
 except ImportError:  # pragma: no cover
+    import sre_constants
     import sre_parse
 
 _ARRAY, _OBJECT = "array", "object"
