@@ -65,6 +65,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # its sibling modules, however it is loaded
+from serve_health import wait_healthy
+
 ROOT = Path(__file__).resolve().parents[1]
 RESULT = ROOT / "benchmarks" / "results" / "api_overhead.json"
 PROMPTS = [
@@ -476,19 +479,7 @@ class ServedProcesses:
         return sorted(kids, key=lambda k: int(Path(f"/proc/{k}/stat").read_text().rsplit(")", 1)[1].split()[19]))
 
     def wait_healthy(self, timeout_s: float = 900) -> None:
-        import httpx
-
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise SystemExit(f"loraplex serve exited with {self.process.returncode}; see {self.log.name}")
-            try:
-                if httpx.get(f"http://127.0.0.1:{self.port}/healthz", timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
-        raise SystemExit(f"loraplex serve did not become healthy; see {self.log.name}")
+        wait_healthy(f"http://127.0.0.1:{self.port}/healthz", self.process, Path(self.log.name), timeout_s)
 
     def stop(self) -> None:
         if self.process.poll() is None:

@@ -68,6 +68,9 @@ from typing import Any
 import httpx
 import openai
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # its sibling modules, however it is loaded
+from serve_health import wait_healthy
+
 ROOT = Path(__file__).resolve().parents[1]
 RESULT = ROOT / "benchmarks" / "results" / "batch.json"
 SYSTEM = ("You are the support assistant of a small online bookshop. Answer politely and briefly. Orders ship "
@@ -118,17 +121,7 @@ class Server:
                 [sys.executable, "-m", "loraplex.platform.cli.main", "serve", "--port", str(self.port)],
                 cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
                 preexec_fn=die_with_parent)
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise SystemExit(f"loraplex serve exited with {self.process.returncode}; see {self.log_dir}")
-            try:
-                if httpx.get(f"http://127.0.0.1:{self.port}/healthz", timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
-        raise SystemExit(f"loraplex serve did not become healthy; see {self.log_dir}")
+        wait_healthy(f"{self.url}/healthz", self.process, self.log_dir / f"serve-{self.num_starts}.log", timeout_s)
 
     @property
     def url(self) -> str:

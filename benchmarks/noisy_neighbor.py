@@ -85,6 +85,9 @@ import httpx
 import psutil
 from loraplex.engine.host_info import cpu_benchmark_machine
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # its sibling modules, however it is loaded
+from serve_health import wait_healthy
+
 ROOT = Path(__file__).resolve().parents[1]
 RESULT = ROOT / "benchmarks" / "results" / "noisy_neighbor.json"
 MODEL = "SmolLM2-135M-Instruct"
@@ -149,18 +152,7 @@ def serve(data_dir: Path) -> Iterator[tuple[str, dict[str, str], int]]:
                                cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 900
-        while True:
-            if process.poll() is not None:
-                raise RuntimeError("the server exited:\n" + (data_dir / "server.log").read_text()[-4000:])
-            try:
-                if httpx.get(url + "/healthz", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError("the server did not become healthy")
-            time.sleep(0.2)
+        wait_healthy(url + "/healthz", process, data_dir / "server.log")
         yield url, keys, process.pid
     finally:
         process.terminate()

@@ -42,6 +42,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # its sibling modules, however it is loaded
+from serve_health import wait_healthy
+
 ROOT = Path(__file__).resolve().parents[1]
 RESULT = ROOT / "benchmarks" / "results" / "replicas.json"
 HAPROXY_CFG = ROOT / "deploy" / "haproxy" / "haproxy.cfg"
@@ -56,22 +59,6 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
-
-
-def wait_for(url: str, process: subprocess.Popen[bytes], log: Path, timeout_s: float = 900) -> None:
-    import httpx
-
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise SystemExit(f"{url}: exited with {process.returncode}:\n{log.read_text()[-4000:]}")
-        try:
-            if httpx.get(url, timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    raise SystemExit(f"{url} did not answer in {timeout_s:g} s:\n{log.read_text()[-4000:]}")
 
 
 class Replica:
@@ -115,7 +102,7 @@ def start_balancer(haproxy: str, replicas: list[Replica], work: Path) -> tuple[s
         process = subprocess.Popen([haproxy, "-db", "-f", str(HAPROXY_CFG)], env=env, stdout=out,
                                    stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
-    wait_for(url + "/readyz", process, log, timeout_s=60)
+    wait_healthy(url + "/readyz", process, log, timeout_s=60)
     return process, url
 
 
@@ -352,7 +339,7 @@ def main() -> None:
         balancer = None
         try:
             for replica in replicas:
-                wait_for(replica.url + "/healthz", replica.process, replica.log)
+                wait_healthy(replica.url + "/healthz", replica.process, replica.log)
             balancer, lb = start_balancer(args.haproxy, replicas, work)
             results = run(args, replicas, lb, key, model)
         finally:
