@@ -96,7 +96,8 @@ def gemv_sweep(copy_gbps: float) -> dict:
 
 
 def profile_graph(graph, steps: int = 5) -> list:
-    """Kernel name -> µs per replay, largest first."""
+    """Kernel name -> µs per replay, largest first. Take it after the process's last LoRA graph capture: a capture
+    after a profiler session ended in a device-side assert (H200, torch 2.11)."""
     from torch.profiler import ProfilerActivity, profile
 
     torch.cuda.synchronize()
@@ -400,15 +401,140 @@ def tp_profile(tp: int = 2, steps: int = 10) -> None:
     engine.close()
 
 
+SKINNY_SHAPES = {**{name: shape for name, shape in SHAPES.items() if name != "head"},
+                 "head_smollm2": (49152, 4096)}  # batch.py's body shapes keep SmolLM2's vocabulary
+SKINNY_ROWS = (2, 8, 16, 32, 48, 64, 80, 128)
+SKINNY_CONFIGS = [  # block_n, block_k, warps, stages, K splits
+    (64, 128, 4, 4, 1), (64, 128, 4, 4, 2), (64, 128, 4, 4, 4), (64, 256, 4, 3, 1), (128, 128, 4, 3, 1),
+    (128, 128, 8, 4, 1), (128, 64, 4, 5, 1), (64, 64, 4, 6, 2), (32, 128, 4, 4, 2), (128, 128, 8, 3, 2)]
+
+
+def skinny_sweep(copy_gbps: float, rows: tuple[int, ...] = SKINNY_ROWS) -> dict:
+    """Per shape and row count: cuBLAS and each `skinny_gemm` config, µs per call over distinct weight copies in
+    one graph, each result checked against float64 (a config must be within 2x cuBLAS's error to count)."""
+    import torch.nn.functional as F
+    from attention_kernels import relative_error
+    from loraplex.engine.cuda.skinny_gemm import SkinnyConfig, skinny_gemm
+
+    table = {}
+    for name, (n, k) in SKINNY_SHAPES.items():
+        copies = 3 if n > 100_000 else 8
+        weights = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02 for _ in range(copies)]
+        floor_us = n * k * 2 / copy_gbps / 1e3
+        table[name] = {"n": n, "k": k, "floor_us": floor_us, "rows": {}}
+        for m in rows:
+            xs = [torch.randn(m, k, device="cuda", dtype=torch.bfloat16) for _ in range(copies)]
+            ref = F.linear(xs[0].double(), weights[0].double())
+            row = {"cublas_us": graph_time_us(lambda i, xs=xs, weights=weights: F.linear(xs[i], weights[i]), copies),
+                   "cublas_err": relative_error(F.linear(xs[0], weights[0]), ref), "configs": {}}
+            best = None
+            for values in SKINNY_CONFIGS:
+                config = SkinnyConfig(*values)
+                try:
+                    err = relative_error(skinny_gemm(xs[0], weights[0], config=config), ref)
+                    us = graph_time_us(lambda i, c=config, xs=xs, weights=weights: skinny_gemm(xs[i], weights[i], config=c),
+                                       copies)
+                except Exception as exc:  # a config that does not fit (shared memory, registers) is skipped
+                    row["configs"][str(values)] = f"error {type(exc).__name__}: {str(exc)[:80]}"
+                    continue
+                row["configs"][str(values)] = {"us": round(us, 2), "err": err}
+                if err < 2 * row["cublas_err"] + 1e-3 and (best is None or us < best[1]):
+                    best = (values, us)
+            row["best"] = best
+            table[name]["rows"][m] = row
+            print(f"skinny {name:12s} m {m:3d} floor {floor_us:7.1f} cublas {row['cublas_us']:7.1f} best "
+                  f"{best[0] if best else None} {best[1] if best else float('nan'):7.1f}", flush=True)
+            save()
+        del weights
+        torch.cuda.empty_cache()
+    return table
+
+
+def skinny_table(sweep: dict, margin: float = 0.98) -> dict:
+    """`skinny_gemm.TUNED` updated from a sweep: per shape, rising row bounds, each the best config where it beats
+    cuBLAS by more than 2% (else None: cuBLAS); row bounds the sweep did not measure keep the module's entries."""
+    from loraplex.engine.cuda import skinny_gemm
+
+    tuned = {shape: dict(entries) for shape, entries in skinny_gemm.TUNED.items()}
+    for row in sweep.values():
+        entries = tuned.setdefault((row["n"], row["k"]), {})
+        for m, cell in row["rows"].items():
+            wins = cell["best"] is not None and cell["best"][1] < margin * cell["cublas_us"]
+            entries[int(m)] = skinny_gemm.SkinnyConfig(*cell["best"][0]) if wins else None
+    return {shape: tuple(sorted(entries.items())) for shape, entries in tuned.items()
+            if any(config is not None for config in entries.values())}
+
+
+def write_skinny_table(tuned: dict, gpu: str) -> None:
+    """Replace the TUNED literal in engine/cuda/skinny_gemm.py (between its table markers) by `tuned`."""
+    path = Path(__file__).resolve().parents[1] / "engine" / "cuda" / "skinny_gemm.py"
+    text = path.read_text()
+    begin, end = "# <sweep table>\n", "# </sweep table>\n"
+    lines = [begin, f"# {gpu}, benchmarks/gpu_decode_probe.py --skinny, {time.strftime('%Y-%m-%d')}\n",
+             "TUNED: dict[tuple[int, int], tuple[tuple[int, SkinnyConfig | None], ...]] = {\n"]
+    for (n, k), entries in sorted(tuned.items()):
+        lines.append(f"    ({n}, {k}): (\n")
+        for m, config in entries:
+            value = "None" if config is None else "SkinnyConfig({}, {}, {}, {}, {})".format(*vars_of(config))
+            lines.append(f"        ({m}, {value}),\n")
+        lines.append("    ),\n")
+    lines += ["}\n", end]
+    path.write_text(text[:text.index(begin)] + "".join(lines) + text[text.index(end) + len(end):])
+
+
+def vars_of(config) -> list:
+    return [config.block_n, config.block_k, config.num_warps, config.num_stages, config.splits]
+
+
+def skinny_engine(tuned: dict) -> None:
+    """The 8B engine's decode steps (1, 16, 48, 64 and 80 rows) with cuBLAS beyond one row and with the skinny
+    GEMM table, greedy tokens of both compared. No profile: a torch.profiler session followed by a LoRA graph
+    capture in the same process ended in a device-side assert (H200, torch 2.11)."""
+    from gpu_engine import decode_steps_ms, engine_for, lora_requests, random_prompts, set_overlap
+    from loraplex.engine.cuda import skinny_gemm
+    from loraplex.engine.cuda.random_weights import named_config, random_device_model
+
+    config = named_config("Llama-3.1-8B")
+    model = random_device_model(config, 2048, device="cuda", dtype=torch.bfloat16)
+    engine = engine_for(model, config, num_blocks=80 * 24 + 64, max_num_seqs=80)
+    check = random_prompts(18, 64, config.vocab_size, 12)
+    RESULT["skinny_engine"] = results = {}
+    tokens = {}
+    for variant, table in (("cublas", {}), ("skinny", tuned), ("cublas_again", {})):
+        skinny_gemm.TUNED.clear()
+        skinny_gemm.TUNED.update(table)
+        engine.runner.release_graphs()
+        row = results[variant] = {}
+        tokens[variant] = greedy_tokens(engine, check, 16, overlap=False)
+        set_overlap(engine, True)
+        for rows in (1, 16, 48, 64, 80):
+            got = decode_steps_ms(engine, lora_requests(random_prompts(rows, 180, config.vocab_size, 20 + rows),
+                                                        [None], 60), 30)
+            row[f"b{rows}_step_ms"], row[f"b{rows}_replay_ms"] = got["step_ms"], got["graph_replay_ms"]
+        print(variant, {k: round(v, 3) for k, v in row.items() if isinstance(v, float)}, flush=True)
+        save()
+    pairs = zip(tokens["skinny"], tokens["cublas"], strict=True)
+    equal = sum(a == b for x, y in pairs for a, b in zip(x, y, strict=True))
+    results["token_match_fraction_skinny_vs_cublas"] = equal / sum(len(x) for x in tokens["cublas"])
+    results["tokens_equal_cublas_runs"] = tokens["cublas"] == tokens["cublas_again"]
+    print("token match skinny vs cublas", results["token_match_fraction_skinny_vs_cublas"],
+          "cublas twice equal", results["tokens_equal_cublas_runs"], flush=True)
+    del engine, model
+    gc.collect()
+    torch.cuda.empty_cache()
+
+
 def quick_cpu_check() -> None:
     """The probe's kernels against their references through Triton's interpreter (tiny shapes)."""
     import torch.nn.functional as F
     from attention_kernels import relative_error
     from loraplex.engine.cuda.fused_ops import add_rms_norm_, rms_norm_reference, silu_mul, silu_mul_reference
     from loraplex.engine.cuda.gemv import gemv
+    from loraplex.engine.cuda.skinny_gemm import SkinnyConfig, skinny_gemm
 
     generator = torch.Generator().manual_seed(0)
     x, w = torch.randn(1, 96, generator=generator), torch.randn(40, 96, generator=generator)
+    rows = torch.randn(80, 96, generator=generator)  # 64 rows + a tail of 16, K split in three
     residual, delta = torch.randn(3, 64, generator=generator), torch.randn(3, 64, generator=generator)
     norm_weight = torch.randn(64, generator=generator)
     expected_norm = rms_norm_reference(delta + residual, norm_weight, 1e-5)
@@ -416,7 +542,8 @@ def quick_cpu_check() -> None:
     gate_up = torch.randn(2, 80, generator=generator)
     errors = {"gemv": relative_error(gemv(x, w, config=(8, 32, 4, 1)), F.linear(x, w)),
               "add_rms_norm": relative_error(normed, expected_norm),
-              "silu_mul": relative_error(silu_mul(gate_up), silu_mul_reference(gate_up))}
+              "silu_mul": relative_error(silu_mul(gate_up), silu_mul_reference(gate_up)),
+              "skinny_gemm": relative_error(skinny_gemm(rows, w, config=SkinnyConfig(16, 32, 4, 2, 3)), F.linear(rows, w))}
     if max(errors.values()) > 1e-5:
         raise SystemExit(f"kernel check failed: {errors}")
     print(f"no GPU: the probe's kernels checked through the Triton interpreter {errors}; timings need CUDA")
@@ -431,6 +558,12 @@ def main() -> None:
     parser.add_argument("--lora-gemm-shapes", choices=sorted(LORA_GEMM_SHAPES), default="8b",
                         help="whose per-rank shapes --lora-gemm sweeps (70b-tp4: the sweep alone)")
     parser.add_argument("--tp-profile", type=int, default=0, help="only profile a TP engine's b1 step (2 GPUs)")
+    parser.add_argument("--skinny", action="store_true",
+                        help="only the skinny GEMM sweep (2-128 rows), then the 8B engine's steps with and without it")
+    parser.add_argument("--skinny-rows", default="", help="with --skinny: the row counts to sweep (e.g. 80,128)")
+    parser.add_argument("--write-table", action="store_true",
+                        help="with --skinny: write the updated table into engine/cuda/skinny_gemm.py")
+    parser.add_argument("--skip-engine", action="store_true", help="with --skinny: the sweep alone")
     options = parser.parse_args()
     if options.quick or not torch.cuda.is_available():
         quick_cpu_check()
@@ -443,6 +576,20 @@ def main() -> None:
         return
     RESULT["copy_gbps"] = copy_gbps = copy_bandwidth_gbps()
     print(f"card {RESULT['gpu']} copy {copy_gbps:.0f} GB/s", flush=True)
+    if options.skinny:
+        rows = tuple(int(r) for r in options.skinny_rows.split(",")) if options.skinny_rows else SKINNY_ROWS
+        RESULT["skinny"] = skinny_sweep(copy_gbps, rows)
+        tuned = skinny_table(RESULT["skinny"])
+        RESULT["skinny_tuned"] = {str(shape): [(m, c and tuple(vars_of(c))) for m, c in entries]
+                                  for shape, entries in tuned.items()}
+        print("skinny tuned", RESULT["skinny_tuned"], flush=True)
+        save()
+        if options.write_table:
+            write_skinny_table(tuned, RESULT["gpu"])
+        if not options.skip_engine:
+            skinny_engine(tuned)
+            save()
+        return
     if options.lora_gemm:
         from loraplex.engine.kernels import lora_gemm
 

@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
+from loraplex.engine.cuda import skinny_gemm
 
 
 @triton.jit
@@ -76,7 +77,14 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
 
 
 def decode_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """`F.linear`, with one-row CUDA inputs through `gemv` (what the CUDA runner installs)."""
-    if x.is_cuda and x.dim() == 2 and x.shape[0] == 1 and x.dtype == weight.dtype and x.dtype != torch.float64:
-        return gemv(x, weight, bias)
+    """`F.linear`, with one-row CUDA inputs through `gemv` and a few rows through `skinny_gemm` where its
+    table says it beats cuBLAS (what the CUDA runner installs)."""
+    if x.is_cuda and x.dim() == 2 and x.dtype == weight.dtype and x.dtype != torch.float64:
+        rows = x.shape[0]
+        if rows == 1:
+            return gemv(x, weight, bias)
+        if rows <= skinny_gemm.MAX_ROWS and x.dtype != torch.float32:
+            config = skinny_gemm.config_for(rows, *weight.shape)
+            if config is not None:
+                return skinny_gemm.skinny_gemm(x, weight, bias, config=config)
     return F.linear(x, weight, bias)
