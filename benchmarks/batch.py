@@ -97,7 +97,7 @@ class Sizes:
 
 QUICK = Sizes(num_lines=8, max_tokens=6, num_adapters=2, interactive_max_tokens=6, num_quiet=4, concurrency=8,
               restart_lines=6)
-FULL = Sizes(num_lines=2000, max_tokens=64, num_adapters=4, interactive_max_tokens=32, num_quiet=40,
+FULL = Sizes(num_lines=2000, max_tokens=64, num_adapters=4, interactive_max_tokens=32, num_quiet=80,
              concurrency=64, restart_lines=300)
 
 
@@ -455,6 +455,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         "batch_over_online_throughput": (batch_tokens / alone_s) / (batch_tokens / online_s),
         **({} if lost_or_duplicated is None else {"lost_or_duplicated_on_restart": lost_or_duplicated}),
         "interactive_p95_quiet_s": p95(quiet), "interactive_p95_under_batch_s": p95(loaded),
+        "interactive_p50_quiet_s": statistics.median(quiet), "interactive_p50_under_batch_s": statistics.median(loaded),
         "interactive_requests_under_batch": len(loaded),
         "batch_alone_tokens_per_s": batch_tokens / alone_s, "batch_with_interactive_s": with_s,
         "online_tokens_per_s": batch_tokens / online_s, "greedy_equal_fraction": equal,

@@ -23,7 +23,7 @@ BACKGROUND = "\x00background"  # the allowance key of batch work, whatever its t
 
 
 class BatchBesideInteractive:
-    def __init__(self, rows: int = 0, wave: float = 0.25, prefill_tokens: int = 64) -> None:
+    def __init__(self, rows: int = 0, wave: float = 0.25, prefill_tokens: int = 32) -> None:
         self.rows = rows
         self.wave = wave
         self.prefill_tokens = prefill_tokens

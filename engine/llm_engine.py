@@ -78,6 +78,7 @@ class LLMEngine:
         )
         self._own_adapter_ready = adapter_ready
         self.lora: LoRAManager | None = None  # built from `adapters`; serve_adapters replaces it
+        weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())  # rank 0's shard
         self.scheduler = Scheduler(
             self.block_manager, engine_config.max_num_batched_tokens, engine_config.running_slots(),
             self._adapter_ready, decode_yield_min_tokens=engine_config.resolve_decode_yield_min_tokens(),
@@ -86,9 +87,14 @@ class LLMEngine:
             flood_sit_out_prompt_tokens=(engine_config.flood_sit_out_prompt_tokens
                                          if engine_config.mixed_steps_replay_graphs() else None),
             batch_rows_beside_interactive=engine_config.batch_rows_beside_interactive,
-            batch_admission_wave=engine_config.batch_admission_wave,
-            batch_prefill_tokens_beside_interactive=engine_config.batch_prefill_tokens_beside_interactive,
+            batch_admission_wave=engine_config.resolve_batch_admission_wave(weight_bytes),
+            batch_prefill_tokens_beside_interactive=engine_config.resolve_batch_prefill_tokens_beside_interactive(
+                weight_bytes),
         )
+        if engine_config.device.startswith("cuda"):
+            logger.info("batch work beside interactive work: waves of %.2f of its room, %s prompt tokens a step "
+                        "(%.1f GiB of weights a GPU)", self.scheduler.batch.wave,
+                        self.scheduler.batch.prefill_tokens or "uncapped", weight_bytes / (1 << 30))
         if adapters is not None:
             self.lora = self._new_lora_manager(model, workers, adapters, adapter_limits or AdapterLimits())
             lora = self.lora

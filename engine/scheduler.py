@@ -114,7 +114,7 @@ class Scheduler:
         flood_sit_out_prompt_tokens: int | None = None,
         batch_rows_beside_interactive: int = 0,
         batch_admission_wave: float = 0.25,
-        batch_prefill_tokens_beside_interactive: int = 64,
+        batch_prefill_tokens_beside_interactive: int = 32,  # EngineConfig resolves both by the model's size
     ) -> None:
         self.block_manager = block_manager
         self.max_num_batched_tokens = max_num_batched_tokens

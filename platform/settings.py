@@ -70,12 +70,14 @@ class Settings(BaseSettings):
     # (the CPU runs no batch row beside interactive work whatever this says)
     batch_rows_beside_interactive: int = Field(default=0, ge=0)
     # GPU: while interactive work runs or waits, batch lines are admitted in waves, once this share of the batch's
-    # room is free, so that few steps carry batch prompts beside interactive decodes; 0: whenever a slot is free
-    batch_admission_wave: float = Field(default=0.25, ge=0, le=1)
+    # room is free, so that few steps carry batch prompts beside interactive decodes; 0: whenever a slot is free;
+    # unset: 0.25 for a model of at least 4 GiB of weights a GPU, 0.5 below (where a step is bound by host work)
+    batch_admission_wave: float | None = Field(default=None, ge=0, le=1)
     # GPU: while interactive work runs or waits, a step runs at most this many batch prompt tokens (a wave of
     # admissions then spreads over steps), so interactive requests never decode in a step heavy with batch prompts;
-    # 0: the step's budget (max_num_batched_tokens)
-    batch_prefill_tokens_beside_interactive: int = Field(default=64, ge=0)
+    # 0: the step's budget (max_num_batched_tokens); unset: 32 for a model of at least 4 GiB of weights a GPU, 0
+    # below (where each step that carries prompts costs host work whatever its tokens)
+    batch_prefill_tokens_beside_interactive: int | None = Field(default=None, ge=0)
     # Speculative decoding: off | ngram (decodes draft up to speculative_num_tokens tokens by prompt lookup, with
     # n-grams of speculative_ngram_min..max tokens, verified in one forward pass) | auto (the same, switched off
     # per sequence where drafts are mostly rejected and per step where the batch is compute-bound)

@@ -466,7 +466,8 @@ def test_on_a_gpu_batch_lines_are_admitted_in_waves_of_the_rows_beside_interacti
 
 def test_with_no_admission_wave_batch_lines_come_in_as_slots_free():
     bm = BlockManager(4000, 16)
-    sched = Scheduler(bm, max_num_batched_tokens=2048, max_num_seqs=16, batch_admission_wave=0)
+    sched = Scheduler(bm, max_num_batched_tokens=2048, max_num_seqs=16, batch_admission_wave=0,
+                      batch_prefill_tokens_beside_interactive=0)  # uncapped: the lines' prompts end in a step
     _, running_batch = _batch_beside_interactive(sched, bm, 20)
     assert len(running_batch) == 15
     sched.running.remove(running_batch[0])  # one line finished: its slot takes the next line at once
@@ -513,20 +514,42 @@ def test_batch_prompt_tokens_are_capped_a_step_beside_interactive_work_and_a_wav
 
 
 def test_the_batch_rows_beside_interactive_work_and_admission_wave_are_settings_with_defaults():
-    from loraplex.engine.config import EngineConfig
+    from loraplex.engine.config import HOST_BOUND_WEIGHT_BYTES, EngineConfig
     from loraplex.platform.settings import Settings
     from loraplex.platform.wiring import engine_config
 
     assert EngineConfig().batch_rows_beside_interactive == Settings().batch_rows_beside_interactive == 0
-    assert EngineConfig().batch_admission_wave == Settings().batch_admission_wave == 0.25
-    assert (EngineConfig().batch_prefill_tokens_beside_interactive
-            == Settings().batch_prefill_tokens_beside_interactive == 64)
+    assert EngineConfig().batch_admission_wave is Settings().batch_admission_wave is None
+    assert EngineConfig().batch_prefill_tokens_beside_interactive is None
+    assert Settings().batch_prefill_tokens_beside_interactive is None
+    # unset: by the model's size, a decode step bound by reading weights (8B) or by the host's work (135M)
+    large, small = 16 << 30, 270 << 20
+    assert small < HOST_BOUND_WEIGHT_BYTES <= large
+    assert EngineConfig().resolve_batch_prefill_tokens_beside_interactive(large) == 32
+    assert EngineConfig().resolve_batch_admission_wave(large) == 0.25
+    assert EngineConfig().resolve_batch_prefill_tokens_beside_interactive(small) == 0
+    assert EngineConfig().resolve_batch_admission_wave(small) == 0.5
     config = engine_config(Settings(batch_rows_beside_interactive=16, batch_admission_wave=0.5,
                                     batch_prefill_tokens_beside_interactive=64))
     assert config.batch_rows_beside_interactive == 16 and config.batch_admission_wave == 0.5
     assert config.batch_prefill_tokens_beside_interactive == 64
+    assert config.resolve_batch_prefill_tokens_beside_interactive(small) == 64, "a setting wins over the size"
+    assert config.resolve_batch_admission_wave(large) == 0.5
     with pytest.raises(ValueError):
         Settings(batch_admission_wave=1.5)
+
+
+def test_the_engine_gives_its_scheduler_the_batch_limits_of_its_models_size(smol):
+    from enginecore_helpers import tiny_random_config
+    from loraplex.engine.config import EngineConfig
+    from loraplex.engine.llm_engine import LLMEngine
+
+    tiny = LLMEngine.from_random(tiny_random_config(), EngineConfig(num_blocks=64, max_model_len=128),
+                                 smol.tokenizer)
+    assert (tiny.scheduler.batch.prefill_tokens, tiny.scheduler.batch.wave) == (0, 0.5)
+    set_here = LLMEngine.from_random(tiny_random_config(), EngineConfig(
+        num_blocks=64, max_model_len=128, batch_prefill_tokens_beside_interactive=24), smol.tokenizer)
+    assert set_here.scheduler.batch.prefill_tokens == 24
 
 
 def test_a_flood_stops_short_of_the_kept_slots_and_a_newcomer_starts_without_a_preemption():

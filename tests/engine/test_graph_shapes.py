@@ -17,11 +17,11 @@ def test_mixed_sequence_ladder_is_powers_of_two_and_the_maximum():
     assert mixed_seq_ladder(1) == [1]
 
 
-def test_extra_token_ladder_pads_at_most_fourfold_up_to_the_step_budget():
-    assert extra_token_ladder(512) == [16, 64, 256, 512]
-    assert extra_token_ladder(8192) == [16, 64, 256, 1024, 4096, 8192]
+def test_extra_token_ladder_pads_at_most_twofold_to_256_and_fourfold_up_to_the_step_budget():
+    assert extra_token_ladder(512) == [16, 32, 64, 128, 256, 512]
+    assert extra_token_ladder(8192) == [16, 32, 64, 128, 256, 1024, 4096, 8192]
     assert extra_token_ladder(10) == [10]
     ladder = extra_token_ladder(2048)
     for extra in range(17, 2049):
         padded = next(size for size in ladder if size >= extra)
-        assert padded < 4 * extra
+        assert padded < (2 if extra <= 256 else 4) * extra
