@@ -72,18 +72,19 @@ services:
 	@test -x /usr/sbin/haproxy || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq haproxy; }
 
 # The suite is `make lint` (ruff and mypy) and five pytest processes, each with its own summary. Three lanes run side
-# by side, each ~18-22 min on two AMD EPYC cores: the folders that load models and compile grammars (after the
-# lint and the adapter fixtures' training), followed by the browser tests in a process of their own (Playwright's
-# sync API leaves an asyncio loop running in the main thread that async tests must never see); billing, sessions,
-# Responses and scale-out; and everything else (the servers, the README's examples). The tests that bound
-# wall-clock time (marker `timing`) then run last and alone, so that nothing else is still winding down. Each lane
-# waits on servers, databases and subprocesses a fifth of its time, so three lanes keep two cores busy where two
-# lanes left them idle ~20% of the run. The suite is CPU-bound (~60 minutes of tests in all), and every process it
-# starts computes on one thread (tests/conftest.py sets OMP_NUM_THREADS): two spinning OpenMP threads per process
-# beside another lane made it 41 min instead of 25-29. Every group runs even after one fails, and the target fails
-# if any did.
-# The serving benchmark's quick run (~2 min: it loads the model in its own servers) rides in the models lane, which
-# ended ~3 min before the rest's.
+# by side, each ~19-21 min on two cores: the folders that load models and compile grammars (after the adapter
+# fixtures' training, ~3 min alone and ~6 min beside the other lanes); billing, sessions, Responses and scale-out,
+# followed by the browser tests in a process of their own (Playwright's sync API leaves an asyncio loop running in
+# the main thread that async tests must never see); and everything else (the servers, the README's examples),
+# followed by the lint. The tests that bound wall-clock time (marker `timing`) then run last and alone, so that
+# nothing else is still winding down. Each lane waits on servers, databases and subprocesses a fifth of its time, so
+# three lanes keep two cores busy where two lanes left them idle ~20% of the run. The suite is CPU-bound (~60
+# minutes of tests in all), and every process it starts computes on one thread (tests/conftest.py sets
+# OMP_NUM_THREADS): two spinning OpenMP threads per process beside another lane made it 41 min instead of 25-29.
+# Every group runs even after one fails, and the target fails if any did.
+# With the lint and the browser tests in the models lane too, it ended ~5 min after the other two (24 against 19
+# min): the training is its own. The serving benchmark's quick run (~2 min: it loads the model in its own servers)
+# rides in the models lane.
 MODEL_TESTS := tests/engine tests/adapters tests/grammar tests/platform/test_serving_benchmark_quick.py
 # The second lane's folders; they use Redis under their own key prefixes and PostgreSQL databases of their own.
 SECOND_LANE_TESTS := tests/billing tests/sessions tests/responses tests/scaleout
@@ -97,21 +98,22 @@ UNTIMED := -m "not gpu and not browser and not timing" $(PYTEST_ARGS)
 test: $(TEST_STAMP) services model docs
 	@failed=0; mkdir -p build; \
 	( status=0; OMP_NUM_THREADS=1 $(VENV)/bin/python tests/fixtures/train_adapters.py || status=1; \
-	  ( $(LINT) ) || status=1; \
 	  LORAPLEX_TEST_REDIS_URL=redis://127.0.0.1:6379/2 $(PYTEST) -p no:cacheprovider $(UNTIMED) $(MODEL_TESTS) \
-	    || status=1; \
-	  LORAPLEX_TEST_REDIS_URL=redis://127.0.0.1:6379/4 $(PYTEST) -m "browser and not gpu" $(PYTEST_ARGS) tests/browser \
 	    || status=1; \
 	  exit $$status ) > build/test-models.log 2>&1 & models=$$!; \
 	( status=0; \
 	  LORAPLEX_TEST_REDIS_URL=redis://127.0.0.1:6379/3 $(PYTEST) -p no:cacheprovider $(UNTIMED) $(SECOND_LANE_TESTS) \
 	    || status=1; \
+	  LORAPLEX_TEST_REDIS_URL=redis://127.0.0.1:6379/4 $(PYTEST) -m "browser and not gpu" $(PYTEST_ARGS) tests/browser \
+	    || status=1; \
 	  exit $$status ) > build/test-second-lane.log 2>&1 & second=$$!; \
 	$(PYTEST) $(UNTIMED) $(addprefix --ignore=,$(MODEL_TESTS) $(SECOND_LANE_TESTS) tests/browser) || failed=1; \
+	( $(LINT) ) || failed=1; \
 	wait $$models || failed=1; \
 	wait $$second || failed=1; \
-	echo "---- lint and $(MODEL_TESTS), then tests/browser (run beside the above) ----"; cat build/test-models.log; \
-	echo "---- $(SECOND_LANE_TESTS) (run beside the above) ----"; cat build/test-second-lane.log; \
+	echo "---- $(MODEL_TESTS), after the adapter fixtures' training (run beside the above) ----"; \
+	cat build/test-models.log; \
+	echo "---- $(SECOND_LANE_TESTS), then tests/browser (run beside the above) ----"; cat build/test-second-lane.log; \
 	$(PYTEST) -m "timing and not gpu and not browser" $(PYTEST_ARGS) --ignore=tests/browser tests || failed=1; \
 	exit $$failed
 
