@@ -72,7 +72,7 @@ services:
 	@test -x /usr/sbin/haproxy || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq haproxy; }
 
 # The suite is `make lint` (ruff and mypy) and five pytest processes, each with its own summary. Three lanes run side
-# by side, each ~19-21 min on two cores: the folders that load models and compile grammars (after the adapter
+# by side, each ~25-29 min on two AMD EPYC cores: the folders that load models and compile grammars (after the adapter
 # fixtures' training, ~3 min alone and ~6 min beside the other lanes); billing, sessions, Responses and scale-out,
 # followed by the browser tests in a process of their own (Playwright's sync API leaves an asyncio loop running in
 # the main thread that async tests must never see); and everything else (the servers, the README's examples),
@@ -83,7 +83,7 @@ services:
 # OMP_NUM_THREADS): two spinning OpenMP threads per process beside another lane made it 41 min instead of 25-29.
 # Every group runs even after one fails, and the target fails if any did.
 # With the lint and the browser tests in the models lane too, it ended ~5 min after the other two (24 against 19
-# min): the training is its own. The serving benchmark's quick run (~2 min: it loads the model in its own servers)
+# min): the training is its own. Now the three end within ~2 min of each other. The serving benchmark's quick run (~2 min: it loads the model in its own servers)
 # rides in the models lane.
 MODEL_TESTS := tests/engine tests/adapters tests/grammar tests/platform/test_serving_benchmark_quick.py
 # The second lane's folders; they use Redis under their own key prefixes and PostgreSQL databases of their own.
