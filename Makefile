@@ -83,8 +83,8 @@ services:
 # OMP_NUM_THREADS): two spinning OpenMP threads per process beside another lane made it 41 min instead of 25-29.
 # Every group runs even after one fails, and the target fails if any did.
 # With the lint and the browser tests in the models lane too, it ended ~5 min after the other two (24 against 19
-# min): the training is its own. Now the three end within ~2 min of each other. The serving benchmark's quick run (~2 min: it loads the model in its own servers)
-# rides in the models lane.
+# min), the training being its own; now the three end within ~2 min of each other. The serving benchmark's quick
+# run (~2 min: it loads the model in its own servers) rides in the models lane.
 MODEL_TESTS := tests/engine tests/adapters tests/grammar tests/platform/test_serving_benchmark_quick.py
 # The second lane's folders; they use Redis under their own key prefixes and PostgreSQL databases of their own.
 SECOND_LANE_TESTS := tests/billing tests/sessions tests/responses tests/scaleout

@@ -22,6 +22,10 @@ SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 HOST_BOUND_WEIGHT_BYTES = 4 << 30
 
 
+def steps_bound_by_the_host(weight_bytes_per_gpu: int) -> bool:
+    return weight_bytes_per_gpu < HOST_BOUND_WEIGHT_BYTES
+
+
 @dataclass(slots=True)
 class ModelConfig:
     model_type: str
@@ -219,7 +223,7 @@ class EngineConfig:
     def resolve_batch_admission_wave(self, weight_bytes_per_gpu: int) -> float:
         if self.batch_admission_wave is not None:
             return self.batch_admission_wave
-        return 0.25 if weight_bytes_per_gpu >= HOST_BOUND_WEIGHT_BYTES else 0.5
+        return 0.5 if steps_bound_by_the_host(weight_bytes_per_gpu) else 0.25
 
     def resolve_batch_prefill_tokens_beside_interactive(self, weight_bytes_per_gpu: int) -> int:
         """Batch prompt tokens a step beside interactive work. Where a decode step reads many weights its GPU
@@ -230,7 +234,7 @@ class EngineConfig:
         shapes on an H200: 32 tokens a step made the p95 2.68x and the batch beside it 0.86x of alone)."""
         if self.batch_prefill_tokens_beside_interactive is not None:
             return self.batch_prefill_tokens_beside_interactive
-        return 32 if weight_bytes_per_gpu >= HOST_BOUND_WEIGHT_BYTES else 0
+        return 0 if steps_bound_by_the_host(weight_bytes_per_gpu) else 32
 
     def mixed_steps_replay_graphs(self) -> bool:
         """Whether steps with prefill chunks replay captured graphs (CUDA, one rank): then they cost about what a
