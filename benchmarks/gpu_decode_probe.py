@@ -142,6 +142,8 @@ def greedy_tokens(engine, prompts, max_tokens: int, overlap: bool) -> list:
 
 
 GEMM_CONFIGS = [  # block_n, block_k, warps, stages, shrink split_k, shrink block_k, g_chunk, GEMM K splits
+    # for SmolLM2 (K 576): small blocks, the whole K in one shrink program
+    (16, 64, 4, 4, 1024, 64, 4, 1), (32, 64, 4, 4, 1024, 64, 4, 1), (64, 64, 4, 4, 1024, 64, 4, 1),
     (32, 128, 4, 4, 1024, 128, 4, 1), (64, 128, 4, 4, 1024, 128, 4, 1), (128, 64, 4, 4, 1024, 128, 4, 1),
     (128, 128, 8, 3, 1024, 128, 4, 1), (64, 128, 4, 4, 1024, 128, 4, 2), (128, 128, 4, 3, 1024, 128, 4, 4),
     (128, 64, 4, 4, 1024, 128, 4, 2), (64, 256, 4, 3, 2048, 128, 4, 2), (32, 256, 4, 3, 2048, 128, 4, 2),
@@ -161,6 +163,8 @@ LORA_GEMM_SHAPES = {
            "down": ((4096,), 14336)},
     "70b-tp4": {"qkv": ((2048, 256, 256), 8192), "o": ((8192,), 2048), "gate_up": ((7168, 7168), 8192),
                 "down": ((8192,), 7168)},
+    "smollm2": {"qkv": ((576, 192, 192), 576), "o": ((576,), 576), "gate_up": ((1536, 1536), 576),
+                "down": ((576,), 1536)},
 }
 
 
@@ -401,15 +405,30 @@ def tp_profile(tp: int = 2, steps: int = 10) -> None:
     engine.close()
 
 
-SKINNY_SHAPES = {**{name: shape for name, shape in SHAPES.items() if name != "head"},
-                 "head_smollm2": (49152, 4096)}  # batch.py's body shapes keep SmolLM2's vocabulary
+# SmolLM2-135M (the bundled model): hidden 576, 9 query and 3 KV heads of 64, MLP 1536, 49152-token head
+SMOLLM2_CONFIG = {
+    "model_type": "llama", "vocab_size": 49152, "hidden_size": 576, "intermediate_size": 1536,
+    "num_hidden_layers": 30, "num_attention_heads": 9, "num_key_value_heads": 3, "head_dim": 64,
+    "rms_norm_eps": 1e-5, "rope_theta": 100000.0, "max_position_embeddings": 8192, "tie_word_embeddings": True,
+    "bos_token_id": 1, "eos_token_id": 2,
+}
+SKINNY_SHAPES = {
+    "8b": {**{name: shape for name, shape in SHAPES.items() if name != "head"},
+           "head_smollm2": (49152, 4096)},  # batch.py's body shapes keep SmolLM2's vocabulary
+    "smollm2": {"qkv": (960, 576), "o": (576, 576), "gate_up": (3072, 576), "down": (576, 1536),
+                "head": (49152, 576)},
+}
 SKINNY_ROWS = (2, 8, 16, 32, 48, 64, 80, 128)
-SKINNY_CONFIGS = [  # block_n, block_k, warps, stages, K splits
-    (64, 128, 4, 4, 1), (64, 128, 4, 4, 2), (64, 128, 4, 4, 4), (64, 256, 4, 3, 1), (128, 128, 4, 3, 1),
-    (128, 128, 8, 4, 1), (128, 64, 4, 5, 1), (64, 64, 4, 6, 2), (32, 128, 4, 4, 2), (128, 128, 8, 3, 2)]
+SKINNY_CONFIGS = {  # block_n, block_k, warps, stages, K splits
+    "8b": [(64, 128, 4, 4, 1), (64, 128, 4, 4, 2), (64, 128, 4, 4, 4), (64, 256, 4, 3, 1), (128, 128, 4, 3, 1),
+           (128, 128, 8, 4, 1), (128, 64, 4, 5, 1), (64, 64, 4, 6, 2), (32, 128, 4, 4, 2), (128, 128, 8, 3, 2)],
+    # A 576-wide layer is a few microseconds of latency, not of bandwidth: small blocks, many programs, one launch
+    "smollm2": [(16, 64, 4, 4, 1), (32, 64, 4, 4, 1), (64, 64, 4, 4, 1), (16, 128, 4, 3, 1), (32, 128, 4, 3, 1),
+                (64, 128, 4, 4, 1), (128, 64, 4, 4, 1), (32, 64, 2, 4, 1), (64, 128, 8, 3, 1)],
+}
 
 
-def skinny_sweep(copy_gbps: float, rows: tuple[int, ...] = SKINNY_ROWS) -> dict:
+def skinny_sweep(copy_gbps: float, rows: tuple[int, ...] = SKINNY_ROWS, model: str = "8b") -> dict:
     """Per shape and row count: cuBLAS and each `skinny_gemm` config, µs per call over distinct weight copies in
     one graph, each result checked against float64 (a config must be within 2x cuBLAS's error to count)."""
     import torch.nn.functional as F
@@ -417,7 +436,7 @@ def skinny_sweep(copy_gbps: float, rows: tuple[int, ...] = SKINNY_ROWS) -> dict:
     from loraplex.engine.cuda.skinny_gemm import SkinnyConfig, skinny_gemm
 
     table = {}
-    for name, (n, k) in SKINNY_SHAPES.items():
+    for name, (n, k) in SKINNY_SHAPES[model].items():
         copies = 3 if n > 100_000 else 8
         weights = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02 for _ in range(copies)]
         floor_us = n * k * 2 / copy_gbps / 1e3
@@ -428,7 +447,7 @@ def skinny_sweep(copy_gbps: float, rows: tuple[int, ...] = SKINNY_ROWS) -> dict:
             row = {"cublas_us": graph_time_us(lambda i, xs=xs, weights=weights: F.linear(xs[i], weights[i]), copies),
                    "cublas_err": relative_error(F.linear(xs[0], weights[0]), ref), "configs": {}}
             best = None
-            for values in SKINNY_CONFIGS:
+            for values in SKINNY_CONFIGS[model]:
                 config = SkinnyConfig(*values)
                 try:
                     err = relative_error(skinny_gemm(xs[0], weights[0], config=config), ref)
@@ -486,15 +505,16 @@ def vars_of(config) -> list:
     return [config.block_n, config.block_k, config.num_warps, config.num_stages, config.splits]
 
 
-def skinny_engine(tuned: dict) -> None:
-    """The 8B engine's decode steps (1, 16, 48, 64 and 80 rows) with cuBLAS beyond one row and with the skinny
+def skinny_engine(tuned: dict, model_name: str = "8b") -> None:
+    """The engine's decode steps (1, 16, 48, 64 and 80 rows) with cuBLAS beyond one row and with the skinny
     GEMM table, greedy tokens of both compared. No profile: a torch.profiler session followed by a LoRA graph
     capture in the same process ended in a device-side assert (H200, torch 2.11)."""
     from gpu_engine import decode_steps_ms, engine_for, lora_requests, random_prompts, set_overlap
+    from loraplex.engine.config import ModelConfig
     from loraplex.engine.cuda import skinny_gemm
     from loraplex.engine.cuda.random_weights import named_config, random_device_model
 
-    config = named_config("Llama-3.1-8B")
+    config = named_config("Llama-3.1-8B") if model_name == "8b" else ModelConfig.from_hf_dict(SMOLLM2_CONFIG)
     model = random_device_model(config, 2048, device="cuda", dtype=torch.bfloat16)
     engine = engine_for(model, config, num_blocks=80 * 24 + 64, max_num_seqs=80)
     check = random_prompts(18, 64, config.vocab_size, 12)
@@ -564,6 +584,8 @@ def main() -> None:
     parser.add_argument("--write-table", action="store_true",
                         help="with --skinny: write the updated table into engine/cuda/skinny_gemm.py")
     parser.add_argument("--skip-engine", action="store_true", help="with --skinny: the sweep alone")
+    parser.add_argument("--skinny-model", choices=sorted(SKINNY_SHAPES), default="8b",
+                        help="with --skinny: whose layer shapes (Llama-3.1-8B's or SmolLM2-135M's)")
     options = parser.parse_args()
     if options.quick or not torch.cuda.is_available():
         quick_cpu_check()
@@ -578,7 +600,7 @@ def main() -> None:
     print(f"card {RESULT['gpu']} copy {copy_gbps:.0f} GB/s", flush=True)
     if options.skinny:
         rows = tuple(int(r) for r in options.skinny_rows.split(",")) if options.skinny_rows else SKINNY_ROWS
-        RESULT["skinny"] = skinny_sweep(copy_gbps, rows)
+        RESULT["skinny"] = skinny_sweep(copy_gbps, rows, options.skinny_model)
         tuned = skinny_table(RESULT["skinny"])
         RESULT["skinny_tuned"] = {str(shape): [(m, c and tuple(vars_of(c))) for m, c in entries]
                                   for shape, entries in tuned.items()}
@@ -587,7 +609,7 @@ def main() -> None:
         if options.write_table:
             write_skinny_table(tuned, RESULT["gpu"])
         if not options.skip_engine:
-            skinny_engine(tuned)
+            skinny_engine(tuned, options.skinny_model)
             save()
         return
     if options.lora_gemm:

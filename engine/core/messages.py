@@ -133,7 +133,8 @@ class Ready(msgspec.Struct, tag=True):
 class Outputs(msgspec.Struct, tag=True):
     """Everything one engine step produced for one client: one message per step, however many streams.
 
-    `stats` are the counters after that step, so a client that sees a request finish also sees it counted.
+    `stats` are the counters after that step, so a client that sees a request finish also sees it counted; None
+    in most steps' messages where no request ended (at most one a client every 50 ms carries them then).
     """
 
     outputs: list[RequestOutput]

@@ -125,6 +125,9 @@ class CudaModelRunner(ModelRunner):
         pin = self.device.type == "cuda"
         self._launch_tokens = [torch.empty(max(self.ladder[-1], seqs), dtype=torch.int64, pin_memory=pin)
                                for _ in range(2)]
+        # ... and two events marking their tokens' copy, recorded on the engine's stream (looked up once)
+        self._launch_ready = [torch.cuda.Event() for _ in range(2)] if pin else []
+        self._stream: torch.cuda.Stream | None = None
         self._num_launched = 0
         self.masks = GrammarMaskBuffers(max(self.ladder[-1], seqs), model_config.vocab_size,
                                         self.sampler.tokenizer_vocab_size, self.device)
@@ -273,8 +276,10 @@ class CudaModelRunner(ModelRunner):
         count = len(rows.sampled)
         host = self._launch_tokens[which]
         host[:count].copy_(tokens[:count], non_blocking=True)
-        ready = torch.cuda.Event()
-        ready.record()
+        if self._stream is None:
+            self._stream = torch.cuda.current_stream()
+        ready = self._launch_ready[which]
+        ready.record(self._stream)
         return PendingStep(step, rows.sampled, {s.seq_id: i for i, s in enumerate(rows.sampled)}, tokens,
                            host_tokens=host, ready=ready)
 

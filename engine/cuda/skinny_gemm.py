@@ -114,6 +114,9 @@ def _sum_splits_kernel(part_ptr, bias_ptr, y_ptr, total, N, SPLITS: tl.constexpr
 # Llama-3.1-8B's projections and a 49152-token LM head (SmolLM2's vocabulary on the 8B's hidden size); the
 # sweep writes the block between the markers. µs per call, cuBLAS -> skinny, 64 rows: gate_up 65.5 -> 60.9,
 # down 36.8 -> 35.0, head 104.9 -> 99.8; qkv and o stay on cuBLAS there (it was faster).
+# SmolLM2-135M's shapes (`--skinny-model smollm2`, H200, 2026-12-03) are left out: each call is ~3-5 us of latency,
+# the best config beat cuBLAS by at most ~0.5 us at 2-32 rows and lost at 48-64, and the engine's decode replay was
+# no faster with them (16 rows 0.985 ms against 0.971, 48 rows 1.067 against 1.066).
 # <sweep table>
 # NVIDIA H200, benchmarks/gpu_decode_probe.py --skinny, 2026-12-03
 TUNED: dict[tuple[int, int], tuple[tuple[int, SkinnyConfig | None], ...]] = {

@@ -67,6 +67,7 @@ class GrammarMaskBuffers:
         allowed[:tokenizer_vocab_size] = 1
         self.vocab_words = np.packbits(allowed.reshape(-1, 32)[:, ::-1], axis=1).view(">u4").astype(np.uint32)
         self.vocab_words = self.vocab_words.reshape(-1).view(np.int32)
+        self._device_clear = False  # the device's indices are all -1 (its last upload held no grammar row)
 
     def fill(self, seqs: Sequence, errors: dict[int, Exception], skip: frozenset[int] = frozenset()) -> int:
         """Host work, run while the GPU computes the forward: fill the grammar rows of `seqs`
@@ -90,7 +91,13 @@ class GrammarMaskBuffers:
         return self.max_rows + (last_row + 1) * self.words
 
     def upload(self, count: int) -> None:
+        """Send the first `count` words `fill` returned. A step without grammar rows after another one sends
+        nothing: the device's indices already mask no row (most steps of most batches)."""
+        no_rows = count <= self.max_rows
+        if no_rows and self._device_clear:
+            return
         self.device_buffer[:count].copy_(self.host[:count], non_blocking=True)
+        self._device_clear = no_rows
 
 
 class DrawBuffers:
