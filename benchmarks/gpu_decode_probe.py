@@ -9,7 +9,9 @@ overlap on/off compared; (3) a torch.profiler table of the b1 step's kernels per
 (4) LoRA-8 at batch 64: base vs adapters replay ratio with the LoRA work after each GEMM or beside it
 on a side stream (`engine/cuda/lora_overlap.py`), greedy tokens compared, with a profile; with
 --lora-gemm first the one-launch GEMM + LoRA kernel (`engine/kernels/lora_gemm.py`) per shape and
-config, then the engine's LoRA-8 ratio with it ("fused") and without.
+config, then the engine's LoRA-8 ratio with it ("fused") and without. `--skinny` sweeps the skinny GEMM
+against cuBLAS for steps of 2 to 128 rows (`--write-table` rewrites `engine/cuda/skinny_gemm.py`'s table);
+`--skinny-model smollm2` and `--lora-gemm-shapes smollm2` take the bundled SmolLM2-135M's shapes instead.
 Writes $OUT/gpu_decode_probe.json (or benchmarks/results/) and prints a short table last.
 """
 
