@@ -7,13 +7,14 @@ Qwen2, Qwen3, SmolLM2); `EngineConfig` holds the serving knobs.
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
 from loraplex.engine.spec.policy import SpeculationConfig
+
+if TYPE_CHECKING:
+    import torch
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 # Below this many bytes of weights a GPU, a decode step is bound by the host's work rather than by reading the
@@ -89,50 +90,8 @@ class ModelConfig:
         return cls.from_hf_dict(json.loads((Path(model_dir) / "config.json").read_text()))
 
 
-def rope_inv_freq(config: ModelConfig, max_model_len: int) -> tuple[torch.Tensor, float]:
-    """Inverse frequencies and attention scaling, as transformers computes them.
-
-    `dynamic` NTK scaling is applied statically for `max_model_len` when that
-    exceeds the trained length (as vLLM does), since paged K/V are stored
-    already rotated.
-    """
-    dim = config.head_dim
-    base = config.rope_theta
-    scaling = config.rope_scaling or {}
-    rope_type = scaling.get("rope_type", scaling.get("type", "default"))
-    if rope_type == "dynamic":
-        factor = scaling["factor"]
-        original = config.max_position_embeddings
-        if max_model_len > original:
-            base = base * ((factor * max_model_len / original) - (factor - 1)) ** (dim / (dim - 2))
-    # Always on the CPU, whatever default device is in force: under the loader's `torch.device("meta")` these ops
-    # would run through torch._refs, whose first call imports torch._dynamo (~2 s of every engine start).
-    inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.int64, device="cpu").float() / dim))
-    if rope_type == "linear":
-        inv_freq = inv_freq / scaling["factor"]
-    elif rope_type == "llama3":
-        inv_freq = _llama3_inv_freq(inv_freq, scaling)
-    elif rope_type not in ("default", "dynamic"):
-        raise ValueError(f"unsupported rope scaling type {rope_type!r}")
-    return inv_freq, 1.0
-
-
-def _llama3_inv_freq(inv_freq: torch.Tensor, scaling: dict[str, Any]) -> torch.Tensor:
-    factor = scaling["factor"]
-    low_freq_factor = scaling["low_freq_factor"]
-    high_freq_factor = scaling["high_freq_factor"]
-    old_context_len = scaling["original_max_position_embeddings"]
-    low_freq_wavelen = old_context_len / low_freq_factor
-    high_freq_wavelen = old_context_len / high_freq_factor
-    wavelen = 2 * math.pi / inv_freq
-    inv_freq_llama = torch.where(wavelen > low_freq_wavelen, inv_freq / factor, inv_freq)
-    smooth = (old_context_len / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
-    smoothed = (1 - smooth) * inv_freq_llama / factor + smooth * inv_freq_llama
-    is_medium = ~(wavelen < high_freq_wavelen) * ~(wavelen > low_freq_wavelen)
-    return torch.where(is_medium, smoothed, inv_freq_llama)
-
-
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# dtype name -> bytes an element (the KV sizing needs no torch: this module is imported where torch is not)
+_DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
 @dataclass(slots=True)
@@ -208,7 +167,7 @@ class EngineConfig:
 
     def speculation(self, max_model_len: int) -> SpeculationConfig:
         return SpeculationConfig(self.speculative_decoding, self.speculative_num_tokens, self.speculative_ngram_min,
-                                 self.speculative_ngram_max, torch.device(self.device).type, max_model_len)
+                                 self.speculative_ngram_max, self.device.partition(":")[0], max_model_len)
 
     def resolve_decode_yield_min_tokens(self) -> int:
         if self.decode_yield_min_tokens is not None:
@@ -257,7 +216,9 @@ class EngineConfig:
 
     @property
     def torch_dtype(self) -> torch.dtype:
-        return _DTYPES[self.dtype]
+        import torch
+
+        return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[self.dtype]
 
     def resolve_max_model_len(self, model: ModelConfig) -> int:
         return self.max_model_len or model.max_position_embeddings
@@ -273,7 +234,7 @@ class EngineConfig:
         return self.host_kv_bytes // self.bytes_per_block(model)
 
     def bytes_per_block(self, model: ModelConfig) -> int:
-        element = torch.tensor([], dtype=self.torch_dtype).element_size()
+        element = _DTYPE_BYTES[self.dtype]
         kv_heads_per_rank = max(1, model.num_key_value_heads // self.tensor_parallel_size)
         per_block = 2 * model.num_hidden_layers * self.block_size * kv_heads_per_rank
         return per_block * model.head_dim * element

@@ -8,10 +8,12 @@ them in.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
-import torch
 from loraplex.engine.protocol import ReasoningMarkers
+
+if TYPE_CHECKING:  # annotations only: the API servers' supervisor imports these protocols without torch
+    import torch
 
 
 class GrammarMatcher(Protocol):

@@ -8,13 +8,15 @@ from __future__ import annotations
 
 import asyncio
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from loraplex.engine.config import ModelConfig
 from loraplex.engine.core.frontend import EngineFrontend
 from loraplex.engine.core.messages import Ready, Shutdown
 from loraplex.engine.core.zmq_client_transport import ZmqClientTransport, handshake, process_exists
 from loraplex.engine.interfaces import AdapterSourceCodec, GrammarCodec
+
+if TYPE_CHECKING:  # the engine's config imports torch, which a supervisor or API server need not load for this
+    from loraplex.engine.config import ModelConfig
 
 __all__ = ["MultiProcessEngineClient", "handshake", "process_exists"]
 

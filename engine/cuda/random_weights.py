@@ -11,10 +11,11 @@ from __future__ import annotations
 import zlib
 
 import torch
-from loraplex.engine.config import ModelConfig, rope_inv_freq
+from loraplex.engine.config import ModelConfig
 from loraplex.engine.interfaces import AdapterWeights, LoRAModuleWeights
 from loraplex.engine.model.layers import RotaryEmbedding
-from loraplex.engine.model.llama import LlamaForCausalLM
+from loraplex.engine.model.llama import LlamaForCausalLM, unfilled_model
+from loraplex.engine.model.rope import rope_inv_freq
 from loraplex.engine.parallel.group import SINGLE_RANK, TensorParallelGroup
 
 _LLAMA3_ROPE = {"rope_type": "llama3", "low_freq_factor": 1.0, "high_freq_factor": 4.0,
@@ -61,10 +62,8 @@ def random_device_model(
     seed: int = 0, std: float = 0.02, tp: TensorParallelGroup = SINGLE_RANK,
 ) -> LlamaForCausalLM:
     """With `tp` over several ranks: this rank's shard shapes, drawn from `seed` alone."""
-    with torch.device("meta"):
-        model = LlamaForCausalLM(config, max_model_len, tp)
-    model = model.to(dtype).to_empty(device=device)  # never allocate float32 first
-    if config.tie_word_embeddings:  # to_empty gives each module its own tensor
+    model = unfilled_model(config, max_model_len, tp, dtype, device)
+    if config.tie_word_embeddings:  # each module was given its own tensor
         model.lm_head.weight = model.embed_tokens.weight
     inv_freq, scaling = rope_inv_freq(config, max_model_len)
     model.rotary = RotaryEmbedding(inv_freq, max(max_model_len, config.max_position_embeddings), scaling).to(device)

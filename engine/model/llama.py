@@ -9,7 +9,7 @@ Built for one tensor-parallel rank (`tp`), every layer holds that rank's shard
 from __future__ import annotations
 
 import torch
-from loraplex.engine.config import ModelConfig, rope_inv_freq
+from loraplex.engine.config import ModelConfig
 from loraplex.engine.context import StepContext
 from loraplex.engine.model.layers import (
     LoRALinear,
@@ -19,6 +19,7 @@ from loraplex.engine.model.layers import (
     VocabParallelEmbedding,
     VocabParallelHead,
 )
+from loraplex.engine.model.rope import rope_inv_freq
 from loraplex.engine.parallel.group import SINGLE_RANK, TensorParallelGroup
 from loraplex.engine.parallel.plan import ShardPlan
 from torch import nn
@@ -137,3 +138,25 @@ class LlamaForCausalLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden)
+
+
+def unfilled_model(config: ModelConfig, max_model_len: int, tp: TensorParallelGroup, dtype: torch.dtype,
+                   device: str | torch.device) -> LlamaForCausalLM:
+    """The model's modules with uninitialised `dtype` tensors on `device`, to be filled by the caller (weights read
+    from files, drawn at random, or a shard's slices). Built on the meta device, so no float32 copy is ever made;
+    each tensor is then allocated with a plain `torch.empty`, because `Module.to_empty` goes through torch._refs,
+    whose first use imports sympy (~0.5 s of CPU at every engine start). As with `to_empty`, a tensor two modules
+    shared (tied embeddings) becomes two: the caller ties them again."""
+    with torch.device("meta"):
+        model = LlamaForCausalLM(config, max_model_len, tp)
+    for module in model.modules():
+        for name, param in module._parameters.items():
+            if param is not None:
+                kind = dtype if param.is_floating_point() else param.dtype
+                module._parameters[name] = nn.Parameter(torch.empty(param.shape, dtype=kind, device=device),
+                                                        requires_grad=param.requires_grad)
+        for name, buffer in module._buffers.items():
+            if buffer is not None:
+                kind = dtype if buffer.is_floating_point() else buffer.dtype
+                module._buffers[name] = torch.empty(buffer.shape, dtype=kind, device=device)
+    return model

@@ -6,9 +6,10 @@ import re
 from pathlib import Path
 
 import torch
-from loraplex.engine.config import ModelConfig, rope_inv_freq
+from loraplex.engine.config import ModelConfig
 from loraplex.engine.model.layers import LoRALinear, RotaryEmbedding
-from loraplex.engine.model.llama import LlamaForCausalLM
+from loraplex.engine.model.llama import LlamaForCausalLM, unfilled_model
+from loraplex.engine.model.rope import rope_inv_freq
 from loraplex.engine.parallel.group import SINGLE_RANK, TensorParallelGroup
 from loraplex.engine.parallel.plan import ShardPlan, shard_state_dict
 from safetensors import safe_open
@@ -34,9 +35,7 @@ def load_model(
     sliced as it is read, so no rank ever holds the whole model)."""
     model_dir = Path(model_dir)
     config = ModelConfig.from_pretrained(model_dir)
-    with torch.device("meta"):
-        model = LlamaForCausalLM(config, max_model_len, tp)
-    model = model.to(dtype).to_empty(device=device)  # never allocate float32 first
+    model = unfilled_model(config, max_model_len, tp, dtype, device)
     # Buffers (rotary tables) were created on meta; rebuild them for real.
     model.rotary = _fresh_rotary(config, max_model_len, device)
     params = dict(model.named_parameters())
@@ -128,9 +127,7 @@ def random_model(
 def shard_model(full: LlamaForCausalLM, tp: TensorParallelGroup) -> LlamaForCausalLM:
     """This rank's shard of a whole model (same device and dtype)."""
     weight = next(full.parameters())  # its dtype and device are the whole model's
-    with torch.device("meta"):
-        model = LlamaForCausalLM(full.config, full.rotary.cos.shape[0], tp)
-    model = model.to(weight.dtype).to_empty(device=weight.device)
+    model = unfilled_model(full.config, full.rotary.cos.shape[0], tp, weight.dtype, weight.device)
     if full.config.tie_word_embeddings:
         model.lm_head.weight = model.embed_tokens.weight
     model.rotary = full.rotary

@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from loraplex.engine.config import EngineConfig, ModelConfig, rope_inv_freq
+from loraplex.engine.config import EngineConfig, ModelConfig
 from loraplex.engine.model.default_model import DEFAULT_MODEL_NAME, ensure_default_model
+from loraplex.engine.model.rope import rope_inv_freq
 
 CONVERT = "import sys; from loraplex.engine.model.default_model import ensure_default_model as e; print(e(sys.argv[1]))"
 BASE = {"model_type": "llama", "vocab_size": 100, "hidden_size": 64, "intermediate_size": 128,
@@ -142,3 +143,23 @@ def test_a_gguf_header_is_read_once_during_a_conversion_and_gguf_is_left_as_it_w
         assert gguf.get_tensor_name_map(arch, 2).get_name("model.layers.1.self_attn.q_proj") == "blk.1.attn_q"
     assert gguf.GGUFReader is real_reader and gguf.get_tensor_name_map is real_name_map
     assert gguf.GGUFReader(path) is not first
+
+
+def test_unfilled_model_allocates_every_tensor_in_the_dtype_without_importing_sympy() -> None:
+    # in a fresh interpreter: whether a module was imported is the point
+    code = """
+import sys, torch
+from loraplex.engine.config import ModelConfig
+from loraplex.engine.model.llama import unfilled_model
+from loraplex.engine.parallel.group import SINGLE_RANK
+config = ModelConfig.from_hf_dict(dict(%r, tie_word_embeddings=True))
+model = unfilled_model(config, 64, SINGLE_RANK, torch.bfloat16, "cpu")
+tensors = list(model.parameters()) + list(model.buffers())
+assert tensors and all(t.device.type == "cpu" for t in tensors), "a tensor left on meta"
+assert {t.dtype for t in model.parameters()} == {torch.bfloat16}
+assert model.lm_head.weight.data_ptr() != model.embed_tokens.weight.data_ptr()  # the caller ties them
+print("sympy" in sys.modules)
+""" % BASE
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "False", "building the model imported sympy (torch._refs)"
