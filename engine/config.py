@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from loraplex.engine.spec.policy import SpeculationConfig
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # annotations only: the supervisor and the API servers' engine client import this without torch
     import torch
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")

@@ -148,18 +148,18 @@ def test_a_gguf_header_is_read_once_during_a_conversion_and_gguf_is_left_as_it_w
 def test_unfilled_model_allocates_every_tensor_in_the_dtype_without_importing_sympy() -> None:
     # in a fresh interpreter: whether a module was imported is the point
     code = """
-import sys, torch
+import json, sys, torch
 from loraplex.engine.config import ModelConfig
 from loraplex.engine.model.llama import unfilled_model
 from loraplex.engine.parallel.group import SINGLE_RANK
-config = ModelConfig.from_hf_dict(dict(%r, tie_word_embeddings=True))
+config = ModelConfig.from_hf_dict(dict(json.loads(sys.argv[1]), tie_word_embeddings=True))
 model = unfilled_model(config, 64, SINGLE_RANK, torch.bfloat16, "cpu")
 tensors = list(model.parameters()) + list(model.buffers())
 assert tensors and all(t.device.type == "cpu" for t in tensors), "a tensor left on meta"
 assert {t.dtype for t in model.parameters()} == {torch.bfloat16}
 assert model.lm_head.weight.data_ptr() != model.embed_tokens.weight.data_ptr()  # the caller ties them
 print("sympy" in sys.modules)
-""" % BASE
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+"""
+    out = subprocess.run([sys.executable, "-c", code, json.dumps(BASE)], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "False", "building the model imported sympy (torch._refs)"
