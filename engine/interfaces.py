@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from loraplex.engine.protocol import ReasoningMarkers
 
-if TYPE_CHECKING:  # annotations only: the API servers' supervisor imports these protocols without torch
+if TYPE_CHECKING:  # annotations only: the supervisor and the batch worker import these protocols without torch
     import torch
 
 

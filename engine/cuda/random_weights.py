@@ -13,9 +13,7 @@ import zlib
 import torch
 from loraplex.engine.config import ModelConfig
 from loraplex.engine.interfaces import AdapterWeights, LoRAModuleWeights
-from loraplex.engine.model.layers import RotaryEmbedding
 from loraplex.engine.model.llama import LlamaForCausalLM, unfilled_model
-from loraplex.engine.model.rope import rope_inv_freq
 from loraplex.engine.parallel.group import SINGLE_RANK, TensorParallelGroup
 
 _LLAMA3_ROPE = {"rope_type": "llama3", "low_freq_factor": 1.0, "high_freq_factor": 4.0,
@@ -65,8 +63,6 @@ def random_device_model(
     model = unfilled_model(config, max_model_len, tp, dtype, device)
     if config.tie_word_embeddings:  # each module was given its own tensor
         model.lm_head.weight = model.embed_tokens.weight
-    inv_freq, scaling = rope_inv_freq(config, max_model_len)
-    model.rotary = RotaryEmbedding(inv_freq, max(max_model_len, config.max_position_embeddings), scaling).to(device)
     generator = torch.Generator(device=device).manual_seed(seed)
     for name, param in model.named_parameters():
         if name.endswith("norm.weight"):

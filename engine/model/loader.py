@@ -7,9 +7,8 @@ from pathlib import Path
 
 import torch
 from loraplex.engine.config import ModelConfig
-from loraplex.engine.model.layers import LoRALinear, RotaryEmbedding
+from loraplex.engine.model.layers import LoRALinear
 from loraplex.engine.model.llama import LlamaForCausalLM, unfilled_model
-from loraplex.engine.model.rope import rope_inv_freq
 from loraplex.engine.parallel.group import SINGLE_RANK, TensorParallelGroup
 from loraplex.engine.parallel.plan import ShardPlan, shard_state_dict
 from safetensors import safe_open
@@ -36,8 +35,6 @@ def load_model(
     model_dir = Path(model_dir)
     config = ModelConfig.from_pretrained(model_dir)
     model = unfilled_model(config, max_model_len, tp, dtype, device)
-    # Buffers (rotary tables) were created on meta; rebuild them for real.
-    model.rotary = _fresh_rotary(config, max_model_len, device)
     params = dict(model.named_parameters())
     seen: set[str] = set()
     files = sorted(model_dir.glob("*.safetensors"))
@@ -76,11 +73,6 @@ def _shard_of(hf_name: str, tensor: torch.Tensor, plan: ShardPlan) -> torch.Tens
     if module in _MERGED:
         return plan.shard_weight(module.rpartition(".")[2], tensor)
     return tensor  # norms: every rank holds them whole
-
-
-def _fresh_rotary(config: ModelConfig, max_model_len: int, device: str) -> RotaryEmbedding:
-    inv_freq, scaling = rope_inv_freq(config, max_model_len)
-    return RotaryEmbedding(inv_freq, max(max_model_len, config.max_position_embeddings), scaling).to(device)
 
 
 def _target_of(hf_name: str, model: LlamaForCausalLM) -> tuple[str | None, tuple[int, int] | None]:
@@ -130,7 +122,7 @@ def shard_model(full: LlamaForCausalLM, tp: TensorParallelGroup) -> LlamaForCaus
     model = unfilled_model(full.config, full.rotary.cos.shape[0], tp, weight.dtype, weight.device)
     if full.config.tie_word_embeddings:
         model.lm_head.weight = model.embed_tokens.weight
-    model.rotary = full.rotary
+    model.rotary = full.rotary  # the whole model's tables (its max_model_len is not known here)
     params = dict(model.named_parameters(remove_duplicate=False))
     with torch.no_grad():
         for name, tensor in shard_state_dict(full, model.plan).items():
