@@ -98,6 +98,7 @@ class CudaModelRunner(ModelRunner):
         super().__init__(model, model_config, engine_config, num_blocks, tokenizer_vocab_size, lora=lora,
                          num_host_blocks=num_host_blocks, workers=workers)
         self.num_kv_heads = model.plan.num_kv_heads
+        self.head_dim = model_config.head_dim
         max_model_len = engine_config.resolve_max_model_len(model_config)
         self.max_blocks_per_seq = -(-max_model_len // self.block_size)
         self.ladder = batch_ladder(engine_config.running_slots())
@@ -624,7 +625,7 @@ class CudaModelRunner(ModelRunner):
 
     def _decode_splits(self, padded_size: int) -> int:
         return choose_num_splits(padded_size, self.num_kv_heads, self.max_blocks_per_seq * self.block_size,
-                                 self.device)
+                                 self.device, self.head_dim)
 
     # ---- eager forward (prefill chunks, mixed steps, graphs off) --------------------------
     def _forward_eager(self, batch: InputBatch, lora: LoRAStepContext | None) -> ForwardOutput:

@@ -168,15 +168,37 @@ def _num_sms(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
-def choose_num_splits(num_seqs: int, num_kv_heads: int, max_tokens: int, device: torch.device) -> int:
-    """Split until the grid holds about two programs per SM, keeping >= 256 tokens per split.
+# (KV heads, head_dim) -> ((most sequences, splits), ...) on a card of TUNED_SPLITS_SMS SMs, where a sweep found
+# the rule below too few splits (benchmarks/notes/gpu_kernels.md): a program over 3 KV heads of 64 (SmolLM2-135M)
+# is light, and from 48 sequences the rule's two programs an SM leave each one a long serial loop over the KV.
+# H200, bf16, µs per call at 192 / 640 / 2048 tokens of context, 48 sequences: rule (2 splits) 7.2 / 15.9 / 36.9,
+# 4 splits 7.0 / 13.7 / 27.7; 64 sequences 7.6 / 17.1 / 39.0 against 7.9 / 15.2 / 32.0; 80 sequences 9.4 / 18.7 /
+# 42.6 against 9.9 / 17.3 / 38.0 (a little slower at short contexts, faster from a few hundred tokens on).
+# Llama-3.1-8B's 8 heads of 128 keep the rule: its choice was the best at 48 and 64 sequences; at 16 one split
+# beat its four by 1.5 µs at 192 tokens and lost at 640 and more, and at 80 two splits beat its one from 640 tokens
+# on (161 against 191 µs at 2048) but lost at 192 -- the best count follows the context, which a captured graph's
+# shapes cannot know. Counts outside the listed bounds keep the rule as well.
+TUNED_SPLITS: dict[tuple[int, int], tuple[tuple[int, int | None], ...]] = {
+    (3, 64): ((47, None), (80, 4)),
+}
+TUNED_SPLITS_SMS = 132  # H100 SXM and H200
+
+
+def choose_num_splits(num_seqs: int, num_kv_heads: int, max_tokens: int, device: torch.device,
+                      head_dim: int | None = None) -> int:
+    """The swept choice for this head shape and sequence count where there is one (`TUNED_SPLITS`), else split
+    until the grid holds about two programs per SM, keeping >= 256 tokens per split.
 
     ``max_tokens`` is the block table's capacity, a shape, so the choice is stable across the
     steps replayed by one CUDA graph.
     """
     if device.type != "cuda":
         return 1
-    target_programs = 2 * _num_sms(device.index if device.index is not None else torch.cuda.current_device())
+    num_sms = _num_sms(device.index if device.index is not None else torch.cuda.current_device())
+    tuned = _tuned_splits(num_seqs, num_kv_heads, head_dim, num_sms)
+    if tuned is not None:
+        return tuned
+    target_programs = 2 * num_sms
     num_splits = 1
     while (
         num_seqs * num_kv_heads * num_splits < target_programs
@@ -185,6 +207,15 @@ def choose_num_splits(num_seqs: int, num_kv_heads: int, max_tokens: int, device:
     ):
         num_splits *= 2
     return num_splits
+
+
+def _tuned_splits(num_seqs: int, num_kv_heads: int, head_dim: int | None, num_sms: int) -> int | None:
+    if num_sms != TUNED_SPLITS_SMS:
+        return None
+    for most_seqs, splits in TUNED_SPLITS.get((num_kv_heads, head_dim or 0), ()):
+        if num_seqs <= most_seqs:
+            return splits
+    return None
 
 
 def paged_decode_attention(
@@ -216,7 +247,8 @@ def paged_decode_attention(
     if num_seqs == 0:
         return out
     if num_splits is None:
-        num_splits = choose_num_splits(num_seqs, num_kv_heads, block_tables.shape[1] * block_size, query.device)
+        num_splits = choose_num_splits(num_seqs, num_kv_heads, block_tables.shape[1] * block_size, query.device,
+                                       head_dim)
     queries_per_kv = num_q_heads // num_kv_heads
     block_d = triton.next_power_of_2(head_dim)
     partial_out = partial_lse = out  # unused when the kernel writes the output directly

@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from loraplex.engine.kernels.paged_attention_decode import paged_decode_attention
+from loraplex.engine.kernels.paged_attention_decode import _tuned_splits, paged_decode_attention
 from loraplex.engine.kernels.paged_attention_kv_write import write_kv_cache
 from loraplex.engine.kernels.paged_attention_prefill import paged_prefill_attention
 from loraplex.engine.kernels.paged_attention_reference import (
@@ -112,6 +112,16 @@ def test_decode_matches_reference(dtype, seq_lens, num_q_heads, num_kv_heads, he
     for row, length in enumerate(seq_lens):
         if length == 0:
             assert torch.equal(ours[row].cpu(), torch.zeros_like(ours[row].cpu()))
+
+
+def test_swept_split_counts_apply_only_to_their_head_shape_sequence_counts_and_card():
+    """SmolLM2's 3 KV heads of 64 take 4 splits from 48 to 80 sequences on a 132-SM card; fewer sequences, other
+    head shapes (or no head_dim given) and other cards keep the programs-per-SM rule (None)."""
+    assert [_tuned_splits(n, 3, 64, 132) for n in (1, 16, 47, 48, 64, 66, 80)] == [None, None, None, 4, 4, 4, 4]
+    assert _tuned_splits(81, 3, 64, 132) is None
+    assert _tuned_splits(64, 8, 128, 132) is None
+    assert _tuned_splits(64, 3, None, 132) is None
+    assert _tuned_splits(64, 3, 64, 108) is None
 
 
 def test_decode_and_prefill_kernels_agree_on_single_token_queries():

@@ -3,7 +3,11 @@ GQA, lengths 1 to 8k, a mixed prefill + decode batch, bf16/fp16, and CUDA-graph 
 
 import pytest
 import torch
-from loraplex.engine.kernels.paged_attention_decode import paged_decode_attention
+from loraplex.engine.kernels.paged_attention_decode import (
+    TUNED_SPLITS_SMS,
+    choose_num_splits,
+    paged_decode_attention,
+)
 from loraplex.engine.kernels.paged_attention_kv_write import write_kv_cache
 from loraplex.engine.kernels.paged_attention_prefill import paged_prefill_attention
 from loraplex.engine.kernels.paged_attention_reference import (
@@ -70,6 +74,23 @@ def test_gpu_decode_lengths_1_to_8k(dtype, block_size, num_q_heads, num_kv_heads
     expected = paged_decode_attention_reference(*args)
     assert not ours.isnan().any()
     assert relative_error(ours, expected) < TOLERANCE[dtype]
+
+
+@pytest.mark.parametrize("num_seqs", [48, 64, 80])
+def test_gpu_smollm2_heads_from_48_sequences_take_the_swept_splits(num_seqs):
+    """3 KV heads of 64 (SmolLM2-135M): the default split count is the swept one on a 132-SM card, and exact."""
+    device = torch.device("cuda", torch.cuda.current_device())
+    chosen = choose_num_splits(num_seqs, 3, 8192, device, 64)
+    if torch.cuda.get_device_properties(device).multi_processor_count == TUNED_SPLITS_SMS:
+        assert chosen == 4
+    generator = torch.Generator().manual_seed(num_seqs)
+    seq_lens = [1, 8192, 640, *torch.randint(1, 2049, (num_seqs - 3,), generator=generator).tolist()]
+    batch = make_paged_batch(seq_lens, [1] * num_seqs, 9, 3, 64, 16, torch.bfloat16, "cuda")
+    args = (batch.query, batch.key_cache, batch.value_cache, batch.block_tables, batch.seq_lens, 0.125)
+    ours = paged_decode_attention(*args, chosen, out=torch.full_like(batch.query, float("nan")))
+    expected = paged_decode_attention_reference(*args)
+    assert not ours.isnan().any()
+    assert relative_error(ours, expected) < TOLERANCE[torch.bfloat16]
 
 
 def test_gpu_write_kv_cache_bf16():
