@@ -99,8 +99,8 @@ class TimedMatcher:
     def is_terminated(self) -> bool:
         return self.inner.is_terminated()
 
-    def set_token_budget(self, max_tokens: int) -> None:
-        self.inner.set_token_budget(max_tokens)
+    def set_token_budget(self, max_tokens: int, phase: int = 0) -> None:
+        self.inner.set_token_budget(max_tokens, phase)
 
     def forced_token_ids(self) -> list[int]:
         return self.inner.forced_token_ids()

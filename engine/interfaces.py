@@ -38,7 +38,8 @@ class BudgetedGrammarMatcher(Protocol):
     """A matcher that knows the choice's token budget: near it, it forces the shortest close, and it
     names the tokens the grammar forces next so the engine can append them without sampling."""
 
-    def set_token_budget(self, max_tokens: int) -> None: ...
+    def set_token_budget(self, max_tokens: int, phase: int = 0) -> None:
+        """The choice's most output tokens; `phase` (its index) lets choices spread their planning over steps."""
 
     def forced_token_ids(self) -> list[int]:
         """Tokens the mask will force next, in order; appending them at once (jump-forward) gives the

@@ -253,7 +253,8 @@ class LLMEngine:
             if request.grammar is not None:
                 seq.matcher = request.grammar.new_matcher()
                 if isinstance(seq.matcher, BudgetedGrammarMatcher):
-                    seq.matcher.set_token_budget(min(sampling.max_tokens, self.max_model_len - len(prompt_ids)))
+                    seq.matcher.set_token_budget(min(sampling.max_tokens, self.max_model_len - len(prompt_ids)),
+                                               phase=index)
             if request.reasoning is not None:
                 seq.reasoning_inside = request.reasoning.starts_inside
             seq.priority, seq.background = request.priority, request.background

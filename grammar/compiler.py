@@ -142,7 +142,11 @@ class GrammarCompilerService:
         unique_items = None
         if spec.kind == GrammarKind.JSON_SCHEMA:
             # The same language, in words the backends know (schema.passes.SCHEMA_PASSES, in order).
-            prepared = prepare_schema(payload)
+            try:
+                prepared = prepare_schema(payload)
+            except RecursionError:  # its nesting was bounded at the edge (walk.value_nesting_limit); a last guard
+                raise InvalidRequestError(f"{spec.param} nests too deep to compile; simplify it",
+                                          param=spec.param) from None
             if prepared.schema is False and admits_no_finite_value(payload):
                 raise InvalidRequestError(f"{spec.param} cannot be satisfied: {NO_FINITE_VALUE}", param=spec.param)
             if prepared.schema is False:

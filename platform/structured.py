@@ -9,6 +9,7 @@ message parser that turns the model's tool-call text into OpenAI `tool_calls`.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping
 from typing import Any
 
@@ -23,7 +24,7 @@ from loraplex.grammar.tools import (
     template_supports_tools,
     tool_call_spec,
 )
-from loraplex.grammar.validation import ToolRequest, parse_tools, response_format_spec
+from loraplex.grammar.validation import ToolRequest, check_spec_sizes, parse_tools, response_format_spec
 from loraplex.platform.api.compile_slots import TenantCompileSlots
 from loraplex.platform.extensions import Extensions, MessageDelta, MessageParser, PreparedRequest
 from loraplex.platform.pipeline import StageAdditions
@@ -108,12 +109,16 @@ class StructuredOutputPreparer:
         additions = StageAdditions()
         limits = self.compiler.limits
         shape = SchemaShapeLimits(limits.max_schema_depth, limits.max_schema_nodes)
-        spec = response_format_spec(getattr(body, "response_format", None), limits=shape)
-        if prepared.kind == "chat":
-            tools = parse_tools(body.tools, body.tool_choice, body.parallel_tool_calls,
-                                max_tools=limits.max_tools, limits=shape)
-            if tools is not None:
-                spec = self._prepare_tools(prepared, tools, spec, additions)
+        response_format = getattr(body, "response_format", None)
+        chat = prepared.kind == "chat"
+        if response_format is None and not (chat and body.tools):
+            spec, tools = self._parse(body, None, chat, shape)  # no schema: only tool_choice to check
+        else:
+            # In a thread: checking schemas near the size limits against their metaschema takes seconds of CPU,
+            # which must not stall the event loop every tenant's requests and streams share.
+            spec, tools = await asyncio.to_thread(self._parse, body, response_format, chat, shape)
+        if tools is not None:
+            spec = self._prepare_tools(prepared, tools, spec, additions)
         if spec is not None:
             async with self.slots.hold(prepared.tenant_id, spec):
                 grammar = await self.compiler.compile(spec)
@@ -126,6 +131,19 @@ class StructuredOutputPreparer:
                     raise RuntimeError("a strict schema came back relaxed")
                 additions.metadata["grammar_relaxed"] = grammar.relaxed  # sent as GRAMMAR_RELAXED_HEADER
         return additions
+
+    def _parse(self, body: Any, response_format: Any, chat: bool, shape: SchemaShapeLimits
+               ) -> tuple[GrammarSpec | None, ToolRequest | None]:
+        fields = {"response_format": response_format}
+        if chat:
+            fields |= {"tools": body.tools, "tool_choice": body.tool_choice}
+        check_spec_sizes(fields, self.compiler.limits.max_spec_bytes)
+        spec = response_format_spec(response_format, limits=shape)
+        tools = None
+        if chat:
+            tools = parse_tools(body.tools, body.tool_choice, body.parallel_tool_calls,
+                                max_tools=self.compiler.limits.max_tools, limits=shape)
+        return spec, tools
 
     def _prepare_tools(self, prepared: PreparedRequest, tools: ToolRequest, spec: GrammarSpec | None,
                        additions: StageAdditions) -> GrammarSpec | None:
@@ -144,6 +162,7 @@ def install_structured_output(extensions: Extensions, settings: Settings, *, eng
     """Register the stage (last in pipeline.STAGE_ORDER, so quota refusals never pay for a compilation)."""
     limits = GrammarLimits(
         compile_timeout_s=settings.grammar_compile_timeout_s, max_spec_bytes=settings.grammar_max_spec_bytes,
+        max_compiled_bytes=settings.grammar_max_compiled_bytes,
         backend=settings.grammar_backend, max_schema_depth=settings.grammar_max_schema_depth,
         max_schema_nodes=settings.grammar_max_schema_nodes, max_tools=settings.grammar_max_tools,
         cache_dir=settings.grammar_cache_dir, max_completion_tokens=settings.grammar_max_completion_tokens,

@@ -150,6 +150,9 @@ class XGrammarGrammar:
         return XGrammarBackendMatcher(self.compiled, self._backend)
 
 
+_MAX_FORCED_CHARS = 2048
+
+
 class XGrammarBackendMatcher:
     __slots__ = ("_backend", "_matcher", "_terminated")
 
@@ -186,7 +189,9 @@ class XGrammarBackendMatcher:
         return self._terminated
 
     def forced_token_ids(self) -> list[int]:
-        text = self._matcher.find_jump_forward_string()
+        # At most `_MAX_FORCED_CHARS` at a time: a schema's long `const` would otherwise be tokenized and walked
+        # whole at every refresh, on the engine's thread; the rest comes once this part is taken.
+        text = self._matcher.find_jump_forward_string()[:_MAX_FORCED_CHARS]
         if not text:
             return []
         tokens: list[int] = self._backend.context.tokenizer.encode(text, add_special_tokens=False)

@@ -142,6 +142,16 @@ def _greedy_plan(matcher: Any, tokens: ClosingTokens, limit: int) -> list[int] |
         while not matcher.is_completed():
             if len(plan) >= limit:
                 return None
+            # Text the grammar forces is taken as it is spelled, without a mask per token: a mask can cost a
+            # millisecond in a long literal, and the walk through a schema's long `const` would pay it per token.
+            taken = 0
+            for token_id in matcher.forced_token_ids()[: limit - len(plan)]:
+                if not matcher.accept_token(token_id):
+                    break
+                plan.append(token_id)
+                taken += 1
+            if taken:
+                continue
             matcher.fill_bitmask(row, 0)
             token_id = tokens.pick(row[0].numpy())
             if token_id is None or not matcher.accept_token(token_id):

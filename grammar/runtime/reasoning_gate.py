@@ -48,6 +48,7 @@ class ReasoningGatedMatcher:
         self._opened = 0          # tokens of the start marker seen so far
         self._recent: list[int] = []  # the last tokens inside the block, to spot the end marker
         self._budget: int | None = None
+        self._phase = 0
         self._num_outside = 0     # tokens the answer grammar did not see (the think block)
 
     def accept_token(self, token_id: int) -> bool:
@@ -77,7 +78,7 @@ class ReasoningGatedMatcher:
                 if self._inner_fed and self._fresh_inner is not None:
                     self._inner = self._fresh_inner()  # the answer path had eaten the marker
                     if self._budget is not None:
-                        self._inner.set_token_budget(self._budget)
+                        self._inner.set_token_budget(self._budget, self._phase)
                     self._inner.spend_tokens(self._num_outside)
             return True
         if self._state == self._INSIDE:
@@ -113,9 +114,9 @@ class ReasoningGatedMatcher:
     def forced_token_ids(self) -> list[int]:
         return self._inner.forced_token_ids() if self._state == self._AFTER else []
 
-    def set_token_budget(self, max_tokens: int) -> None:
-        self._budget = max_tokens
-        self._inner.set_token_budget(max_tokens)
+    def set_token_budget(self, max_tokens: int, phase: int = 0) -> None:
+        self._budget, self._phase = max_tokens, phase
+        self._inner.set_token_budget(max_tokens, phase)
 
     def closed_by_budget(self) -> bool:
         return self._state == self._AFTER and self._inner.closed_by_budget()

@@ -18,6 +18,7 @@ from decimal import Decimal, InvalidOperation
 from typing import Any
 
 import torch
+from loraplex.grammar.runtime.unique_members import MemberIndex, member_index
 from loraplex.grammar.schema.unique_items import UniqueItemsPlan
 
 
@@ -30,7 +31,7 @@ class _Frame:
     seen: frozenset = frozenset()
     key: str | None = None       # objects: the last key read
     index: int = 0               # arrays: the item being read
-    members: frozenset | None = None  # unique arrays of a finite string set: the values (as UTF-8) items may take
+    members: MemberIndex | None = None  # unique arrays of a finite string set: the values (as UTF-8) items may take
     awaiting: bool = False       # arrays: a comma was read, an item must follow
     objects: bool = False        # unique arrays of open objects: each item object is compared whole
     start: int = -1              # objects that are such an item: where their text starts
@@ -61,9 +62,31 @@ def _decode(raw: bytes) -> str | None:
         return raw.decode("utf-8", errors="replace")
 
 
-def scan(state: _State, data: bytes, plan: UniqueItemsPlan, before: bytes | bytearray = b"") -> _State | None:
+class _SeenAndOne:
+    """An array's seen values and one more, without copying them: a candidate token is checked, then dropped, and
+    copying a long array's values for each of hundreds of candidates made a mask fill quadratic in the array."""
+
+    __slots__ = ("base", "value")
+
+    def __init__(self, base: Any, value: Any) -> None:
+        self.base = base
+        self.value = value
+
+    def __contains__(self, value: Any) -> bool:
+        return value == self.value or value in self.base
+
+    def __bool__(self) -> bool:
+        return True
+
+
+def _with(seen: Any, value: Any, keep: bool) -> Any:
+    return seen | {value} if keep else _SeenAndOne(seen, value)
+
+
+def scan(state: _State, data: bytes, plan: UniqueItemsPlan, before: bytes | bytearray = b"",
+         keep: bool = True) -> _State | None:
     """The state after `data` (`before`: the text read so far); None when `data` closes an item equal to an
-    earlier one of its array."""
+    earlier one of its array. `keep`: the state is kept (accepted), not only checked."""
     stack, in_string, escape, raw, role, expect_key = (state.stack, state.in_string, state.escape, state.raw,
                                                        state.role, state.expect_key)
     number = state.number
@@ -102,7 +125,7 @@ def scan(state: _State, data: bytes, plan: UniqueItemsPlan, before: bytes | byte
                 value = _decode(raw)
                 if value in top.seen:
                     return None
-                stack = (*stack[:-1], replace(top, seen=top.seen | {value}))
+                stack = (*stack[:-1], replace(top, seen=_with(top.seen, value, keep)))
             raw, role = b"", ""
             continue
         byte = data[i]
@@ -118,7 +141,7 @@ def scan(state: _State, data: bytes, plan: UniqueItemsPlan, before: bytes | byte
                 value = _number_value(number)
                 if value in top.seen:
                     return None
-                stack, number = (*stack[:-1], replace(top, seen=top.seen | {value})), b""
+                stack, number = (*stack[:-1], replace(top, seen=_with(top.seen, value, keep))), b""
         if byte == _QUOTE:
             in_string, escape, raw = True, False, b""
             top = stack[-1] if stack else None
@@ -139,7 +162,7 @@ def scan(state: _State, data: bytes, plan: UniqueItemsPlan, before: bytes | byte
                 expect_key = True
             else:
                 unique = plan.unique_at(path)
-                stack = (*stack, _Frame(False, path, unique, members=plan.members_at(path),
+                stack = (*stack, _Frame(False, path, unique, members=member_index(plan.members_at(path)),
                                         objects=unique and plan.objects_at(path),
                                         numbers=plan.numbers_at(path) if unique else ""))
                 expect_key = False
@@ -153,7 +176,7 @@ def scan(state: _State, data: bytes, plan: UniqueItemsPlan, before: bytes | byte
                 array = stack[-1]
                 if value in array.seen:
                     return None
-                stack = (*stack[:-1], replace(array, seen=array.seen | {value}))
+                stack = (*stack[:-1], replace(array, seen=_with(array.seen, value, keep)))
         elif byte == 0x3A:  # :
             expect_key = False
         elif byte == 0x2C and stack:  # ,
@@ -208,9 +231,9 @@ def can_finish(state: _State) -> bool:
     if top is None or top.is_object or top.members is None or not top.seen:
         return True
     if state.in_string and state.role == "item":
-        return any(text.startswith(state.raw) and value not in top.seen for text, value in top.members)
+        return top.members.has_unused(state.raw, top.seen)
     if not state.in_string and top.awaiting:
-        return any(value not in top.seen for _, value in top.members)
+        return top.members.has_unused(b"", top.seen)
     return True
 
 
@@ -227,9 +250,10 @@ def closes_item_object(state: _State) -> bool:
     return any(frame.start >= 0 and i > 0 and state.stack[i - 1].seen for i, frame in enumerate(state.stack))
 
 
-def next_state(state: _State, data: bytes, plan: UniqueItemsPlan, before: bytes | bytearray = b"") -> _State | None:
+def next_state(state: _State, data: bytes, plan: UniqueItemsPlan, before: bytes | bytearray = b"",
+               keep: bool = True) -> _State | None:
     """The state after `data`, or None when `data` closes a duplicate or leaves no unused value to write."""
-    after = scan(state, data, plan, before)
+    after = scan(state, data, plan, before, keep)
     return after if after is not None and can_finish(after) else None
 
 
@@ -308,9 +332,18 @@ class UniqueItemsMatcher:
         else:
             return
         words = bitmask[row]
-        before = self._text
+        before, data = self._text, self._tokens.data
+        # Inside a string item of a finite set, a token with no quote or backslash only lengthens the text: it is
+        # allowed when some unused value begins with the text it makes (one bisection, no scan).
+        members = top.members if top is not None and state.in_string and state.role == "item" else None
+        plain = members is not None and not state.escape
         for token_id in candidates.tolist():
-            if next_state(state, self._tokens.data[token_id], self._plan, before) is None:
+            token = data[token_id]
+            if plain and _QUOTE not in token and _BACKSLASH not in token:
+                allowed_here = members.has_unused(state.raw + token, top.seen)  # type: ignore[union-attr]
+            else:
+                allowed_here = next_state(state, token, self._plan, before, keep=False) is not None
+            if not allowed_here:
                 word, bit = divmod(token_id, 32)
                 value = (int(words[word]) & 0xFFFFFFFF) & ~(1 << bit)
                 words[word] = value - (1 << 32) if value >= 1 << 31 else value

@@ -23,6 +23,7 @@ from typing import Any, TypeGuard
 
 import jsonschema
 import referencing
+from loraplex.grammar.schema.metaschema import check_schema
 from loraplex.grammar.schema.walk import VALIDATION_KEYWORDS, resolve_ref
 
 _MAX_VALUES = 512
@@ -148,7 +149,7 @@ def offline_validators(root: Any) -> list[Any]:
     validators = []
     for cls in classes:
         try:
-            cls.check_schema(root)
+            check_schema(cls, root)
         except (jsonschema.SchemaError, referencing.exceptions.Unresolvable, RecursionError):
             return []
         validators.append(cls(root, format_checker=cls.FORMAT_CHECKER, registry=referencing.Registry()))

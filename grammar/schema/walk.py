@@ -80,6 +80,27 @@ def subschemas(schema: Any) -> Iterator[tuple[str, Any, int]]:
         stack.extend(reversed(children))
 
 
+def value_nesting_limit(limits: SchemaShapeLimits) -> int:
+    """How deep any JSON value in a schema may nest: two levels a subschema (`properties` -> name -> subschema),
+    and room for `const`, `enum`, `default` and `examples` values within the deepest. A value nested deeper is
+    refused before anything recursive (jsonschema, copies, the passes) sees it."""
+    return 2 * limits.max_depth + 32
+
+
+def value_nesting_problem(value: Any, max_nesting: int) -> str | None:
+    """Why `value` (any JSON) nests too deep to accept, walked without recursion; None when it does not."""
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > max_nesting:
+            return f"it nests deeper than {max_nesting} levels of JSON"
+        if isinstance(node, dict):
+            stack.extend((item, depth + 1) for item in node.values())
+        elif isinstance(node, list):
+            stack.extend((item, depth + 1) for item in node)
+    return None
+
+
 def shape_problem(schema: Any, limits: SchemaShapeLimits) -> str | None:
     """Why `schema` is too deep or too large to accept; None when it is within the limits."""
     for num_nodes, (path, _, depth) in enumerate(subschemas(schema), start=1):
@@ -87,7 +108,7 @@ def shape_problem(schema: Any, limits: SchemaShapeLimits) -> str | None:
             return f"it nests deeper than {limits.max_depth} levels (at {_short(path)})"
         if num_nodes > limits.max_nodes:
             return f"it has more than {limits.max_nodes} subschemas"
-    return None
+    return value_nesting_problem(schema, value_nesting_limit(limits))
 
 
 def keyword_path(schema: Any, keyword: str) -> str | None:
@@ -141,7 +162,7 @@ def resolve_ref(ref: Any, root: Any) -> Any | None:
         part = part.replace("~1", "/").replace("~0", "~")
         if isinstance(target, dict):
             target = target.get(part)
-        elif isinstance(target, list) and part.isdigit() and int(part) < len(target):
+        elif isinstance(target, list) and part.isascii() and part.isdigit() and len(part) < 10 and int(part) < len(target):
             target = target[int(part)]
         else:
             return None

@@ -199,3 +199,14 @@ def test_disjoint_one_of_is_enforced_exactly_and_overlapping_one_of_is_refused(c
     overlapping = {"oneOf": [{"type": "integer"}, {"type": "number", "minimum": 0}]}  # 5 matches both: invalid
     with pytest.raises(InvalidRequestError, match="keyword 'oneOf' at #"):
         compiler.compile_blocking(GrammarSpec(GrammarKind.JSON_SCHEMA, overlapping, strict=True))
+
+
+async def test_a_value_nested_too_deep_for_the_passes_is_a_400_not_a_500(compiler):
+    # the edge refuses it first (grammar/schema/walk.value_nesting_limit); the compiler must not answer 500 either
+    deep: object = 1
+    for _ in range(600):
+        deep = [deep]
+    schema = {"type": "object", "properties": {"d": {"type": "string", "format": "date"}, "c": {"const": deep}}}
+    with pytest.raises(InvalidRequestError, match="nests too deep to compile") as info:
+        await compiler.compile(GrammarSpec(GrammarKind.JSON_SCHEMA, schema, param="response_format.json_schema.schema"))
+    assert info.value.param == "response_format.json_schema.schema"

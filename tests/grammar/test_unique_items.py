@@ -267,3 +267,47 @@ def test_a_duplicate_zero_number_can_grow_a_fraction(compiler, tokenizer):
     grammar = compiler.compile_blocking(GrammarSpec(GrammarKind.JSON_SCHEMA, NUMBERS, strict=True))
     allowed = allowed_bytes_after(grammar, tokenizer, "[0, 0")
     assert not any(t[:1] in (b",", b"]") for t in allowed) and b"." in allowed
+
+
+def _many_words(tokenizer) -> list[str]:
+    """A thousand lowercase words that are each one token: at an item's start every one of them is a candidate."""
+    words = sorted(t for t in tokenizer.get_vocab() if t.isascii() and t.isalpha() and t.islower() and len(t) >= 5)
+    return words[:1000]
+
+
+def _many_set(words: list[str]) -> dict:
+    return {"type": "object", "properties": {"f": {"type": "array", "items": {"type": "string", "enum": words},
+                                                   "uniqueItems": True}}, "required": ["f"], "additionalProperties": False}
+
+
+@pytest.mark.parametrize("written", [1, 2])
+def test_a_large_enum_set_is_masked_by_prefix_without_scanning_each_token(compiler, tokenizer, monkeypatch, written):
+    """A thousand values: the mask at an item's start is the one scanning every allowed token gives, but plain
+    tokens are answered by one bisection each (a scan per token and a pass over every value cost ~100 ms a row a
+    step), and a value already written is not offered again."""
+    from loraplex.grammar.runtime import unique_items
+
+    words = _many_words(tokenizer)
+    assert len(words) == 1000
+    grammar = compiler.compile_blocking(GrammarSpec(GrammarKind.JSON_SCHEMA, _many_set(words), strict=True))
+    text = '{"f": [' + "".join(f'"{word}", ' for word in words[:written]) + '"'
+    matcher = grammar.new_matcher()
+    assert all(matcher.accept_token(t) for t in tokenizer.encode(text, add_special_tokens=False)), text
+    checker = matcher._inner  # the uniqueItems wrapper around the backend matcher
+    unmasked = torch.zeros((1, (SMOLLM2_VOCAB + 31) // 32), dtype=torch.int32)
+    checker._inner.fill_bitmask(unmasked, 0)
+    token_bytes = grammar.closing_tokens.token_bytes
+    candidates = list(allowed_token_ids(unmasked[0], len(token_bytes)))
+    assert len(candidates) > 900
+    state = checker._history[-1]
+    expected = {i for i in candidates if unique_items.next_state(state, token_bytes[i], checker._plan, checker._text)}
+    scans = []
+    real_scan = unique_items.scan
+    monkeypatch.setattr(unique_items, "scan", lambda *args, **kwargs: scans.append(1) or real_scan(*args, **kwargs))
+    mask = torch.zeros_like(unmasked)
+    matcher.fill_bitmask(mask, 0)
+    assert set(allowed_token_ids(mask[0], len(token_bytes))) == expected
+    assert len(scans) < 100 < len(candidates), (len(scans), len(candidates))  # only tokens with a quote are scanned
+    for word in words[:written]:
+        if not any(other != word and other.startswith(word) for other in words):
+            assert tokenizer.convert_tokens_to_ids(word) not in expected, word

@@ -1,10 +1,12 @@
 from __future__ import annotations
 
+import time
+
 import pytest
 from loraplex.engine.errors import InvalidRequestError
 from loraplex.grammar.schema.walk import SchemaShapeLimits
 from loraplex.grammar.spec import GrammarKind
-from loraplex.grammar.validation import parse_tools, response_format_spec
+from loraplex.grammar.validation import check_spec_sizes, parse_tools, response_format_spec
 
 
 def tool(name: str, parameters: dict | None = None, **extra) -> dict:
@@ -165,3 +167,60 @@ def test_bad_tools_are_a_400_naming_the_field(tools, tool_choice, parallel, para
     assert type(info.value) is InvalidRequestError  # the platform maps it to 400
     assert info.value.param == param
     assert needle in info.value.message
+
+
+def _draft4(enum: list) -> dict:
+    return schema_format({"$schema": "http://json-schema.org/draft-04/schema#", "enum": enum})
+
+
+def test_unique_items_of_the_metaschema_are_checked_in_linear_time():
+    # jsonschema compares every pair of items it cannot sort: this enum (~270 KB) took minutes
+    started = time.perf_counter()
+    assert response_format_spec(_draft4([*range(40_000), "x"])).kind == "json_schema"
+    with pytest.raises(InvalidRequestError, match="non-unique") as info:
+        parse_tools([tool("a", {"type": "object", "required": [f"k{i}" for i in range(40_000)] + ["k7"]})],
+                    None, None)
+    assert info.value.param == "tools[0].function.parameters"
+    assert time.perf_counter() - started < 5.0
+    for duplicated in ([1, "x", 1.0], [{"a": 1, "b": [2]}, {"b": [2], "a": 1}], [[1, "x"], [1.0, "x"]]):
+        with pytest.raises(InvalidRequestError, match="non-unique"):
+            response_format_spec(_draft4(duplicated))
+    for distinct in ([1, True], [0, False], [None, 0, "", [], {}], [{"a": 1}, {"a": True}]):
+        assert response_format_spec(_draft4(distinct)).kind == "json_schema"  # JSON's equality, not Python's
+
+
+def test_a_value_nested_past_the_limit_is_a_400_before_any_recursive_check():
+    deep: object = 1
+    for _ in range(600):
+        deep = [deep]
+    with pytest.raises(InvalidRequestError, match="deeper than 160 levels of JSON") as info:
+        response_format_spec(schema_format({"type": "object", "properties": {"c": {"const": deep}}}))
+    assert info.value.param == "response_format.json_schema.schema"
+    shallow: object = 1
+    for _ in range(100):
+        shallow = [shallow]
+    assert response_format_spec(schema_format({"const": shallow})).kind == "json_schema"
+
+
+def test_a_schema_verdict_is_remembered():
+    schema = {"type": "object", "properties": {f"p{i}": {"type": "string", "minLength": 1} for i in range(2_000)}}
+    started = time.perf_counter()
+    response_format_spec(schema_format(schema))
+    first = time.perf_counter() - started
+    started = time.perf_counter()
+    for _ in range(5):
+        response_format_spec(schema_format(dict(reversed(schema.items()))))  # the same schema, keys reordered
+    assert (time.perf_counter() - started) / 5 < first / 3
+    bad = {**schema, "minProperties": "one"}
+    for _ in range(2):  # a refusal is remembered as one too
+        with pytest.raises(InvalidRequestError, match="is not a valid JSON schema at minProperties"):
+            response_format_spec(schema_format(bad))
+
+
+def test_spec_sizes_are_checked_before_any_schema_is_walked():
+    check_spec_sizes({"tools": [tool("a")], "tool_choice": "auto", "response_format": None}, 1000)
+    big = [tool(f"t{i}", {"type": "object", "properties": {f"p{j}": {"type": "string"} for j in range(200)}})
+           for i in range(20)]
+    with pytest.raises(InvalidRequestError, match="tools is larger than 1000 bytes as JSON") as info:
+        check_spec_sizes({"response_format": None, "tools": big}, 1000)
+    assert info.value.param == "tools"
