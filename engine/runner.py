@@ -8,7 +8,7 @@ every tensor-parallel rank repeats; `execute` adds what rank 0 alone does
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
@@ -37,6 +37,10 @@ from loraplex.engine.sequence import Sequence
 if TYPE_CHECKING:  # the CUDA modules import triton
     from loraplex.engine.cuda.graphs import DecodeGraph
 from loraplex.engine.spec.verify import split_verified_logits
+
+# Prompt positions whose logits exist at once when scoring prompt logprobs (`ModelRunner.prompt_logits`): 256 rows
+# of a 128k vocabulary are 128 MB in float32, where a 2,048-token chunk's were 1 GB, twice over with log-softmax.
+PROMPT_LOGIT_ROWS = 256
 
 
 class TensorParallelWorkers(Protocol):
@@ -180,8 +184,14 @@ class ModelRunner:
             logits = self.model.compute_logits(hidden[torch.from_numpy(batch.logit_rows).long()])
         return ForwardOutput(hidden, logits)
 
-    def prompt_logits(self, hidden: torch.Tensor, batch: InputBatch) -> list[torch.Tensor]:
-        return [self.model.compute_logits(hidden[start:end]) for start, end in batch.prompt_logprob_spans]
+    def prompt_logits(self, hidden: torch.Tensor, batch: InputBatch) -> Iterator[tuple[int, torch.Tensor]]:
+        """(span index, logits of its next rows): each prompt-logprob span's logits, PROMPT_LOGIT_ROWS rows at a
+        time, so a step's whole chunk never has its logits at once (2,048 positions of a 128k vocabulary are 1 GB
+        in float32, and log-softmax doubles it). Every tensor-parallel rank runs the same pieces: their gathers
+        must match."""
+        for index, (start, end) in enumerate(batch.prompt_logprob_spans):
+            for at in range(start, end, PROMPT_LOGIT_ROWS):
+                yield index, self.model.compute_logits(hidden[at : min(at + PROMPT_LOGIT_ROWS, end)])
 
     def _lora_for(self, seqs: AdapterRows, token_counts: list[int], batch: InputBatch) -> LoRAStepContext | None:
         """The step's LoRA context; under tensor parallelism also each token's slot, which the
@@ -306,12 +316,15 @@ class ModelRunner:
         """Logprob of each prompt token given the tokens before it, chunk by chunk."""
         if not batch.prompt_logprob_spans or hidden is None:
             return
-        logits = self.prompt_logits(hidden, batch)
-        for (seq, start, end), chunk in zip(prompt_logprob_seqs(rows), logits, strict=True):
-            targets = seq.token_ids[start + 1 : end + 1]
-            result.prompt_logprobs[seq.seq_id] = self.sampler.logprob_entries(
-                chunk, targets, seq.sampling.prompt_logprobs or 0
-            )
+        spans = prompt_logprob_seqs(rows)
+        done = [0] * len(spans)  # positions of each span scored so far
+        for index, piece in self.prompt_logits(hidden, batch):
+            seq, start, end = spans[index]
+            at = start + done[index]
+            done[index] += piece.shape[0]
+            targets = seq.token_ids[at + 1 : min(at + piece.shape[0], end) + 1]  # the span's last may have none yet
+            entries = self.sampler.logprob_entries(piece, targets, seq.sampling.prompt_logprobs or 0)
+            result.prompt_logprobs.setdefault(seq.seq_id, []).extend(entries)
 
 
 def _cuda_runner() -> type[ModelRunner]:

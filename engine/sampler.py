@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import random
 import sys
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
+from loraplex.engine.device_values import to_device
 from loraplex.engine.penalties import apply_penalties
 from loraplex.engine.protocol import TokenLogprob
 from loraplex.engine.sequence import Sequence
+from loraplex.engine.truncation import mask_top_k, mask_top_p
 
 if TYPE_CHECKING:
     from loraplex.engine.runner import StepResult
@@ -82,16 +84,6 @@ def draws_at_random(seq: Sequence) -> bool:
     return seq.sampling.temperature > 0 and seq.sampling.top_k != 1
 
 
-def to_device(values: list[Any], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """A few host values as a tensor on `device`. To a GPU through pinned memory without blocking: a copy
-    from pageable memory waits for the stream, i.e. for the forward still running, and a draw used to make
-    four such copies a step, each a wait the host could not use."""
-    host = torch.tensor(values, dtype=dtype)
-    if device.type != "cuda":
-        return host
-    return host.pin_memory().to(device, non_blocking=True)
-
-
 def draws_by_temperature_alone(seq: Sequence) -> bool:
     """A random row whose distribution is its temperature's softmax, no top-k, top-p or min-p filter: the
     CUDA graphs can draw it (engine/cuda/graphs.py) with the arithmetic `Sampler.draw` uses for it."""
@@ -144,9 +136,12 @@ class Sampler:
     def sample(self, logits: torch.Tensor, seqs: list[Sequence], result: StepResult) -> None:
         """logits: [rows, vocab] float, row i for seqs[i]. Fills result.sampled / logprobs / errors."""
         logits = logits.float().contiguous()  # penalties and biases index its flattened view
-        raw_logprobs = None
-        if any(s.sampling.logprobs is not None for s in seqs):
-            raw_logprobs = torch.log_softmax(logits, dim=-1)
+        # Only the rows that ask: one row's `logprobs` made the whole batch's log-softmax (~10 ms for 64 rows).
+        asking = [i for i, s in enumerate(seqs) if s.sampling.logprobs is not None]
+        raw_logprobs: dict[int, torch.Tensor] = {}
+        if asking:
+            rows = logits[asking] if len(asking) < len(seqs) else logits
+            raw_logprobs = dict(zip(asking, torch.log_softmax(rows, dim=-1), strict=True))
         self._apply_grammar(logits, seqs, result)
         self._apply_min_tokens(logits, seqs)
         apply_penalties(logits, seqs)
@@ -155,7 +150,7 @@ class Sampler:
         for i, seq in enumerate(seqs):
             token = seq.forced_token_ids[0] if seq.forced_token_ids else tokens[i]
             result.sampled[seq.seq_id] = token
-            if raw_logprobs is not None and seq.sampling.logprobs is not None:
+            if i in raw_logprobs and seq.sampling.logprobs is not None:
                 result.logprobs[seq.seq_id] = self._entry(raw_logprobs[i], token, seq.sampling.logprobs)
 
     # ---- grammar --------------------------------------------------------------------------
@@ -239,21 +234,8 @@ class Sampler:
         device = sub.device  # every tensor made here goes where the logits are (the GPU's, on CUDA)
         temps = to_device([s.sampling.temperature for s in seqs], torch.float32, device).unsqueeze(1)
         sub = sub / temps
-        top_ks = [s.sampling.top_k for s in seqs]
-        if any(k > 0 for k in top_ks):
-            k_tensor = to_device([k if k > 0 else sub.shape[-1] for k in top_ks], torch.long, device)
-            k_tensor.clamp_(max=sub.shape[-1])
-            sorted_desc = sub.sort(dim=-1, descending=True).values
-            kth = sorted_desc.gather(1, (k_tensor - 1).unsqueeze(1))
-            sub = sub.masked_fill(sub < kth, float("-inf"))
-        if any(s.sampling.top_p < 1.0 for s in seqs):
-            top_ps = to_device([s.sampling.top_p for s in seqs], torch.float32, device).unsqueeze(1)
-            sorted_logits, order = sub.sort(dim=-1, descending=True)
-            probs_sorted = sorted_logits.softmax(dim=-1)
-            before = probs_sorted.cumsum(dim=-1) - probs_sorted  # mass strictly above each token
-            drop_sorted = before >= top_ps
-            drop = torch.zeros_like(drop_sorted).scatter_(1, order, drop_sorted)
-            sub = sub.masked_fill(drop, float("-inf"))
+        sub = mask_top_k(sub, [s.sampling.top_k for s in seqs])
+        sub = mask_top_p(sub, [s.sampling.top_p for s in seqs])
         probs = sub.softmax(dim=-1)
         if any(s.sampling.min_p > 0 for s in seqs):
             min_ps = to_device([s.sampling.min_p for s in seqs], torch.float32, device).unsqueeze(1)
@@ -299,5 +281,14 @@ class Sampler:
         return TokenLogprob(token_id=token, logprob=float(logprobs[token]), top=top)
 
     def logprob_entries(self, logits: torch.Tensor, targets: list[int], k: int) -> list[TokenLogprob]:
-        logprobs = torch.log_softmax(logits.float(), dim=-1)
-        return [self._entry(logprobs[i], t, k) for i, t in enumerate(targets)]
+        """Each row's logprob of its target and its k best ([positions, vocab] logits: a prompt chunk). One gather
+        and one top-k for the whole chunk: a top-k and a read-back per position cost ~100 us each, 200 ms for a
+        2,048-token chunk on the engine's thread."""
+        logprobs = torch.log_softmax(logits[: len(targets)].float(), dim=-1)  # the last may have no target yet
+        at = torch.tensor(targets, dtype=torch.long, device=logprobs.device).unsqueeze(1)
+        taken = logprobs.gather(1, at).squeeze(1).tolist()
+        if k <= 0:
+            return [TokenLogprob(token_id=t, logprob=lp, top=[]) for t, lp in zip(targets, taken, strict=True)]
+        values, ids = logprobs.topk(k, dim=-1)
+        return [TokenLogprob(token_id=t, logprob=lp, top=list(zip(top_ids, top_values, strict=True)))
+                for t, lp, top_ids, top_values in zip(targets, taken, ids.tolist(), values.tolist(), strict=True)]

@@ -12,8 +12,8 @@ log-softmax and the top-k run on the GPU and a few numbers a row come back.
 from __future__ import annotations
 
 import torch
+from loraplex.engine.device_values import to_device
 from loraplex.engine.protocol import TokenLogprob
-from loraplex.engine.sampler import to_device
 from loraplex.engine.sequence import Sequence
 
 

@@ -141,16 +141,19 @@ class LlamaForCausalLM(nn.Module):
 
 
 def unfilled_model(config: ModelConfig, max_model_len: int, tp: TensorParallelGroup, dtype: torch.dtype,
-                   device: str | torch.device) -> LlamaForCausalLM:
+                   device: str | torch.device, rotary: RotaryEmbedding | None = None) -> LlamaForCausalLM:
     """The model's modules with uninitialised `dtype` tensors on `device`, to be filled by the caller (weights read
     from files, drawn at random, or a shard's slices). Built on the meta device, so no float32 copy is ever made;
     each tensor is then allocated with a plain `torch.empty`, because `Module.to_empty` goes through torch._refs,
     whose first use imports sympy (~0.5 s of CPU at every engine start). As with `to_empty`, a tensor two modules
     shared (tied embeddings) becomes two: the caller ties them again. The rotary tables, computed rather than
-    read, are made here for real."""
+    read, are made here for real (or `rotary`'s are shared, a whole model's for its shards), never allocated
+    empty first: a 131k-position model's pair is ~134 MB."""
     with torch.device("meta"):
         model = LlamaForCausalLM(config, max_model_len, tp)
     for module in model.modules():
+        if module is model.rotary:
+            continue
         for name, param in module._parameters.items():
             if param is not None:
                 kind = dtype if param.is_floating_point() else param.dtype
@@ -160,7 +163,9 @@ def unfilled_model(config: ModelConfig, max_model_len: int, tp: TensorParallelGr
             if buffer is not None:
                 kind = dtype if buffer.is_floating_point() else buffer.dtype
                 module._buffers[name] = torch.empty(buffer.shape, dtype=kind, device=device)
-    inv_freq, attention_scaling = rope_inv_freq(config, max_model_len)
-    positions = max(max_model_len, config.max_position_embeddings)
-    model.rotary = RotaryEmbedding(inv_freq, positions, attention_scaling).to(device)
+    if rotary is None:
+        inv_freq, attention_scaling = rope_inv_freq(config, max_model_len)
+        positions = max(max_model_len, config.max_position_embeddings)
+        rotary = RotaryEmbedding(inv_freq, positions, attention_scaling).to(device)
+    model.rotary = rotary
     return model

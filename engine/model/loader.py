@@ -119,10 +119,10 @@ def random_model(
 def shard_model(full: LlamaForCausalLM, tp: TensorParallelGroup) -> LlamaForCausalLM:
     """This rank's shard of a whole model (same device and dtype)."""
     weight = next(full.parameters())  # its dtype and device are the whole model's
-    model = unfilled_model(full.config, full.rotary.cos.shape[0], tp, weight.dtype, weight.device)
+    # the whole model's rotary tables, shared (its max_model_len is not known here)
+    model = unfilled_model(full.config, full.rotary.cos.shape[0], tp, weight.dtype, weight.device, full.rotary)
     if full.config.tie_word_embeddings:
         model.lm_head.weight = model.embed_tokens.weight
-    model.rotary = full.rotary  # the whole model's tables (its max_model_len is not known here)
     params = dict(model.named_parameters(remove_duplicate=False))
     with torch.no_grad():
         for name, tensor in shard_state_dict(full, model.plan).items():

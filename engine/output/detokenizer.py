@@ -14,6 +14,10 @@ from collections.abc import Callable
 from typing import Any
 
 _CONTEXT_TOKENS = 5
+# Tokens held back waiting for a character to complete, at most: a UTF-8 character is at most 4 byte tokens, so
+# past this the bytes never will (a tenant forcing a lone byte token with logit_bias, say), or the tokens decode
+# to nothing (special tokens skipped). Uncapped, every later token re-decoded the whole growing tail.
+_MAX_PENDING_TOKENS = 8
 
 
 def _decoder(tokenizer: Any, skip_special_tokens: bool) -> Callable[[list[int]], str]:
@@ -39,7 +43,9 @@ class IncrementalDetokenizer:
         self.token_ids.append(token_id)
         prefix_text = self._decode(self.token_ids[self.prefix_offset : self.read_offset])
         full_text = self._decode(self.token_ids[self.prefix_offset :])
-        if len(full_text) <= len(prefix_text) or full_text.endswith("\ufffd"):
+        incomplete = len(full_text) <= len(prefix_text) or full_text.endswith("\ufffd")
+        # past the cap, what there is goes out (U+FFFD for bytes that never made a character) and the window moves on
+        if incomplete and len(self.token_ids) - self.read_offset < _MAX_PENDING_TOKENS:
             return ""
         delta = full_text[len(prefix_text) :]
         self.prefix_offset = self.read_offset

@@ -19,6 +19,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import logging
+import signal
 import socket
 import threading
 from collections.abc import Callable
@@ -36,6 +37,7 @@ from loraplex.engine.lora.step import LORA_BATCHES
 from loraplex.engine.model.llama import LlamaForCausalLM
 from loraplex.engine.parallel.group import TensorParallelGroup, one_shot_all_reduce, symmetric_memory_reusable
 from loraplex.engine.parallel.sources import ModelSource
+from loraplex.engine.process_lifetime import die_with_parent
 
 logger = logging.getLogger(__name__)
 
@@ -214,7 +216,8 @@ class Worker:
     def step(self, batch: Any) -> None:
         out = self.runner.forward_batch(batch, self._lora(batch))
         if out.hidden is not None and batch.prompt_logprob_spans:
-            self.runner.prompt_logits(out.hidden, batch)  # rank 0 scores them; the gathers must match
+            for _ in self.runner.prompt_logits(out.hidden, batch):  # rank 0 scores them; the gathers must match
+                pass
         if self.runner.device.type == "cuda":
             # The next step refills the pinned staging buffer that this step's copy reads from;
             # rank 0 waits the same way (it reads the sampled tokens back).
@@ -257,6 +260,11 @@ class Worker:
 
 def worker_main(rank: int, world_size: int, backend: str, address: str, source: ModelSource,
                 engine_config: EngineConfig, one_shot: bool, num_threads: int, conn: Any) -> None:
+    # Ctrl-C or a SIGTERM sent to the whole process group must not take a rank away while the engine drains its
+    # requests: rank 0 ends this process (a "shutdown" message, or closing the pipe), and its death kills it.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    die_with_parent(signal.SIGKILL)
     torch.set_num_threads(num_threads)
     device = torch.device(engine_config.device)
     try:

@@ -66,3 +66,24 @@ def test_prompt_logprobs_and_logprobs_match_transformers(smol, smol_hf, chat_pro
     first = outputs[0].choices[0].logprobs[0]
     assert first.token_id == first.top[0][0]  # greedy picks the top token
     assert first.logprob == pytest.approx(float(reference[-1].max()), abs=2e-3)
+
+
+def test_prompt_logprobs_scored_a_few_rows_at_a_time_still_match_transformers(smol, smol_hf, chat_prompt_ids,
+                                                                               monkeypatch):
+    # A chunk's prompt logits are made PROMPT_LOGIT_ROWS rows at a time (never the chunk's all at once): with 5,
+    # each 16-token chunk is scored in pieces of 5, 5, 5 and 1, the last of a span having no target yet.
+    from loraplex.engine import runner
+
+    monkeypatch.setattr(runner, "PROMPT_LOGIT_ROWS", 5)
+    prompt = chat_prompt_ids[1]
+    engine = smol.engine(max_num_batched_tokens=16)
+    outputs = run_to_completion(engine, [EngineRequest("pieces", prompt, greedy(2, prompt_logprobs=3))])["pieces"]
+    with torch.no_grad():
+        reference = torch.log_softmax(smol_hf(torch.tensor([prompt])).logits[0].float(), dim=-1)
+    prompt_lps = outputs[0].prompt_logprobs
+    assert len(prompt) > 20 and prompt_lps[0] is None and len(prompt_lps) == len(prompt)
+    for i in range(1, len(prompt)):
+        entry = prompt_lps[i]
+        assert entry.token_id == prompt[i]
+        assert entry.logprob == pytest.approx(float(reference[i - 1, prompt[i]]), abs=2e-3)
+        assert [t for t, _ in entry.top] == reference[i - 1].topk(3).indices.tolist()

@@ -145,7 +145,7 @@ def test_a_gguf_header_is_read_once_during_a_conversion_and_gguf_is_left_as_it_w
     assert gguf.GGUFReader(path) is not first
 
 
-def test_unfilled_model_allocates_every_tensor_in_the_dtype_without_importing_sympy() -> None:
+def test_unfilled_model_allocates_every_tensor_in_the_dtype_once_without_importing_sympy() -> None:
     # in a fresh interpreter: whether a module was imported is the point
     code = """
 import json, sys, torch
@@ -153,7 +153,15 @@ from loraplex.engine.config import ModelConfig
 from loraplex.engine.model.llama import unfilled_model
 from loraplex.engine.parallel.group import SINGLE_RANK
 config = ModelConfig.from_hf_dict(dict(json.loads(sys.argv[1]), tie_word_embeddings=True))
+shapes, empty = [], torch.empty
+torch.empty = lambda *a, **kw: (lambda t: shapes.append(tuple(t.shape)) or t)(empty(*a, **kw))
 model = unfilled_model(config, 64, SINGLE_RANK, torch.bfloat16, "cpu")
+torch.empty = empty
+table = model.rotary.cos
+assert table.dtype == torch.float32 and bool((table[0] == 1).all()), "the rotary tables are not computed"
+assert tuple(table.shape) not in shapes, "the rotary tables were allocated empty before being computed"
+shard = unfilled_model(config, 64, SINGLE_RANK, torch.bfloat16, "cpu", model.rotary)
+assert shard.rotary is model.rotary  # a whole model's tables, shared with its shards
 tensors = list(model.parameters()) + list(model.buffers())
 assert tensors and all(t.device.type == "cpu" for t in tensors), "a tensor left on meta"
 assert {t.dtype for t in model.parameters()} == {torch.bfloat16}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import time
 
 import pytest
 from enginecore_helpers import greedy, output_text, output_tokens, run_to_completion
@@ -99,3 +100,21 @@ def test_eos_and_stop_token_ids_end_with_stop(smol, chat_prompt_ids):
     out2 = run_to_completion(engine, [EngineRequest("sid", chat_prompt_ids[6], greedy(200, stop_token_ids=[stop_id]))])
     assert output_tokens(out2["sid"]) == tokens[: tokens.index(stop_id) + 1]
     assert out2["sid"][-1].choices[-1].stop_reason == stop_id
+
+
+@pytest.mark.parametrize("stuck", ["lone byte", "special"])
+def test_tokens_that_never_make_text_do_not_grow_the_decoded_window(smol, stuck):
+    # a tenant forcing a lone byte token (logit_bias) or a skipped special token for thousands of steps: each
+    # token re-decoded the whole held-back tail (quadratic, on the API server's event loop)
+    tokenizer = smol.tokenizer
+    token = tokenizer.convert_tokens_to_ids("¡" if stuck == "lone byte" else "<|im_start|>")  # ¡: byte 0xA1
+    if stuck == "lone byte":
+        assert tokenizer.decode([token]).endswith("\ufffd")
+    detok = IncrementalDetokenizer(tokenizer, tokenizer.encode("Say:"))
+    started = time.perf_counter()
+    for _ in range(3_000):
+        detok.add(token)
+        assert len(detok.token_ids) - detok.prefix_offset <= 16
+    assert time.perf_counter() - started < 1.0
+    text = "".join(detok.add(t) for t in tokenizer.encode(" back to words"))
+    assert text.endswith("back to words")

@@ -149,3 +149,17 @@ def test_logit_bias_forces_and_bans_tokens_but_never_unmasks_the_grammar():
 def test_logit_bias_out_of_range_is_refused(bias, message):
     with pytest.raises(InvalidRequestError, match=message):
         SamplingParams(logit_bias=bias).validate()
+
+
+def test_a_vanishing_temperature_draws_the_argmax_without_overflow():
+    # 1e-300 is 0 in float32: logits divided by it were inf and the draw NaN (always the last token id)
+    logits = torch.zeros(2, 64)
+    logits[:, 7] = 5.0
+    params = [SamplingParams(temperature=1e-300, seed=3), SamplingParams(temperature=1e-6)]
+    for p in params:
+        p.validate(64)
+    assert [p.temperature for p in params] == [0.0, 0.0]
+    assert draw(logits, params) == [7, 7]
+    kept = SamplingParams(temperature=1e-5)
+    kept.validate(64)
+    assert kept.temperature == 1e-5
