@@ -439,7 +439,7 @@ def bench_settings(data_dir: Path, model_path: Path, max_tokens: int, device: st
 
 
 def die_with_parent() -> None:
-    from loraplex.platform.engine_process import die_with_parent as request_sigterm_on_parent_death
+    from loraplex.engine.process_lifetime import die_with_parent as request_sigterm_on_parent_death
 
     request_sigterm_on_parent_death()
 

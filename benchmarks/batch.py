@@ -110,7 +110,7 @@ class Server:
         self.env, self.log_dir, self.process, self.port, self.num_starts = env, log_dir, None, 0, 0
 
     def start(self, timeout_s: float = 1200) -> None:
-        from loraplex.platform.engine_process import die_with_parent
+        from loraplex.engine.process_lifetime import die_with_parent
 
         with socket.socket() as sock:
             sock.bind(("127.0.0.1", 0))

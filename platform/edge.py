@@ -9,8 +9,8 @@ encoding. This one builds one small object per request (`_Exchange`) whose
 - `http.response.start`: adds `x-request-id` (platform/request_context.py)
   and notes the status, which is counted per route when the request ends
   (platform/metrics.py);
-- a streamed body chunk: a send timed by the slow-reader guard
-  (platform/slow_readers.py), without a timer per chunk;
+- a body chunk (streamed or whole, the last one too): a send timed by the
+  slow-reader guard (platform/slow_readers.py), without a timer per chunk;
 - anything after a 413 the edge sent itself: dropped.
 
 Before the app runs, the edge limits of platform/body_limit.py: an API key
@@ -27,6 +27,7 @@ from __future__ import annotations
 from loraplex.platform.body_limit import (
     AUTHENTICATED_PREFIX,
     BodyLimits,
+    declared_length,
     key_refusal,
     read_probed_body,
     send_error,
@@ -88,7 +89,8 @@ class EdgeMiddleware:
                 return
         limits = self.limits
         limit = limits.limit_for(path, method)
-        if content_length.isdigit() and int(content_length) > limit:
+        declared = declared_length(content_length)
+        if declared is not None and declared > limit:
             await send_too_large(send, limit)
             return
         if limits.probes(path, method):
@@ -154,7 +156,7 @@ class _Exchange:
         if message["type"] == "http.response.body":
             if self.refused:
                 return  # the 413 went out already; whatever the app answers to the cut-off body is dropped
-            if self.guard is not None and message.get("more_body"):
+            if self.guard is not None:  # the last chunk too, and a whole body: a client can leave any of them unread
                 watch = self.watch
                 if watch is None:
                     watch = self.watch = self.guard.watch()

@@ -11,6 +11,7 @@ local user can neither connect nor, past the folder, be heard.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import multiprocessing
 import os
@@ -27,21 +28,16 @@ from typing import Any
 
 from loraplex.engine.core.mp_client import MultiProcessEngineClient, handshake
 from loraplex.engine.errors import EngineDeadError
+from loraplex.engine.process_lifetime import die_with_parent
 from loraplex.platform.settings import Settings
 
 log = logging.getLogger(__name__)
 
 
-def die_with_parent() -> None:
-    """Ask Linux to SIGTERM this process when its parent dies, so no orphan keeps the model or the port."""
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        pr_set_pdeathsig = 1
-        libc.prctl(pr_set_pdeathsig, signal.SIGTERM)
-    except (OSError, AttributeError):
-        return
+# How the supervisor stops the engine core. Not SIGTERM: that one also reaches the core when it is sent to the whole
+# process group (systemd's default KillMode, `kill -TERM -<pgid>`, a terminal's job control) while the API servers
+# are still draining their in-flight requests through it, and the core must outlive them.
+CORE_STOP_SIGNAL = signal.SIGUSR1
 
 
 def ignore_ctrl_c() -> None:
@@ -86,10 +82,11 @@ def remove_core_address(address: str) -> None:
 
 def run_engine_core(settings: Settings, address: str) -> None:
     """The engine-core process's main: everything that touches the model lives here."""
-    die_with_parent()
-    # Ctrl-C reaches the whole process group: the core keeps stepping while the API servers drain, and the
-    # supervisor stops it (SIGTERM) once they are done.
+    die_with_parent(CORE_STOP_SIGNAL)
+    # Ctrl-C and a SIGTERM to the process group reach the core too: it keeps stepping while the API servers drain,
+    # and the supervisor stops it (CORE_STOP_SIGNAL) once they are done.
     ignore_ctrl_c()
+    signal.signal(signal.SIGTERM, _drain_notice)
     from loraplex.engine.config import ModelConfig
     from loraplex.engine.core.engine_core import EngineCore
     from loraplex.engine.core.zmq_core_transport import ZmqCoreTransport
@@ -107,7 +104,7 @@ def run_engine_core(settings: Settings, address: str) -> None:
         import torch
 
         torch.set_num_threads(threads)
-    signal.signal(signal.SIGTERM, _exit)
+    signal.signal(CORE_STOP_SIGNAL, _exit)
     db_engine = make_db_engine(settings.resolved_database_url)
     model_path = settings.resolve_model_path()
     source = stored_adapter_source(settings, db_sessions=make_session_factory(db_engine),
@@ -121,7 +118,8 @@ def run_engine_core(settings: Settings, address: str) -> None:
         if capture is not None:
             capture()
     limits = GrammarLimits(compile_timeout_s=settings.grammar_compile_timeout_s,
-                           max_spec_bytes=settings.grammar_max_spec_bytes, backend=settings.grammar_backend,
+                           max_spec_bytes=settings.grammar_max_spec_bytes,
+                           max_compiled_bytes=settings.grammar_max_compiled_bytes, backend=settings.grammar_backend,
                            cache_dir=settings.grammar_cache_dir,
                            max_completion_tokens=settings.grammar_max_completion_tokens)
     compiler = GrammarCompilerService(engine.tokenizer, engine.model_config.vocab_size, limits)
@@ -172,6 +170,10 @@ def _exit(_signum: int, _frame: object) -> None:
     raise SystemExit(0)  # unwinds through EngineCore.run's finally: the socket is closed
 
 
+def _drain_notice(_signum: int, _frame: object) -> None:
+    log.info("SIGTERM: serving until the API servers have drained; the supervisor stops the engine core after them")
+
+
 @dataclass
 class EngineCoreProcess:
     process: BaseProcess
@@ -200,9 +202,10 @@ class EngineCoreProcess:
         return True
 
     def stop(self, timeout_s: float = 30.0) -> int | None:
-        """SIGTERM, then SIGKILL after `timeout_s`; the exit code."""
-        if self.process.is_alive():
-            self.process.terminate()
+        """CORE_STOP_SIGNAL, then SIGKILL after `timeout_s`; the exit code."""
+        if self.process.is_alive() and self.process.pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.process.pid, CORE_STOP_SIGNAL)
             self.process.join(timeout_s)
             if self.process.is_alive():
                 self.process.kill()

@@ -32,9 +32,9 @@ from typing import Any
 
 import uvicorn
 from loraplex.engine.errors import EngineDeadError
+from loraplex.engine.process_lifetime import die_with_parent
 from loraplex.platform.engine_process import (
     EngineCoreProcess,
-    die_with_parent,
     ignore_ctrl_c,
     start_engine_core,
 )
@@ -124,10 +124,17 @@ class DrainingServer(uvicorn.Server):
         super().handle_exit(sig, frame)
 
 
-def bind_socket(host: str, port: int) -> socket.socket:
+def bind_socket(host: str, port: int, *, unread_timeout_s: float = 0.0) -> socket.socket:
+    """The API servers' shared listening socket. `unread_timeout_s`: TCP_USER_TIMEOUT, which accepted connections
+    inherit: the kernel closes a connection whose sent data has waited that long unacknowledged or untaken (a
+    client that stopped reading, a peer gone without a FIN). Without it, a response the app gave up on stays in
+    the event loop's write buffer, holding its connection and memory, for as long as the client keeps the
+    connection open and reads nothing."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if unread_timeout_s > 0 and hasattr(socket, "TCP_USER_TIMEOUT"):  # Linux
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, int(unread_timeout_s * 1000))
     sock.bind((host, port))
     sock.set_inheritable(True)
     return sock
@@ -161,7 +168,9 @@ class Supervisor:
         signal.signal(signal.SIGTERM, self._request_stop)
         signal.signal(signal.SIGINT, self._request_stop)
         try:
-            sock = bind_socket(self.settings.host, self.settings.port)  # a port in use fails before the model loads
+            # a port in use fails here, before the model loads
+            sock = bind_socket(self.settings.host, self.settings.port,
+                               unread_timeout_s=self.settings.stream_send_timeout_s)
         except OSError as exc:
             log.error("cannot listen on %s:%d: %s", self.settings.host, self.settings.port, exc.strerror or exc)
             return 1

@@ -282,7 +282,8 @@ def start_server(
         # An app given an engine-core address connects to that process; otherwise it shares the in-process engine.
         engine = None if settings.engine_core_address else request.getfixturevalue("smollm_engine")
         app = create_app(settings, engine=engine)
-        with serve_in_thread(app, free_port(), send_buffer_bytes=send_buffer_bytes) as base_url:
+        with serve_in_thread(app, free_port(), send_buffer_bytes=send_buffer_bytes,
+                             unread_timeout_s=settings.stream_send_timeout_s) as base_url:
             yield RunningServer(base_url=base_url, app=app, settings=settings, keys=keys, key_ids=key_ids, tenants=tenants)
 
     yield start

@@ -23,23 +23,24 @@ def free_port() -> int:
 
 
 @contextmanager
-def serve_in_thread(app: Any, port: int, *, send_buffer_bytes: int | None = None) -> Iterator[str]:
+def serve_in_thread(app: Any, port: int, *, send_buffer_bytes: int | None = None,
+                    unread_timeout_s: float = 0.0) -> Iterator[str]:
     """uvicorn in a background thread with its own event loop; yields the base URL once it accepts.
 
+    The listening socket is the one `loraplex serve` binds (`bind_socket`), so `unread_timeout_s` (the server's
+    `stream_send_timeout_s`) closes connections whose client stops reading, as in production.
     `send_buffer_bytes` fixes the kernel send buffer of every connection (accepted sockets inherit it from the
     listener). Over loopback Linux grows a socket's send buffer up to 4 MB, so a response of a few hundred KB never
     makes a send wait however little the client reads; a client on a real network holds far less in flight.
     """
     import uvicorn
+    from loraplex.platform.supervisor import bind_socket
 
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on"))
-    sockets = None
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
+    listener = bind_socket("127.0.0.1", port, unread_timeout_s=unread_timeout_s)
     if send_buffer_bytes is not None:
-        listener = socket.socket()
-        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         listener.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, send_buffer_bytes)
-        listener.bind(("127.0.0.1", port))
-        sockets = [listener]
+    sockets = [listener]
     thread = threading.Thread(target=server.run, kwargs={"sockets": sockets}, name=f"uvicorn-{port}", daemon=True)
     thread.start()
 
@@ -54,5 +55,4 @@ def serve_in_thread(app: Any, port: int, *, send_buffer_bytes: int | None = None
     finally:
         server.should_exit = True
         thread.join(timeout=30)
-        for listener in sockets or ():
-            listener.close()
+        listener.close()

@@ -25,7 +25,7 @@ from typing import Any
 
 import httpx
 from local_serving import free_port
-from loraplex.platform.engine_process import die_with_parent
+from loraplex.engine.process_lifetime import die_with_parent
 from waiting import wait_until
 
 

@@ -117,8 +117,9 @@ class EngineFrontend:
         self._check_alive()
         self._transport.validate(request)
         message = self._transport.add_message(request)
-        stream = _Stream(asyncio.get_running_loop(), OutputStream(request, self.tokenizer, whole=whole))
         request_id = request.request_id
+        stream = _Stream(asyncio.get_running_loop(), OutputStream(
+            request, self.tokenizer, whole=whole, on_stop=lambda: self._stopped_by_text(request_id, stream)))
         with self._lock:
             if request_id in self._streams:
                 raise DuplicateRequestError(f"request id {request_id!r} is already running", param="request_id")
@@ -129,25 +130,34 @@ class EngineFrontend:
             while not finished:
                 item = await stream.output.next()
                 finished = item.finished
-                if stream.output.text.stopped_early:  # a stop string matched here: the core still runs it
-                    with self._lock:
-                        self._streams.pop(request_id, None)
-                    self._transport.send(Abort([request_id], stop=True,
-                                               kept_tokens=stream.output.text.kept_token_counts()))
                 yield item
         finally:
             if not finished and self._stop_reading(request_id, stream):
                 self.abort(request_id)
 
-    def _stop_reading(self, request_id: str, stream: _Stream) -> bool:
-        """Keep a stream its caller left for `take_abandoned_outputs`; False if the core already ended it."""
+    def _stopped_by_text(self, request_id: str, stream: _Stream) -> None:
+        """A stop string ended the request as its output was handed over (on its caller's loop), while the core
+        still runs it: stop it there now, whether or not the caller has read that far, with the tokens each
+        choice kept (those past the stop string are neither delivered nor billed)."""
         with self._lock:
-            if self._streams.get(request_id) is not stream:
+            if self._streams.get(request_id) is stream:
+                del self._streams[request_id]
+        self._transport.send(Abort([request_id], stop=True, kept_tokens=stream.output.text.kept_token_counts()))
+
+    def _stop_reading(self, request_id: str, stream: _Stream) -> bool:
+        """Keep a stream its caller left for `take_abandoned_outputs`; True if the core still runs it (abort it).
+
+        A stream a stop string ended at hand-over is kept too while its caller has not read that far: the core
+        was stopped then, and its unread outputs hold the counts billing owes."""
+        with self._lock:
+            running = self._streams.get(request_id) is stream
+            stopped_unread = stream.output.text.stopped_early and not stream.output.finished
+            if not running and not stopped_unread:
                 return False
             self._abandoned[request_id] = stream
             while len(self._abandoned) > _MAX_ABANDONED:
                 self._abandoned.popitem(last=False)
-            return True
+            return running
 
     def abort(self, request_id: str) -> None:
         """Free every block of the request at the core's next loop turn."""

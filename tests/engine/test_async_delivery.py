@@ -93,3 +93,59 @@ async def test_a_stream_stopped_early_leaves_its_tail_for_billing(engine):
     assert tail and tail[-1].finished and tail[-1].choices[0].finish_reason == FinishReason.ABORT
     assert tail[-1].choices[0].num_output_tokens >= len(first.choices[0].token_ids)
     assert await engine.take_abandoned_outputs("gone") == []
+
+
+async def _stop_string_a_few_tokens_in(engine: AsyncEngine, prompt: list[int]) -> str:
+    """Text the tiny model writes greedily from `prompt` a few tokens in: a stop string it is sure to meet."""
+    outs = [o async for o in engine.generate(EngineRequest("probe", prompt, SamplingParams(
+        max_tokens=12, ignore_eos=True, temperature=0)))]
+    text = "".join(o.choices[0].text for o in outs)
+    early = "".join(o.choices[0].text for o in outs[:5])
+    stop = text[len(early):len(early) + 3]
+    assert stop.strip() and text.index(stop) == len(early), text
+    return stop
+
+
+async def _until_idle(engine: AsyncEngine, timeout_s: float = 30.0) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while engine.engine.stats()["num_running"] and loop.time() < deadline:
+        await asyncio.sleep(0.01)
+
+
+async def test_a_stop_string_stops_the_engine_while_the_caller_is_not_reading(engine):
+    # A caller blocked on a slow client reads nothing for a while; the engine must stop at the stop string all
+    # the same, not decode on to max_tokens (or until the send times out) on a slot others could use.
+    prompt = [11, 12, 13]
+    stop = await _stop_string_a_few_tokens_in(engine, prompt)
+    before = engine.engine.stats()
+    stream = engine.generate(EngineRequest("slow", prompt, SamplingParams(
+        max_tokens=400, ignore_eos=True, temperature=0, stop=[stop])))
+    first = await stream.__anext__()
+    await _until_idle(engine)              # not reading: the outputs pile up, unread
+    after = engine.engine.stats()
+    generated = after["generation_tokens_total"] - before["generation_tokens_total"]
+    assert generated < 60, generated       # stopped near the stop string (~6 tokens in), far from 400
+    rest = [first] + [o async for o in stream]
+    text = "".join(o.choices[0].text for o in rest)
+    final = rest[-1].choices[0]
+    assert rest[-1].finished and final.finish_reason == FinishReason.STOP and final.stop_reason == stop
+    assert stop not in text and len(text) > 0
+    kept = final.num_output_tokens
+    assert 0 < kept <= 6
+    assert after["discarded_tokens_total"] - before["discarded_tokens_total"] == generated - kept
+
+
+async def test_a_caller_gone_after_a_stop_string_matched_unread_still_gets_the_kept_counts(engine):
+    prompt = [21, 22, 23]
+    stop = await _stop_string_a_few_tokens_in(engine, prompt)
+    stream = engine.generate(EngineRequest("left", prompt, SamplingParams(
+        max_tokens=400, ignore_eos=True, temperature=0, stop=[stop])))
+    first = await stream.__anext__()
+    await _until_idle(engine)              # the stop string matched at hand-over; the caller never read it
+    await stream.aclose()
+    tail = await engine.take_abandoned_outputs("left")
+    assert tail and tail[-1].finished and tail[-1].choices[0].finish_reason == FinishReason.STOP
+    delivered = len(first.choices[0].token_ids) + sum(len(o.choices[0].token_ids) for o in tail)
+    assert delivered == tail[-1].choices[0].num_output_tokens <= 6
+    assert await engine.take_abandoned_outputs("left") == []

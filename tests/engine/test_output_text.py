@@ -7,6 +7,7 @@ makes the text, and a stop string ends the request there: later tokens are never
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 from enginecore_helpers import greedy, output_text, output_tokens, run_to_completion
@@ -74,6 +75,20 @@ def test_merge_keeps_the_first_prompt_logprobs_and_the_last_counts():
     merged = merge([first, second])
     assert merged.prompt_logprobs == [None] and merged.finished
     assert merged.choices[0].token_ids == [5, 6, 7] and merged.choices[0].num_output_tokens == 3
+
+
+def test_merging_many_outputs_is_linear_and_leaves_the_first_outputs_lists_alone():
+    first = _output("x", [0], 1, text="t0", logprobs=["l0"])
+    kept_ids, kept_logprobs = first.choices[0].token_ids, first.choices[0].logprobs
+    steps = [first] + [_output("x", [i], i + 1, text=f"t{i}", logprobs=[f"l{i}"]) for i in range(1, 20_000)]
+    started = time.perf_counter()
+    merged = merge(steps)
+    took = time.perf_counter() - started
+    choice = merged.choices[0]
+    assert choice.token_ids == list(range(20_000)) and choice.logprobs == [f"l{i}" for i in range(20_000)]
+    assert choice.text == "".join(f"t{i}" for i in range(20_000)) and choice.num_output_tokens == 20_000
+    assert kept_ids == [0] and kept_logprobs == ["l0"]  # the lists it started from were copied, not grown
+    assert took < 0.5, f"merging 20,000 outputs took {took:.2f}s"  # quadratic: ~2 s of copies
 
 
 def test_the_engine_loop_sends_token_ids_only_when_a_client_makes_the_text(smol, chat_prompt_ids):

@@ -105,6 +105,81 @@ def test_a_stream_nobody_reads_is_ended_and_its_slot_returns(server: Any) -> Non
         sock.close()
 
 
+def _raw_post(server: Any, body: bytes) -> socket.socket:
+    """A request on a raw socket with a small receive buffer, as a client that may never read its answer."""
+    host, port = server.base_url.removeprefix("http://").split(":")
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.connect((host, int(port)))
+    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 + f"Authorization: Bearer {server.keys['inference']}\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+                 + body)
+    return sock
+
+
+def _read_until_closed(sock: socket.socket, timeout_s: float) -> tuple[bytes, bool]:
+    """What the server sent, and whether it closed the connection (EOF or reset) within `timeout_s`."""
+    sock.settimeout(timeout_s)
+    received = b""
+    try:
+        while chunk := sock.recv(65536):
+            received += chunk
+    except (ConnectionResetError, TimeoutError) as exc:
+        return received, isinstance(exc, ConnectionResetError)
+    return received, True
+
+
+def _server_side_open(server_port: int, client_port: int) -> bool:
+    """Whether the kernel still holds the server's end of the connection from `client_port` (IPv4 loopback)."""
+    local, remote = f"0100007F:{server_port:04X}", f"0100007F:{client_port:04X}"
+    with open("/proc/net/tcp") as table:
+        return any(fields[1] == local and fields[2] == remote
+                   for fields in (line.split() for line in table.readlines()[1:]))
+
+
+def test_a_whole_response_nobody_reads_is_cut_and_its_connection_closed(server: Any) -> None:
+    # Not streamed: one body of hundreds of KB (echo + 20 alternatives per prompt token), sent in one go. Its send
+    # waits on a client that reads nothing; past the send timeout (1 s here) the server gives up on it, and the
+    # kernel closes the connection (TCP_USER_TIMEOUT), rather than the event loop holding the body for as long as
+    # the client keeps the connection open.
+    body = json.dumps({"model": MODEL, "prompt": "one two three four " * 100, "echo": True, "logprobs": 20,
+                       "max_tokens": 4}).encode()
+    sock = _raw_post(server, body)
+    server_port, client_port = int(server.base_url.rsplit(":", 1)[1]), sock.getsockname()[1]
+    try:
+        # Reading nothing until the server's end is gone: a read before then would open the window and let the
+        # rest flow. How soon it goes depends on the machine's load (the guard's sweep, the kernel's window
+        # probes: a few seconds), so the wait is for the event, with a generous bound.
+        wait_until(lambda: not _server_side_open(server_port, client_port), timeout_s=60, interval_s=0.2,
+                   what="the server to drop the connection of a client that reads nothing")
+        assert not server.services.num_inflight
+        received, closed = _read_until_closed(sock, timeout_s=20)
+        assert received.startswith(b"HTTP/1.1 200"), received[:200]
+        assert closed, "the client's end saw neither EOF nor reset after the server's end was gone"
+        payload = received.split(b"\r\n\r\n", 1)[1]
+        assert not payload.rstrip().endswith(b"}"), "the whole body was delivered: the send was never cut"
+    finally:
+        sock.close()
+    # the server is fine for everyone else
+    assert _post(server, "/v1/completions", {"model": MODEL, "prompt": "hi", "max_tokens": 1},
+                 server.keys["inference"]).status_code == 200
+
+
+def test_served_connections_inherit_the_unread_timeout(server: Any) -> None:
+    from loraplex.platform.supervisor import bind_socket
+
+    listener = bind_socket("127.0.0.1", 0, unread_timeout_s=2.5)
+    listener.listen()
+    try:
+        client = socket.create_connection(listener.getsockname())
+        accepted, _ = listener.accept()
+        assert accepted.getsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT) == 2500
+        accepted.close()
+        client.close()
+    finally:
+        listener.close()
+
+
 def test_readyz(server: Any) -> None:
     ready = httpx.get(server.base_url + "/readyz", timeout=10)
     assert ready.status_code == 200 and ready.json() == {"status": "ready", "not_ready": {}}
