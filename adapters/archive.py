@@ -25,7 +25,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from struct import error as struct_error
-from typing import IO
+from typing import IO, Any
 
 from loraplex.adapters.errors import UnsafeUploadError, UnsupportedMediaError, UploadTooLargeError
 from loraplex.adapters.peft_format import CONFIG_NAME, PICKLE_SUFFIXES, WEIGHTS_NAME
@@ -46,6 +46,13 @@ class UploadLimits:
     max_expanded_bytes: int = 1024 * 1024 * 1024  # all members of an archive, decompressed
     max_archive_members: int = 64
     max_config_bytes: int = 1024 * 1024
+
+    @classmethod
+    def from_settings(cls, settings: Any) -> UploadLimits:
+        return cls(max_upload_bytes=settings.adapter_max_upload_bytes,
+                   max_expanded_bytes=settings.adapter_max_expanded_bytes,
+                   max_archive_members=settings.adapter_max_archive_members,
+                   max_config_bytes=settings.adapter_max_config_bytes)
 
 
 def archive_kind(path: Path) -> str:

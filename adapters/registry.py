@@ -25,7 +25,7 @@ from loraplex.adapters.models import AdapterRecord, AdapterStatus, utcnow
 from loraplex.adapters.storage_quota import StorageQuota
 from loraplex.adapters.validation import AdapterSummary
 from loraplex.engine.errors import InvalidRequestError
-from sqlalchemy import func, select, text
+from sqlalchemy import case, func, select, text
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -151,8 +151,10 @@ class InMemoryAdapterRegistry:
             return self._usage(tenant_id)
 
     def _usage(self, tenant_id: str) -> tuple[int, int]:
-        live = [r for r in self._records.values() if r.tenant_id == tenant_id and r.status != AdapterStatus.FAILED]
-        return len(live), sum(r.size_bytes for r in live)
+        """(records, bytes): a failed record counts until deleted (records are not free to keep), its bytes do
+        not (its blobs are gone)."""
+        records = [r for r in self._records.values() if r.tenant_id == tenant_id]
+        return len(records), sum(r.size_bytes for r in records if r.status != AdapterStatus.FAILED)
 
     def get(self, *, tenant_id: str, adapter_id: str) -> AdapterInfo:
         info = self._records.get(adapter_id)
@@ -255,9 +257,11 @@ class SqlAdapterRegistry:
             return self._usage(db, tenant_id)
 
     def _usage(self, db: Session, tenant_id: str) -> tuple[int, int]:
+        """As InMemoryAdapterRegistry._usage: failed records count, their bytes do not (a tenant's uploads that
+        keep failing would otherwise pile up records without bound)."""
+        live_bytes = case((AdapterRecord.status != AdapterStatus.FAILED, AdapterRecord.size_bytes), else_=0)
         count, used = db.execute(
-            select(func.count(), func.coalesce(func.sum(AdapterRecord.size_bytes), 0)).where(
-                AdapterRecord.tenant_id == tenant_id, AdapterRecord.status != AdapterStatus.FAILED)
+            select(func.count(), func.coalesce(func.sum(live_bytes), 0)).where(AdapterRecord.tenant_id == tenant_id)
         ).one()
         return int(count), int(used)
 

@@ -14,7 +14,7 @@ from loraplex.adapters.errors import StorageQuotaExceededError
 
 @dataclass(frozen=True, slots=True)
 class StorageQuota:
-    """Per tenant; failed adapters hold no storage. None: no cap."""
+    """Per tenant; failed adapters count as adapters until deleted but hold no storage. None: no cap."""
 
     max_bytes: int | None = None
     max_adapters: int | None = None
@@ -28,7 +28,7 @@ class StorageQuota:
         if self.max_adapters is not None and num_adapters + 1 > self.max_adapters:
             raise StorageQuotaExceededError(
                 f"the adapter quota is {self.max_adapters} adapters per tenant (adapter_quota_count_per_tenant) "
-                f"and this tenant has {num_adapters}; delete one first"
+                f"and this tenant has {num_adapters} (failed ones count until deleted); delete one first"
             )
         if self.max_bytes is not None and used_bytes + max(num_new_bytes, 1) > self.max_bytes:
             raise StorageQuotaExceededError(

@@ -11,6 +11,7 @@ when no Redis is configured: validation is never skipped.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import logging
@@ -45,6 +46,7 @@ class ValidationContext:
 
 def make_job(
     *, database_url: str, storage_dir: Path, spec: BaseModelSpec, max_rank: int, dtype: str = "float32",
+    limits: UploadLimits | None = None,
 ) -> dict[str, Any]:
     """The task's settings as a message-safe dict (what the platform passes to every dispatch)."""
     return {
@@ -53,11 +55,13 @@ def make_job(
         "spec": spec.to_dict(),
         "max_rank": max_rank,
         "dtype": dtype,
+        "limits": dataclasses.asdict(limits or UploadLimits()),
     }
 
 
 @functools.lru_cache(maxsize=8)
-def _context_for(database_url: str, storage_dir: str, spec_json: str, max_rank: int, dtype: str) -> ValidationContext:
+def _context_for(database_url: str, storage_dir: str, spec_json: str, max_rank: int, dtype: str,
+                 limits_json: str = "{}") -> ValidationContext:
     from sqlalchemy import create_engine
     from sqlalchemy.orm import sessionmaker
 
@@ -68,7 +72,7 @@ def _context_for(database_url: str, storage_dir: str, spec_json: str, max_rank: 
         spec=BaseModelSpec.from_dict(json.loads(spec_json)),
         max_rank=max_rank,
         dtype=getattr(torch, dtype),
-        limits=UploadLimits(),
+        limits=UploadLimits(**json.loads(limits_json)),
     )
 
 
@@ -76,7 +80,7 @@ def validate_adapter_job(adapter_id: str, job: dict[str, Any]) -> str:
     """The task body (Celery or thread): validate one adapter and record the outcome; returns its status."""
     context = _context_for(
         job["database_url"], job["storage_dir"], json.dumps(job["spec"], sort_keys=True), int(job["max_rank"]),
-        job.get("dtype", "float32"),
+        job.get("dtype", "float32"), json.dumps(job.get("limits", {}), sort_keys=True),
     )
     return run_validation(adapter_id, context)
 

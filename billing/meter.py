@@ -26,6 +26,7 @@ import logging
 import queue
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -53,6 +54,30 @@ class MeterStats:
 class _Pending:
     event: UsageEvent
     durable: Future[None]
+
+
+class RecentRequestIds:
+    """The request ids a meter recorded in the last `window_s` (at most `max_ids`): a lookup of an id that is
+    not among them does not wait for the writer, so made-up ids cannot hold threads for seconds each."""
+
+    def __init__(self, window_s: float = 60.0, max_ids: int = 100_000) -> None:
+        self.window_s = window_s
+        self.max_ids = max_ids
+        self._ids: OrderedDict[str, float] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def add(self, request_id: str) -> None:
+        now = time.monotonic()
+        with self._lock:
+            self._ids[request_id] = now
+            self._ids.move_to_end(request_id)
+            while self._ids and (len(self._ids) > self.max_ids or next(iter(self._ids.values())) < now - self.window_s):
+                self._ids.popitem(last=False)
+
+    def __contains__(self, request_id: str) -> bool:
+        with self._lock:
+            seen = self._ids.get(request_id)
+        return seen is not None and seen >= time.monotonic() - self.window_s
 
 
 class Meter:
@@ -85,6 +110,7 @@ class Meter:
         self._db_up = True
         self._stopping = threading.Event()
         self._threads: list[threading.Thread] = []
+        self._recent = RecentRequestIds()
         self.stats = MeterStats()
 
     @property
@@ -103,6 +129,7 @@ class Meter:
     def record(self, event: UsageEvent) -> Future[None]:
         """Queue the event; the returned future completes once it is durable (await it before answering)."""
         self.stats.num_recorded += 1
+        self._recent.add(event.request_id)
         pending = _Pending(event, Future())
         # Running from the start, so it cannot be cancelled: a request whose task is cancelled while it awaits
         # the future (asyncio.wrap_future cancels the future it wraps) must not make set_result raise in the
@@ -118,6 +145,10 @@ class Meter:
     def flush(self, timeout_s: float = 10.0) -> bool:
         """Wait until every event recorded so far is durable (in a spool or the ledger)."""
         return self._wait_until(lambda: self._incoming.unfinished_tasks == 0, timeout_s)
+
+    def recorded_recently(self, request_id: str) -> bool:
+        """Whether this process recorded `request_id` lately (so it may still be on its way to the ledger)."""
+        return request_id in self._recent
 
     def wait_written(self, timeout_s: float = 10.0) -> bool:
         """Wait until every event recorded so far is in the ledger (spools drained)."""

@@ -26,6 +26,7 @@ ANY_MODEL = "*"
 PICO_PER_USD = 10**12
 MICRO_PER_USD = 10**6
 MAX_USD_DECIMALS = 6           # micro-USD: the price book's unit
+MAX_USD = 1_000_000            # any amount (a price per million tokens, a monthly budget): fits picousd in 64 bits
 BACKDATE_GRACE = timedelta(seconds=5)  # clock skew between the operator's machine and ours
 
 
@@ -203,6 +204,8 @@ def parse_usd(value: object, *, param: str) -> Decimal:
         raise InvalidRequestError(f"{param} must be a finite number", param=param)
     if amount < 0:
         raise InvalidRequestError(f"{param} must not be negative", param=param)
+    if amount > MAX_USD:  # before anything scales it: "1e300000" as an integer costs seconds of CPU
+        raise InvalidRequestError(f"{param} must be at most {MAX_USD} USD", param=param)
     exponent = amount.normalize().as_tuple().exponent  # an int for every finite amount
     if isinstance(exponent, int) and -exponent > MAX_USD_DECIMALS:
         raise InvalidRequestError(

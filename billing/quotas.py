@@ -44,6 +44,8 @@ from sqlalchemy.orm import Session, sessionmaker
 
 log = logging.getLogger(__name__)
 
+MAX_TOKEN_LIMIT = 2**63 - 1  # a 64-bit column
+
 __all__ = [  # the counters and values are re-exported: callers name them from here
     "WHOLE_TENANT", "Budget", "MemorySpendCounter", "QuotaExceededError", "QuotaGuard", "RedisSpendCounter",
     "Spend", "SpendCounter", "delete_budget", "ledger_spend", "month_bounds", "month_of", "set_budget",
@@ -273,6 +275,9 @@ def validate_budget_limits(
     if monthly_token_limit is not None:
         if isinstance(monthly_token_limit, bool) or not isinstance(monthly_token_limit, int):
             raise InvalidRequestError("monthly_token_limit must be a whole number of tokens",
+                                      param="monthly_token_limit")
+        if monthly_token_limit > MAX_TOKEN_LIMIT:
+            raise InvalidRequestError(f"monthly_token_limit must be at most {MAX_TOKEN_LIMIT}",
                                       param="monthly_token_limit")
         if monthly_token_limit < 0:
             raise InvalidRequestError("monthly_token_limit must not be negative", param="monthly_token_limit")

@@ -76,8 +76,10 @@ def _parse_day(value: str, param: str) -> date:
         raise InvalidRequestError(f"{param} must be a date like 2026-11-26", param=param) from None
 
 
-def usage_report(session: Session, query: ReportQuery, *, today: date | None = None) -> list[dict[str, Any]]:
-    """One row per group, ordered by the group keys; empty groups are absent."""
+def usage_report(session: Session, query: ReportQuery, *, today: date | None = None,
+                 max_rows: int | None = None) -> list[dict[str, Any]]:
+    """One row per group, ordered by the group keys; empty groups are absent. More than `max_rows` groups (one
+    per end user a day, say: `user` is any string a request sends) is a 400 asking for a narrower report."""
     today = today or datetime.now(UTC).date()
     rolled_days = select(RolledUpDayRow.day).where(RolledUpDayRow.day < today)
 
@@ -107,6 +109,8 @@ def usage_report(session: Session, query: ReportQuery, *, today: date | None = N
     group_columns = [columns[_GROUP_COLUMN[key]] for key in query.group_by]
     sums = [func.sum(columns[name]) for name in (*TOKEN_COLUMNS, "requests", "cost_picousd")]
     statement = select(*group_columns, *sums).group_by(*group_columns).order_by(*group_columns)
+    if max_rows is not None:
+        statement = statement.limit(max_rows + 1)
 
     rows = []
     for record in session.execute(statement):
@@ -117,6 +121,9 @@ def usage_report(session: Session, query: ReportQuery, *, today: date | None = N
         totals = [int(v or 0) for v in values[len(query.group_by):]]
         row.update(_metrics(*totals))
         rows.append(row)
+    if max_rows is not None and len(rows) > max_rows:
+        raise InvalidRequestError(f"the report has more than {max_rows} rows (usage_report_max_rows); narrow "
+                                  "start and end, or group by fewer keys", param="group_by")
     return rows
 
 

@@ -96,8 +96,10 @@ def decode_cursor(cursor: str) -> tuple[datetime, int]:
         created_at = datetime.fromisoformat(moment)
         if created_at.tzinfo is None:
             raise ValueError("naive time")
+        if not (row_id.isascii() and row_id.isdigit() and len(row_id) <= 18):  # a BIGINT row id, as encoded
+            raise ValueError("row id")
         return created_at.astimezone(UTC), int(row_id)
-    except (ValueError, binascii.Error, UnicodeDecodeError):
+    except (ValueError, OverflowError, binascii.Error, UnicodeDecodeError):  # OverflowError: 0001-01-01+01:00
         raise InvalidRequestError("cursor is not one this API returned", param="cursor") from None
 
 

@@ -54,6 +54,8 @@ class SamplingParams:
         bounds top_k and token ids."""
         _int_in("max_tokens", self.max_tokens, 1, INT32_MAX)
         _float_in("temperature", self.temperature, 0.0, MAX_TEMPERATURE)
+        if self.temperature < MIN_TEMPERATURE:
+            self.temperature = 0.0  # greedy: logits divided by it would overflow float32 (1e-300 is 0 there)
         _float_in("top_p", self.top_p, 0.0, 1.0, low_open=True)
         top_k_max = vocab_size if vocab_size is not None else INT32_MAX
         _int_in("top_k", self.top_k, -1, top_k_max, why="-1 or 0 (off) or a positive integer up to the vocabulary")
@@ -90,6 +92,7 @@ class SamplingParams:
 INT32_MAX = 2**31 - 1
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 MAX_TEMPERATURE = 100.0       # past this every distribution is flat to float32
+MIN_TEMPERATURE = 1e-5        # below this a draw is the argmax anyway, and is made as one (as vLLM does)
 MAX_REPETITION_PENALTY = 100.0
 MAX_LOGPROBS = 20             # OpenAI's top_logprobs limit
 

@@ -100,3 +100,11 @@ async def send_error(send: Send, status: int, message: str, *, code: str | None,
                     (b"connection", b"close"), *(headers or [])],
     })
     await send({"type": "http.response.body", "body": body})
+
+
+def declared_length(value: str | bytes | None) -> int | None:
+    """A `Content-Length` value as a number; None unless it is plain ASCII digits of a sane length (then the body
+    is counted as it streams instead). `str.isdigit` alone takes "²", and int() refuses 4,300 digits or more."""
+    if not value or len(value) > 18 or not value.isascii() or not value.isdigit():
+        return None
+    return int(value)

@@ -115,8 +115,16 @@ class SessionStage:
             log.exception("session turn %s of %s could not be recorded", record.request_id, turn.lease.session.id)
 
     def _abort_quietly(self, turn: OpenTurn) -> None:
+        """A done callback, run on the event loop: releasing the lease is store I/O (Redis: up to its socket
+        timeout), so it runs in a thread, never on the loop."""
         if turn.closed:
             return
+        try:
+            asyncio.get_running_loop().run_in_executor(None, self._abort_logged, turn)
+        except RuntimeError:  # the loop or its executor is shutting down: release it here, or it waits a lease
+            self._abort_logged(turn)
+
+    def _abort_logged(self, turn: OpenTurn) -> None:
         try:
             self.turns.abort(turn)
         except Exception:

@@ -115,7 +115,8 @@ class Settings(BaseSettings):
     drain_timeout_s: float = Field(default=30.0, ge=0)  # SIGTERM: in-flight requests get this long to finish
     # Requests one tenant may have in flight at once (each prompt of a list counts); 0: no cap. 429 beyond.
     max_inflight_per_tenant: int = Field(default=0, ge=0)
-    # A stream whose client has not taken a chunk for this long is ended (its slot returns); 0: never
+    # A response whose client has not taken a chunk of its body for this long is ended (its slot returns), and
+    # its connection is closed by the kernel once data has waited unread that long (TCP_USER_TIMEOUT); 0: never
     stream_send_timeout_s: float = Field(default=30.0, ge=0)
     # Benchmarks: random weights of the model folder's architecture (config.json + tokenizer suffice)
     random_weights: bool = False
@@ -155,6 +156,12 @@ class Settings(BaseSettings):
     # Adapter storage per tenant (failed adapters hold none); past either: 413 storage_quota_exceeded. 0: no limit
     adapter_quota_bytes_per_tenant: int = Field(default=20 * 1024**3, ge=0)
     adapter_quota_count_per_tenant: int = Field(default=100, ge=0)
+    # One adapter upload: the file (or archive) as sent, an archive's members decompressed and counted, and its
+    # adapter_config.json; past any, 413 / 400 naming it (adapters/archive.py)
+    adapter_max_upload_bytes: int = Field(default=512 * 1024 * 1024, ge=1)
+    adapter_max_expanded_bytes: int = Field(default=1024 * 1024 * 1024, ge=1)
+    adapter_max_archive_members: int = Field(default=64, ge=1)
+    adapter_max_config_bytes: int = Field(default=1024 * 1024, ge=1)
     # Adapter uploads one tenant may have in progress at once, per API server (their bytes count against the
     # storage quota as they arrive); past it: 429 too_many_uploads. 0: no cap
     max_concurrent_uploads_per_tenant: int = Field(default=2, ge=0)
@@ -167,6 +174,7 @@ class Settings(BaseSettings):
     reasoning_budget_high: int = Field(default=1024, ge=0)
     grammar_compile_timeout_s: float = 30.0  # a compilation running longer than this: 400
     grammar_max_spec_bytes: int = 256 * 1024  # response_format / tools larger than this: 400
+    grammar_max_compiled_bytes: int = Field(default=256 * 1024 * 1024, ge=1)  # a compiled grammar larger: 400
     # Structured output: backend choice (auto = the one enforcing each schema exactly), JSON-schema
     # shape limits checked before any work (deeper or larger: 400), and the most `tools` per request.
     grammar_backend: str = "auto"       # auto | llguidance | xgrammar
@@ -251,6 +259,8 @@ class Settings(BaseSettings):
     max_n: int = Field(default=16, ge=1)                    # choices per request
     max_messages: int = Field(default=2048, ge=1)           # chat messages (and /v1/responses input items) per request
     max_prompts: int = Field(default=256, ge=1)             # prompts in one /v1/completions list
+    usage_report_max_rows: int = Field(default=10_000, ge=1)  # rows of one GET /v1/usage report; past it 400
+    chat_template_kwargs_max_bytes: int = Field(default=16 * 1024, ge=1)  # the request's chat_template_kwargs as JSON
     sse_keepalive_s: float = Field(default=10.0, ge=0)      # ": keep-alive" while a stream waits for its first token; 0: off
     # Browser origins allowed to call the API (CORS), comma-separated or a JSON list; empty: none
     cors_allowed_origins: Annotated[list[str], NoDecode] = Field(default_factory=list)

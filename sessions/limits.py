@@ -8,13 +8,12 @@ bounded by the store, atomically (`SessionStore.create(max_per_tenant=...)`).
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any
 
 from loraplex.engine.errors import InvalidRequestError
 from loraplex.grammar.schema.walk import SchemaShapeLimits
-from loraplex.grammar.validation import parse_tools, response_format_spec
+from loraplex.grammar.validation import check_spec_sizes, parse_tools, response_format_spec
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,9 +41,8 @@ def check_session_create(system: str | None, tools: list[dict[str, Any]] | None,
             f"{limits.max_system_chars}", param="system")
     if tools is not None and len(tools) > limits.max_tools:
         raise InvalidRequestError(f"tools holds {len(tools)} tools; the limit is {limits.max_tools}", param="tools")
-    for name, value in (("tools", tools), ("tool_choice", tool_choice), ("response_format", response_format)):
-        if value is not None and len(json.dumps(value)) > limits.max_spec_bytes:
-            raise InvalidRequestError(f"{name} is larger than {limits.max_spec_bytes} bytes as JSON", param=name)
+    check_spec_sizes({"tools": tools, "tool_choice": tool_choice, "response_format": response_format},
+                     limits.max_spec_bytes)
     shape = SchemaShapeLimits(limits.max_schema_depth, limits.max_schema_nodes)
     parse_tools(tools, tool_choice, None, max_tools=limits.max_tools, limits=shape)
     response_format_spec(response_format, limits=shape)

@@ -32,9 +32,23 @@ class _Choice:
         self.finish_reason: str | None = None
 
 
-def _add_prompt_logprobs(choice: _Choice, gen: Generation, prompt_index: int, output: RequestOutput) -> None:
-    if output.prompt_logprobs is not None and len(choice.logprobs) == 0:
-        choice.logprobs.add_prompt(gen.prepared.prompts[prompt_index], output.prompt_logprobs)
+class _PromptParts:
+    """Each prompt's part of the legacy logprobs (echo), built once and shared by the prompt's n choices: built per
+    choice, a long prompt's entries were made n times over on the event loop."""
+
+    def __init__(self, gen: Generation, texts: TokenTexts) -> None:
+        self._prompts = gen.prepared.prompts
+        self._texts = texts
+        self._parts: dict[int, LegacyLogprobs] = {}
+
+    def add_to(self, logprobs: LegacyLogprobs, prompt_index: int, output: RequestOutput) -> None:
+        if output.prompt_logprobs is None or len(logprobs):
+            return
+        part = self._parts.get(prompt_index)
+        if part is None:
+            part = self._parts[prompt_index] = LegacyLogprobs(self._texts)
+            part.add_prompt(self._prompts[prompt_index], output.prompt_logprobs)
+        logprobs.extend(part)
 
 
 async def collect_completion(gen: Generation, *, texts: TokenTexts, tokenizer: Any) -> dict[str, Any]:
@@ -45,13 +59,14 @@ async def collect_completion(gen: Generation, *, texts: TokenTexts, tokenizer: A
     choices = [_Choice(texts, echoes[i // n]) for i in range(len(gen.choices))]
     want_logprobs = prepared.body.logprobs is not None
     echo_only = prepared.echo_only
+    prompt_parts = _PromptParts(gen, texts)
     async for prompt_index, output in gen.outputs(whole=True):
         if output.error:
             raise ChoiceFailed(f"generation failed: {output.error}")
         for delta in output.choices:
             choice = choices[prompt_index * n + delta.index]
             if want_logprobs and echo:
-                _add_prompt_logprobs(choice, gen, prompt_index, output)
+                prompt_parts.add_to(choice.logprobs, prompt_index, output)
             if echo_only:  # the prompt alone: the token sampled after it is not part of the answer
                 choice.finish_reason = choice.finish_reason or ("length" if delta.finish_reason else None)
                 continue
@@ -90,6 +105,7 @@ def stream_completion(
     include_usage = bool(prepared.body.stream_options and prepared.body.stream_options.include_usage)
     echoes = prompt_texts(gen, tokenizer) if echo else []
     echoed = [False] * len(gen.choices)
+    prompt_parts = _PromptParts(gen, texts)
     base: dict[str, Any] = {
         "id": "cmpl-" + prepared.request_id.removeprefix("req_"),
         "object": "text_completion",
@@ -118,8 +134,8 @@ def stream_completion(
                 if echo and not echoed[index]:
                     echoed[index] = True
                     text = echoes[prompt_index] + text
-                    if logprobs is not None and output.prompt_logprobs is not None:
-                        logprobs.add_prompt(prepared.prompts[prompt_index], output.prompt_logprobs)
+                    if logprobs is not None:
+                        prompt_parts.add_to(logprobs, prompt_index, output)
                 if logprobs is not None and delta.logprobs and not echo_only:
                     logprobs.add(delta.logprobs)
                 if logprobs is not None and len(logprobs):

@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncGenerator, Awaitable, Iterator
+from collections.abc import AsyncGenerator, Awaitable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -26,6 +26,8 @@ from loraplex.platform.services import Services
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+# How long a closing generation waits for its cancelled readers: one engine round trip, normally milliseconds.
+_SETTLE_TIMEOUT_S = 5.0
 
 
 class ClientDisconnected(Exception):
@@ -145,6 +147,7 @@ class Generation:
         finally:
             for task in tasks:
                 task.cancel()
+            await settle(tasks)
 
     @contextlib.contextmanager
     def _refusals_counted(self, index: int) -> Iterator[None]:
@@ -320,6 +323,16 @@ async def until_disconnected(request: Request) -> None:
             return
 
 
+async def settle(tasks: Iterable[asyncio.Future[Any]]) -> None:
+    """Wait, shielded from the caller's own cancellation, for cancelled tasks to run their way out. Only then have
+    their engine streams handed the outputs nobody read over for billing: closing the generation before that
+    found nothing to count, and a client that left a non-streaming request near its end paid no output tokens."""
+    pending = [task for task in tasks if not task.done()]
+    if pending:
+        with anyio.CancelScope(shield=True):
+            await asyncio.wait(pending, timeout=_SETTLE_TIMEOUT_S)
+
+
 async def unless_disconnected(request: Request, work: Awaitable[T]) -> T:
     """Await `work`, but raise ClientDisconnected (cancelling it) the moment the client goes away."""
     work_task = asyncio.ensure_future(work)
@@ -330,6 +343,7 @@ async def unless_disconnected(request: Request, work: Awaitable[T]) -> T:
         watcher.cancel()
         if not work_task.done():
             work_task.cancel()
+            await settle([work_task])
     if work_task.cancelled() or not work_task.done():
         raise ClientDisconnected()
     return work_task.result()

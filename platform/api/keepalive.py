@@ -18,7 +18,7 @@ from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Generic, TypeVar
 
 from fastapi import Request
-from loraplex.platform.api.generation import ClientDisconnected, until_disconnected
+from loraplex.platform.api.generation import ClientDisconnected, settle, until_disconnected
 
 T = TypeVar("T")
 
@@ -55,6 +55,7 @@ class PrimedOutputs(Generic[T]):
     async def aclose(self) -> None:
         if not self.first.done():
             self.first.cancel()  # its engine stream aborts the request on the way out
+            await settle([self.first])
         with contextlib.suppress(RuntimeError):  # still running in the cancelled task: it ends itself
             await self._items.aclose()
             await self.rest.aclose()

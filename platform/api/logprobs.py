@@ -62,6 +62,15 @@ class LegacyLogprobs:
             else:
                 self._append(token_id, entry.logprob, entry.top)
 
+    def extend(self, other: LegacyLogprobs) -> None:
+        """`other`'s entries after these: a prompt's part is built once and shared by all its choices."""
+        self.tokens += other.tokens
+        self.token_logprobs += other.token_logprobs
+        self.top_logprobs += other.top_logprobs
+        shift = self._offset
+        self.text_offset += other.text_offset if not shift else [offset + shift for offset in other.text_offset]
+        self._offset += other._offset
+
     def add(self, entries: list[TokenLogprob]) -> None:
         for entry in entries:
             self._append(entry.token_id, entry.logprob, entry.top)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -95,11 +96,33 @@ def chat_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
         if message.name:
             entry["name"] = message.name
         if message.tool_calls:
-            entry["tool_calls"] = message.tool_calls
+            entry["tool_calls"] = [_tool_call(call, f"messages[{i}].tool_calls[{j}]")
+                                   for j, call in enumerate(message.tool_calls)]
         if message.tool_call_id:
             entry["tool_call_id"] = message.tool_call_id
         out.append(entry)
     return out
+
+
+def _tool_call(call: dict[str, Any], param: str) -> dict[str, Any]:
+    """An earlier turn's tool call as the templates read it: {id, type, function: {name, arguments}}, the
+    arguments a JSON string (an object is taken and serialised, as some frameworks send one)."""
+    function = call.get("function")
+    if call.get("type", "function") != "function" or not isinstance(function, dict):
+        raise InvalidRequestError(f'{param} must be {{"id": ..., "type": "function", "function": {{"name": ..., '
+                                  '"arguments": ...}}}}', param=param)
+    name, arguments = function.get("name"), function.get("arguments", "{}")
+    if not isinstance(name, str) or not name:
+        raise InvalidRequestError(f"{param}.function.name must be a non-empty string", param=f"{param}.function.name")
+    if isinstance(arguments, dict):
+        arguments = json.dumps(arguments)
+    if not isinstance(arguments, str):
+        raise InvalidRequestError(f"{param}.function.arguments must be a JSON string",
+                                  param=f"{param}.function.arguments")
+    if "id" in call and not isinstance(call["id"], str):
+        raise InvalidRequestError(f"{param}.id must be a string", param=f"{param}.id")
+    return {**({"id": call["id"]} if "id" in call else {}), "type": "function",
+            "function": {"name": name, "arguments": arguments}}
 
 
 async def prepare_chat(services: Services, key: Principal, body: ChatCompletionRequest, request_id: str, *,
@@ -157,7 +180,8 @@ async def _prepare_chat(services: Services, key: Principal, body: ChatCompletion
         prepared = PreparedRequest(
             request_id=request_id, kind="chat", tenant_id=key.tenant_id, key_id=key.key_id, body=body, model=model,
             sampling=sampling_from(body, max_tokens=max_tokens), messages=chat_messages(body.messages),
-            session_id=body.session_id, template_kwargs=chat_template_options(body),
+            session_id=body.session_id,
+            template_kwargs=chat_template_options(body, services.settings.chat_template_kwargs_max_bytes),
             priority=body.priority, tenant_weight=key.tenant_weight,
         )
         prepared.sampling.validate(len(services.tokenizer))  # top_k and token ids within the vocabulary
@@ -219,7 +243,16 @@ async def _maybe_off_loop(fn: Any, *args: Any, size: int) -> Any:
 
 
 def _chat_size(prepared: PreparedRequest) -> int:
-    return sum(len(m.get("content") or "") for m in prepared.messages or [])
+    """About how many characters the template renders: the messages' content, earlier turns' tool calls and the
+    offered tools (a template that renders them itself), so none of them is tokenized on the event loop."""
+    size = 0
+    for message in prepared.messages or []:
+        size += len(message.get("content") or "")
+        for call in message.get("tool_calls") or ():
+            size += len(call["function"]["name"]) + len(call["function"]["arguments"])
+    if prepared.template_kwargs.get("tools"):
+        size += _INLINE_TOKENIZE_CHARS + 1  # tools rendered by the template (up to grammar_max_spec_bytes): a thread
+    return size
 
 
 def _apply_chat_template(tokenizer: Any, prepared: PreparedRequest) -> list[int]:
@@ -235,6 +268,11 @@ def render_chat_prompt(tokenizer: Any, messages: list[dict[str, Any]], template_
     except jinja2.TemplateError as exc:
         # A template's raise_exception(...) judges the conversation (roles out of order, a role it lacks...)
         raise InvalidRequestError(f"the model's chat template refused these messages: {exc}", param="messages") from None
+    except (TypeError, ValueError) as exc:
+        # The template met a value of a type it does not handle (a tenant's variable, a field of a message), or
+        # transformers found the rendered prompt not to end with the message to continue (continue_final_message)
+        raise InvalidRequestError(f"the model's chat template could not render these messages: {exc}",
+                                  param="messages") from None
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 

@@ -37,7 +37,11 @@ _TEMPLATE_CALL_PARAMS = frozenset({
     "continue_final_message", "tokenize", "sanitize_control_tokens", "padding", "truncation", "max_length",
     "return_tensors", "return_dict", "return_assistant_tokens_mask", "tokenizer_kwargs",
 })
-MAX_TEMPLATE_KWARGS_BYTES = 16 * 1024
+# The template's own functions, which a variable of the same name would shadow (a call to it then fails):
+# jinja2's default globals and those transformers adds for chat templates.
+_TEMPLATE_GLOBALS = frozenset({
+    "range", "dict", "lipsum", "cycler", "joiner", "namespace", "raise_exception", "strftime_now",
+})
 
 
 def structured_response_format(body: Any) -> dict[str, Any] | None:
@@ -118,9 +122,11 @@ def apply_sampling_extensions(body: Any, sampling: SamplingParams) -> None:
     sampling.skip_special_tokens = bool(getattr(body, "skip_special_tokens", True))
 
 
-def chat_template_options(body: Any) -> dict[str, Any]:
-    """Keyword arguments for the chat template: the tenant's variables and where the prompt ends."""
-    options: dict[str, Any] = dict(_checked_template_kwargs(getattr(body, "chat_template_kwargs", None)))
+def chat_template_options(body: Any, max_kwargs_bytes: int) -> dict[str, Any]:
+    """Keyword arguments for the chat template: the tenant's variables (at most `max_kwargs_bytes` as JSON) and
+    where the prompt ends."""
+    options: dict[str, Any] = dict(_checked_template_kwargs(getattr(body, "chat_template_kwargs", None),
+                                                            max_kwargs_bytes))
     continue_final = bool(getattr(body, "continue_final_message", False))
     add_generation_prompt = getattr(body, "add_generation_prompt", None)
     if continue_final:
@@ -140,16 +146,21 @@ def chat_template_options(body: Any) -> dict[str, Any]:
     return options
 
 
-def _checked_template_kwargs(kwargs: dict[str, Any] | None) -> dict[str, Any]:
+def _checked_template_kwargs(kwargs: dict[str, Any] | None, max_bytes: int) -> dict[str, Any]:
     if not kwargs:
         return {}
     for name in kwargs:
-        if name in _TEMPLATE_CALL_PARAMS or not name.isidentifier() or name.startswith("_"):
+        reserved = name in _TEMPLATE_CALL_PARAMS or name in _TEMPLATE_GLOBALS
+        if reserved or not name.isidentifier() or name.startswith("_"):
             raise InvalidRequestError(
                 f"chat_template_kwargs may not set {name!r}", param=f"chat_template_kwargs.{name}"
             )
-    if len(json.dumps(kwargs, default=str)) > MAX_TEMPLATE_KWARGS_BYTES:
+    try:
+        size = len(json.dumps(kwargs, default=str))
+    except RecursionError:
+        raise InvalidRequestError("chat_template_kwargs nests too deep", param="chat_template_kwargs") from None
+    if size > max_bytes:
         raise InvalidRequestError(
-            f"chat_template_kwargs is larger than {MAX_TEMPLATE_KWARGS_BYTES} bytes", param="chat_template_kwargs"
+            f"chat_template_kwargs is larger than {max_bytes} bytes as JSON", param="chat_template_kwargs"
         )
     return kwargs

@@ -97,6 +97,12 @@ class KeyCache(Generic[T]):
         """The key was revoked (here or, as the revocation feed says, elsewhere): never serve it again."""
         with self._lock:
             self._revoked.add(key_id)
+        self.drop_entries(key_id)
+
+    def drop_entries(self, key_id: str) -> None:
+        """The key changed but stays valid (its tenant's weight, say): its next request reads it afresh. Not a
+        revocation: nothing is remembered or announced, so the key is cached again and survives an outage."""
+        with self._lock:
             for key_hash in [h for h, (_, kid, _) in self._entries.items() if kid == key_id]:
                 del self._entries[key_hash]
 

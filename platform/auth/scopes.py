@@ -21,6 +21,8 @@ def parse_scopes(values: list[str] | str) -> list[Scope]:
         values = values.replace(",", " ").split()
     scopes: list[Scope] = []
     for value in values:
+        if not isinstance(value, str):
+            raise ValueError(f"scopes must be names (strings), not {type(value).__name__}")
         try:
             scope = Scope(value.strip())
         except ValueError:

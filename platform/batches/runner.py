@@ -75,6 +75,7 @@ class BatchRun:
 
     async def run(self) -> None:
         keeper = asyncio.create_task(self._keep_lease())
+        lapse = False
         try:
             if self.batch.status == VALIDATING and not self.cancelled and not await self._validate():
                 return
@@ -83,10 +84,13 @@ class BatchRun:
                 if not (self.lost or self.stopping):
                     await self._finish()
         except Exception:
+            # Its lease is kept to lapse, not released: released, the oldest-first claim would take the same batch
+            # up at once, again and again, and crowd other tenants' batches out of this server's slots.
             log.exception("batch %s stopped on an error; it is taken up again once its lease lapses", self.batch.id)
+            lapse = True
         finally:
             keeper.cancel()
-            if not self.lost:
+            if not (self.lost or lapse):
                 await asyncio.to_thread(self.repo.release, self.batch.id, self.owner)
 
     def stop(self) -> None:
@@ -136,9 +140,19 @@ class BatchRun:
                                   param="input_file_id")]
             await asyncio.to_thread(self.repo.fail_validation, batch.id, self.owner, errors)
             return False
-        checked = await asyncio.to_thread(
-            validate_file, path, endpoint=batch.endpoint, max_requests=self.settings.batch_max_requests,
-            max_custom_id_chars=self.settings.batch_max_custom_id_chars)
+        try:
+            checked = await asyncio.to_thread(
+                validate_file, path, endpoint=batch.endpoint, max_requests=self.settings.batch_max_requests,
+                max_custom_id_chars=self.settings.batch_max_custom_id_chars)
+        except OSError:
+            raise  # the storage, not the file: tried again once the lease lapses
+        except Exception:
+            # The same file would fail the same way on every try: the batch fails now, with a line that says so.
+            log.exception("batch %s: validating its input file failed", batch.id)
+            errors = [batch_error("server_error", "The input file could not be validated; the batch was not run "
+                                  "and nothing was billed.", param="input_file_id")]
+            await asyncio.to_thread(self.repo.fail_validation, batch.id, self.owner, errors)
+            return False
         if not checked.errors:
             await self._check_models(checked)
         if checked.errors:

@@ -92,7 +92,7 @@ def _check_line(raw: bytes, number: int, *, endpoint: str, max_custom_id_chars: 
                 ) -> tuple[str, str] | None:
     try:
         request = loads_strict(raw)
-    except (UnicodeDecodeError, ValueError):
+    except (UnicodeDecodeError, ValueError, RecursionError):  # RecursionError: nested too deep to parse
         result.refuse("invalid_json_line", "This line is not parseable as valid JSON.", line=number)
         return None
     if not isinstance(request, dict):

@@ -18,6 +18,7 @@ from typing import Any
 import httpx
 import typer
 from loraplex.platform.cli.common import console, err_console, print_table
+from rich.markup import escape
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
 
 app = typer.Typer(help="Upload, list and delete your LoRA adapters on a running server.", no_args_is_help=True)
@@ -106,7 +107,7 @@ def _call(client: httpx.Client, method: str, path: str, **kwargs: Any) -> Any:
     try:
         response = client.request(method, path, **kwargs)
     except httpx.HTTPError as exc:
-        err_console.print(f"[red]cannot reach {client.base_url}: {exc}[/red]")
+        err_console.print(f"[red]cannot reach {client.base_url}: {escape(str(exc))}[/red]")
         raise typer.Exit(1) from None
     if response.is_success:
         return response.json()
@@ -114,7 +115,7 @@ def _call(client: httpx.Client, method: str, path: str, **kwargs: Any) -> Any:
         message = response.json()["error"]["message"]
     except (ValueError, KeyError, TypeError):
         message = response.text[:500]
-    err_console.print(f"[red]error {response.status_code}: {message}[/red]")
+    err_console.print(f"[red]error {response.status_code}: {escape(str(message))}[/red]")
     raise typer.Exit(1)
 
 
@@ -139,20 +140,21 @@ def upload(
         task = progress.add_task(path.name, total=body.file_bytes)
         created = _call(client, "POST", "/v1/adapters", content=body.chunks(lambda n: progress.advance(task, n)),
                         headers={"Content-Type": body.content_type, "Content-Length": str(body.content_length)})
-    err_console.print(f"uploaded {created['name']} ({created['id']}); validating…")
+    err_console.print(f"uploaded {escape(created['name'])} ({created['id']}); validating…")
     if not wait:
         print(created["id"])
         return
     info = _wait_for_validation(base_url, api_key, created["id"], timeout)
     if info["status"] == "ready":
         console.print(
-            f"[green]ready[/green] {info['name']} ({info['id']}): rank {info['rank']}, alpha {info['alpha']}, "
+            f"[green]ready[/green] {escape(info['name'])} ({info['id']}): rank {info['rank']}, alpha {info['alpha']}, "
             f"targets {','.join(info['target_modules'] or [])}, {info['size_bytes']} bytes, "
             f"sha256 {info['sha256']}", soft_wrap=True,
         )
         return
     if info["status"] == "failed":
-        console.print(f"[red]failed[/red] {info['name']} ({info['id']}): {info['reason']}", soft_wrap=True)
+        console.print(f"[red]failed[/red] {escape(info['name'])} ({info['id']}): {escape(str(info['reason']))}",
+                      soft_wrap=True)
     else:
         console.print(f"[yellow]still {info['status']}[/yellow] after {timeout:.0f}s: {info['id']}")
     raise typer.Exit(1)

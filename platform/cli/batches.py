@@ -16,6 +16,7 @@ import httpx
 import typer
 from loraplex.platform.cli.adapters import BaseUrl, _call, _client
 from loraplex.platform.cli.common import console, err_console, print_table
+from rich.markup import escape
 
 app = typer.Typer(help="Run OpenAI Batch API jobs (JSONL files of requests) on a running server.",
                   no_args_is_help=True)
@@ -110,7 +111,8 @@ def show(
         print(json.dumps(batch, indent=2))
         return
     usage = batch["usage"]
-    console.print(f"{batch['id']}  [bold]{batch['status']}[/bold]  {batch['endpoint']}  model {batch['model'] or '-'}")
+    console.print(f"{batch['id']}  [bold]{batch['status']}[/bold]  {batch['endpoint']}  "
+                  f"model {escape(batch['model'] or '-')}")
     console.print(f"progress {_progress(batch)}")
     for name in ("created_at", "in_progress_at", "finalizing_at", "completed_at", "failed_at", "expired_at",
                  "cancelling_at", "cancelled_at", "expires_at"):
@@ -121,7 +123,9 @@ def show(
     console.print(f"tokens: input {usage['input_tokens']} (cached {usage['input_tokens_details']['cached_tokens']}),"
                   f" output {usage['output_tokens']} (reasoning {usage['output_tokens_details']['reasoning_tokens']})")
     for error in (batch["errors"] or {}).get("data", []):
-        console.print(f"[red]line {error['line']}: {error['code']}: {error['message']}[/red]", soft_wrap=True)
+        # the message quotes the line's own text (a url, a model name): never markup
+        console.print(f"[red]line {error['line']}: {error['code']}: {escape(str(error['message']))}[/red]",
+                      soft_wrap=True)
 
 
 @app.command()
@@ -155,7 +159,7 @@ def download(
             with client.stream("GET", f"/v1/files/{file_id}/content") as response:
                 if not response.is_success:
                     response.read()
-                    err_console.print(f"[red]error {response.status_code}: {response.text[:500]}[/red]")
+                    err_console.print(f"[red]error {response.status_code}: {escape(response.text[:500])}[/red]")
                     raise typer.Exit(1)
                 target = output.open("wb") if output else sys.stdout.buffer
                 try:
@@ -165,7 +169,7 @@ def download(
                     if output:
                         target.close()
         except httpx.HTTPError as exc:
-            err_console.print(f"[red]download failed: {exc}[/red]")
+            err_console.print(f"[red]download failed: {escape(str(exc))}[/red]")
             raise typer.Exit(1) from None
     if output:
         err_console.print(f"wrote {output}")

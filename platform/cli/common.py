@@ -13,7 +13,9 @@ from loraplex.platform.db.models import Tenant
 from loraplex.platform.db.session import make_db_engine, make_session_factory
 from loraplex.platform.settings import Settings
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 from sqlalchemy.orm import Session
 
 console = Console()
@@ -44,7 +46,7 @@ def print_table(headers: list[str], rows: list[list[str]]) -> None:
         return
     table = Table(*headers)
     for row in rows:
-        table.add_row(*row)
+        table.add_row(*(Text(cell) for cell in row))  # cells hold server and tenant text: never markup
     console.print(table)
 
 
@@ -54,7 +56,7 @@ def bad_input_exits() -> Iterator[None]:
     try:
         yield
     except InvalidRequestError as exc:
-        err_console.print(f"[red]{exc.message}[/red]")
+        err_console.print(f"[red]{escape(exc.message)}[/red]")
         raise typer.Exit(2) from None
 
 

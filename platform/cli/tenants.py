@@ -5,6 +5,7 @@ from __future__ import annotations
 import typer
 from loraplex.platform.auth import store
 from loraplex.platform.cli.common import console, db_session, err_console, load_settings, print_table
+from rich.markup import escape
 
 app = typer.Typer(help="Create and list tenants.", no_args_is_help=True)
 
@@ -26,7 +27,7 @@ def create(
         try:
             tenant = store.create_tenant(db, name=name, weight=_checked_weight(weight))
         except store.TenantExistsError as exc:
-            err_console.print(f"[red]{exc}[/red]")
+            err_console.print(f"[red]{escape(str(exc))}[/red]")
             raise typer.Exit(1) from None
         console.print(f"created tenant [bold]{tenant.name}[/bold] ({tenant.id})")
 

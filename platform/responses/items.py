@@ -98,7 +98,7 @@ def _check_ids(item: dict[str, Any], keys: tuple[str, ...], index: int, limits: 
 
 def _message_item(item: dict[str, Any], index: int, limits: ItemLimits) -> dict[str, Any]:
     role = item.get("role")
-    if role not in _ROLES:
+    if not isinstance(role, str) or role not in _ROLES:  # a list or object would be unhashable: a 400, not a 500
         raise InvalidRequestError(f"unknown role {role!r}", param=f"input[{index}].role")
     content = item.get("content")
     if isinstance(content, str):
@@ -118,7 +118,8 @@ def _message_item(item: dict[str, Any], index: int, limits: ItemLimits) -> dict[
 def _joined_text(parts: list[Any], param: str) -> str:
     texts = []
     for j, part in enumerate(parts):
-        if not isinstance(part, dict) or part.get("type") not in _TEXT_PARTS or not isinstance(part.get("text"), str):
+        kind = part.get("type") if isinstance(part, dict) else None
+        if not isinstance(kind, str) or kind not in _TEXT_PARTS or not isinstance(part.get("text"), str):
             kind = part.get("type") if isinstance(part, dict) else type(part).__name__
             raise UnsupportedParameterError(f"content part type {kind!r} is not supported; only text",
                                             param=f"{param}[{j}].type")

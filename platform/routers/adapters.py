@@ -30,6 +30,7 @@ from loraplex.adapters.upload_slots import TenantUploads
 from loraplex.engine.config import AdapterLimits, ModelConfig
 from loraplex.engine.core.client import EngineClient
 from loraplex.platform.api.strict_json import StrictJSONRoute
+from loraplex.platform.body_limit import declared_length
 from loraplex.platform.deps import AdaptersKey, AppServices
 from loraplex.platform.errors import NotFoundError
 from loraplex.platform.extensions import Extensions, ServedModel
@@ -70,7 +71,7 @@ async def upload_adapter(request: Request, key: AdaptersKey, services: AppServic
     try:
         info = await _service(services).create_from_upload(
             tenant_id=key.tenant_id, chunks=request.stream(), content_type=request.headers.get("content-type", ""),
-            content_length=int(length) if length and length.isdigit() else None,
+            content_length=declared_length(length),
         )
     except ClientDisconnect:
         # The client went away mid-upload: a normal abort, not a server error. The service has
@@ -144,8 +145,9 @@ def install_adapters(
     registry = SqlAdapterRegistry(db_sessions)
     dtype_name = settings.resolve_dtype()
     spec = base_model_spec(settings, engine.model_config, base_model_name)
+    limits = limits or UploadLimits.from_settings(settings)
     job = make_job(database_url=settings.resolved_database_url, storage_dir=storage, spec=spec,
-                   max_rank=settings.max_lora_rank, dtype=dtype_name)
+                   max_rank=settings.max_lora_rank, dtype=dtype_name, limits=limits)
     if settings.redis_url:
         from loraplex.platform.celery_app import make_celery
 
@@ -160,7 +162,7 @@ def install_adapters(
     quota = StorageQuota(max_bytes=settings.adapter_quota_bytes_per_tenant or None,
                          max_adapters=settings.adapter_quota_count_per_tenant or None)
     service = AdapterService(registry=registry, store=store, dispatcher=dispatcher, staging_root=storage / "staging",
-                             limits=limits or UploadLimits(), hooks=hooks, quota=quota,
+                             limits=limits, hooks=hooks, quota=quota,
                              uploads=TenantUploads(settings.max_concurrent_uploads_per_tenant))
     sweeper = StorageSweeper(registry, store, storage / "staging", interval_s=settings.adapter_sweep_interval_s,
                              min_age_s=settings.adapter_sweep_min_age_s)

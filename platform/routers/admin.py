@@ -41,7 +41,7 @@ def update_tenant(tenant_id: str, body: TenantUpdate, _key: AdminKey, db: DbSess
     if tenant is None:
         raise NotFoundError(f"no tenant '{tenant_id}'", param="tenant_id")
     for record in store.list_api_keys(db, tenant_id=tenant.id):
-        services.key_cache.forget_key(record.id)
+        services.key_cache.drop_entries(record.id)  # not forget_key: that revokes the key in every process
     return TenantPublic.model_validate(tenant)
 
 

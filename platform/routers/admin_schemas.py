@@ -9,6 +9,8 @@ from loraplex.platform.auth.scopes import Scope, parse_scopes
 from loraplex.platform.auth.store import MAX_TENANT_WEIGHT, MIN_TENANT_WEIGHT
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+MAX_RATE_LIMIT = 2**31 - 1  # the columns are 32-bit integers
+
 
 class TenantCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -37,8 +39,8 @@ class ApiKeyCreate(BaseModel):
 
     name: str = Field(default="", max_length=200)
     scopes: list[Scope] = Field(default_factory=lambda: [Scope.INFERENCE])
-    rpm_limit: JSONInt | None = Field(default=None, ge=0)
-    tpm_limit: JSONInt | None = Field(default=None, ge=0)
+    rpm_limit: JSONInt | None = Field(default=None, ge=0, le=MAX_RATE_LIMIT)
+    tpm_limit: JSONInt | None = Field(default=None, ge=0, le=MAX_RATE_LIMIT)
 
     @field_validator("scopes", mode="before")
     @classmethod

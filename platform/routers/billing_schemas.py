@@ -53,7 +53,7 @@ class BudgetUpdate(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     api_key_id: str | None = Field(default=None, max_length=64, description="one key's budget; omit for the tenant's")
-    monthly_token_limit: JSONInt | None = Field(default=None, ge=0)
+    monthly_token_limit: JSONInt | None = Field(default=None, ge=0, le=2**63 - 1)  # a 64-bit column
     monthly_cost_limit_usd: Usd | None = None
 
 

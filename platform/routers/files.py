@@ -24,6 +24,7 @@ from loraplex.platform.api.strict_json import StrictJSONRoute
 from loraplex.platform.batches.objects import INPUT_PURPOSE, file_public, list_page
 from loraplex.platform.batches.upload import receive_file
 from loraplex.platform.batches.worker import BatchesDomain
+from loraplex.platform.body_limit import declared_length
 from loraplex.platform.deps import AppServices, InferenceKey
 from loraplex.platform.errors import ApiError
 from loraplex.platform.services import Services
@@ -49,7 +50,7 @@ async def create_file(request: Request, key: InferenceKey, services: AppServices
     try:
         received = await receive_file(request.stream(), request.headers.get("content-type", ""), path,
                                       max_file_bytes=settings.batch_max_file_bytes,
-                                      content_length=int(length) if length and length.isdigit() else None)
+                                      content_length=declared_length(length))
         purpose = received.fields.get("purpose")
         if not purpose:
             raise InvalidRequestError("the form field 'purpose' is required", param="purpose")
@@ -75,7 +76,8 @@ def _expires_after(fields: dict[str, str], default_s: int) -> int:
         return default_s
     if anchor != "created_at":
         raise InvalidRequestError("expires_after.anchor must be 'created_at'", param="expires_after.anchor")
-    if seconds is None or not seconds.isdigit() or not MIN_EXPIRES_AFTER_S <= int(seconds) <= MAX_EXPIRES_AFTER_S:
+    whole = seconds is not None and seconds.isascii() and seconds.isdigit() and len(seconds) <= 12
+    if seconds is None or not whole or not MIN_EXPIRES_AFTER_S <= int(seconds) <= MAX_EXPIRES_AFTER_S:
         raise InvalidRequestError(f"expires_after.seconds must be a whole number from {MIN_EXPIRES_AFTER_S} to "
                                   f"{MAX_EXPIRES_AFTER_S}", param="expires_after.seconds")
     return int(seconds)

@@ -11,6 +11,7 @@ calling key's own) with spend.
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Query, Response
@@ -75,14 +76,17 @@ async def get_usage(
     target = usage_tenant(key, tenant_id)
     query = ReportQuery.parse(start=start, end=end, group_by=group_by, tenant_id=target)
 
-    def run() -> list[dict]:
+    def run() -> str:  # the query and the rendering, off the event loop
         with services.db_sessions() as session:
-            return usage_report(session, query)
+            rows = usage_report(session, query, max_rows=services.settings.usage_report_max_rows)
+        if format == "csv":
+            return report_csv(query, rows)
+        return json.dumps(report_json(query, rows), ensure_ascii=False, allow_nan=False, separators=(",", ":"))
 
-    rows = await asyncio.to_thread(run)
+    body = await asyncio.to_thread(run)
     if format == "csv":
-        return csv_download(report_csv(query, rows), f"usage-{target or 'all'}-{query.start}-{query.end}.csv")
-    return JSONResponse(report_json(query, rows))
+        return csv_download(body, f"usage-{target or 'all'}-{query.start}-{query.end}.csv")
+    return Response(body, media_type="application/json")
 
 
 @router.get("/usage/requests")
@@ -136,8 +140,11 @@ async def get_usage_request(
 
     row = await asyncio.to_thread(run)
     # A request this process just answered may still be on its way to the ledger: wait briefly for the
-    # meter's writer, so looking up the x-request-id a response carried works at once.
-    if row is None and billing is not None and await asyncio.to_thread(billing.meter.wait_written, LOOKUP_WAIT_S):
+    # meter's writer, so looking up the x-request-id a response carried works at once. Only for an id it
+    # recorded: a made-up one would hold a worker thread for the whole wait.
+    meter = billing.meter if billing is not None and row is None else None
+    if meter is not None and meter.recorded_recently(request_id) and await asyncio.to_thread(
+            meter.wait_written, LOOKUP_WAIT_S):
         row = await asyncio.to_thread(run)
     if row is None:
         raise NotFoundError(

@@ -62,6 +62,13 @@ def test_failed_validation_frees_its_blobs_but_keeps_its_reason(service, tmp_pat
     assert service.store.count() == 0
     good = _upload(service, write_random_adapter(tmp_path / "good", spec, r=2), "good")
     assert good.status == AdapterStatus.READY and service.store.count() == 2
+    # a failed record counts against the adapter count until deleted (uploads that keep failing cannot pile up)
+    service.quota = StorageQuota(max_adapters=2)
+    with pytest.raises(StorageQuotaExceededError, match="failed ones count until deleted"):
+        _upload(service, write_random_adapter(tmp_path / "third", spec, r=2, seed=4), "third")
+    service.delete(tenant_id="t1", adapter_id=failed.id)
+    assert _upload(service, write_random_adapter(tmp_path / "third", spec, r=2, seed=4), "third").status == (
+        AdapterStatus.READY)
 
 
 def test_sweep_removes_orphans_and_stale_staging_only(service, tmp_path, spec):

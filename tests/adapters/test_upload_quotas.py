@@ -58,6 +58,11 @@ def test_concurrent_uploads_never_pass_the_count_quota(tmp_path: Path, spec: Any
     assert sql_registry.usage(tenant_id="t1")[0] == 3
     live = sql_registry.live_blob_digests()
     assert service.store.count() == len(live)  # the refused ones left no blob behind
+    # a failed record still counts as an adapter until deleted; its bytes no longer count
+    first = sql_registry.list(tenant_id="t1")[0]
+    count, used = sql_registry.usage(tenant_id="t1")
+    sql_registry.mark_failed(first.id, "failed after the fact")
+    assert sql_registry.usage(tenant_id="t1") == (count, used - first.size_bytes)
 
 
 async def _chunks(num_chunks: int, size: int, gate: asyncio.Event | None = None) -> AsyncIterator[bytes]:

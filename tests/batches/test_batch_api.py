@@ -255,6 +255,15 @@ def test_cli_submits_lists_shows_and_downloads(server: BatchServer, tmp_path: Pa
     assert no_errors.exit_code == 1 and "no error file" in no_errors.stderr
     refused = runner.invoke(app, ["batches", "cancel", batch_id], env=env)
     assert refused.exit_code == 1 and "Cannot cancel" in refused.stderr
+    # an error line quoting the tenant's own text, written as terminal markup, is printed as it is
+    hostile = tmp_path / "hostile.jsonl"
+    hostile.write_bytes(jsonl([chat_line("h-1", "x"), {**chat_line("h-2", "y"), "url": "[/x][link=http://e]"}]))
+    failed = runner.invoke(app, ["batches", "create", str(hostile), "--wait"], env=env)
+    assert failed.exit_code == 1, failed.output
+    failed_id = failed.stdout.strip().splitlines()[-1]
+    shown = runner.invoke(app, ["batches", "show", failed_id], env=env)
+    assert shown.exit_code == 0, shown.output
+    assert "invalid_url" in shown.stdout and "[/x][link=http://e]" in shown.stdout
 
 
 def test_the_end_of_the_window_expires_the_lines_not_run(server: BatchServer) -> None:

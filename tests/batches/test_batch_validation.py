@@ -42,6 +42,7 @@ def test_each_hostile_line_is_one_error_naming_its_line(tmp_path: Path) -> None:
         # half a surrogate pair, escaped: JSON's syntax allows it, but it is not text
         '{"custom_id": "s", "method": "POST", "url": "' + ENDPOINT + '", "body": {"model": "m", "messages": '
         '[{"role": "user", "content": "\\ud800"}]}}',
+        "[" * 100_000 + "]" * 100_000,  # nested past the parser's recursion limit
     ]
     checked = _check(tmp_path, lines)
     found = [(e["line"], e["code"], e["param"]) for e in checked.errors]
@@ -56,6 +57,7 @@ def test_each_hostile_line_is_one_error_naming_its_line(tmp_path: Path) -> None:
         (9, "invalid_request", "body.messages"),
         (10, "invalid_request", "custom_id"),
         (11, "invalid_json_line", None),
+        (12, "invalid_json_line", None),
     ]
     assert all(e["message"] for e in checked.errors)
 

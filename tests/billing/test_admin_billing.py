@@ -94,6 +94,7 @@ def test_a_price_added_by_another_process_bills_from_its_effective_time(start_se
     ({"cached_input": 1e-7}, "cached_input"),
     ({"thinking": "ten"}, "thinking"),
     ({"input": None}, "input"),
+    ({"input": "1e300000"}, "input"),
 ])
 def test_bad_prices_are_refused_with_the_field_named(server, body, param):
     answer = call(server, "POST", "/v1/admin/prices", json={"model": MODEL, "input": "1", "output": "2", **body})
@@ -170,6 +171,10 @@ def test_a_key_budget_binds_only_that_key_and_tenants_see_only_their_own(start_s
     ("acme", {"monthly_token_limit": 1.5}, 400, "monthly_token_limit"),
     ("acme", {"monthly_cost_limit_usd": "0.0000001"}, 400, "monthly_cost_limit_usd"),
     ("acme", {"monthly_cost_limit_usd": "-2"}, 400, "monthly_cost_limit_usd"),
+    # past the 64-bit columns, or costly to scale (each was a 500 or seconds of CPU)
+    ("acme", {"monthly_cost_limit_usd": "1e30"}, 400, "monthly_cost_limit_usd"),
+    ("acme", {"monthly_cost_limit_usd": "1e999990"}, 400, "monthly_cost_limit_usd"),
+    ("acme", {"monthly_token_limit": 10**19}, 400, "monthly_token_limit"),
 ])
 def test_bad_budgets_are_refused(server, tenant, body, status, param):
     answer = call(server, "PUT", f"/v1/admin/tenants/{tenant}/budgets", json=body)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from loraplex.billing.ledger import Ledger
-from loraplex.billing.meter import Meter
+from loraplex.billing.meter import Meter, RecentRequestIds
 from loraplex.billing.models import UsageEventRow
 from loraplex.billing.quotas import MemorySpendCounter, QuotaGuard
 from loraplex.billing.spool import FileSpool, RedisStreamSpool
@@ -41,6 +41,19 @@ def test_meter_writes_every_event_once(session_factory, make_event, tmp_path):
     meter.close()
     assert _ledger_totals(session_factory) == (400, sum(e.total_tokens for e in events), 400)
     assert meter.stats.num_written == 400 and meter.stats.num_duplicates == 50
+    # a usage lookup waits for the writer only for ids this meter recorded, never for made-up ones
+    assert meter.recorded_recently(events[7].request_id) and not meter.recorded_recently("req_made_up")
+
+
+def test_recent_request_ids_forget_by_age_and_by_count():
+    recent = RecentRequestIds(window_s=0.2, max_ids=3)
+    for request_id in ("a", "b", "c", "d"):
+        recent.add(request_id)
+    assert "a" not in recent and all(r in recent for r in ("b", "c", "d"))
+    time.sleep(0.25)
+    assert "d" not in recent
+    recent.add("e")
+    assert "e" in recent and "b" not in recent
 
 
 @pytest.mark.parametrize("spool_kind", ["file", "redis"])

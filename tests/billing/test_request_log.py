@@ -3,6 +3,7 @@ through the real server and the openai client (GET /v1/usage/requests[/{request_
 
 from __future__ import annotations
 
+import base64
 import csv
 import io
 from datetime import UTC, date, datetime, timedelta
@@ -155,6 +156,10 @@ def test_csv_has_the_json_columns_and_exact_costs(session_factory, make_event):
     ({"cursor": "not-a-cursor"}, "cursor"),
     ({"cursor": "!!!"}, "cursor"),
     ({"cursor": encode_cursor(NOON, 5)[:-3]}, "cursor"),
+    # forged: a time that overflows when made UTC, a row id past BIGINT (each was a 500)
+    ({"cursor": base64.urlsafe_b64encode(b"0001-01-01T00:00:00+01:00|5").decode()}, "cursor"),
+    ({"cursor": base64.urlsafe_b64encode(b"2026-01-01T00:00:00+00:00|" + b"9" * 23).decode()}, "cursor"),
+    ({"cursor": base64.urlsafe_b64encode("2026-01-01T00:00:00+00:00|²".encode()).decode()}, "cursor"),
 ])
 def test_bad_input_names_its_parameter(params, param):
     with pytest.raises(InvalidRequestError) as raised:

@@ -139,6 +139,16 @@ def test_report_range_excludes_days_outside(session_factory, ledger_with_mix):
     assert [row["day"] for row in rows] == [DAYS[1].isoformat(), DAYS[2].isoformat()]
 
 
+def test_a_report_past_its_row_limit_is_a_400_naming_group_by(session_factory, ledger_with_mix):
+    query = ReportQuery(start=DAYS[0], end=TODAY, group_by=("day",), tenant_id="ten_a")
+    with session_factory() as session:
+        days = usage_report(session, query, today=TODAY)
+        assert usage_report(session, query, today=TODAY, max_rows=len(days)) == days
+        with pytest.raises(InvalidRequestError, match="more than 1 rows") as refused:
+            usage_report(session, query, today=TODAY, max_rows=1)
+    assert len(days) > 1 and refused.value.param == "group_by"
+
+
 def test_json_and_csv_carry_the_same_figures(session_factory, ledger_with_mix):
     rollup_pending_days(session_factory, now=NOW)
     query = ReportQuery(start=DAYS[0], end=TODAY, group_by=("model", "adapter"), tenant_id="ten_a")

@@ -87,6 +87,10 @@ def test_admin_creates_tenants_and_rejects_duplicates(api_server) -> None:  # ty
     assert {"acme", "globex", "initech"} <= set(names)
     bad_scope = httpx.post(f"{base}/v1/admin/tenants/initech/keys", json={"scopes": ["root"]}, headers=admin)
     assert_openai_error(bad_scope, 400, param="scopes")
+    for body, param in (({"scopes": [1]}, "scopes"), ({"rpm_limit": 3_000_000_000}, "rpm_limit"),
+                        ({"tpm_limit": 10**20}, "tpm_limit")):  # each was a 500
+        assert_openai_error(httpx.post(f"{base}/v1/admin/tenants/initech/keys", json=body, headers=admin), 400,
+                            param=param)
     # A field the key does not have is refused by name: an operator asking for an expiry must not get a key
     # that never expires.
     expiring = httpx.post(f"{base}/v1/admin/tenants/initech/keys", json={"expires_at": "2027-01-01"}, headers=admin)

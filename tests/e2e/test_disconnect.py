@@ -73,13 +73,14 @@ def test_stream_disconnect_frees_blocks(api_server, meter) -> None:  # type: ign
     assert meter.records[0].num_output_tokens >= 5
 
 
-def test_non_streaming_disconnect_frees_blocks(api_server, meter) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize("prompts", [1, 2], ids=["one prompt", "two prompts"])
+def test_non_streaming_disconnect_frees_blocks_and_bills_what_was_generated(api_server, meter, prompts) -> None:  # type: ignore[no-untyped-def]
     engine = api_server.services.engine
     baseline = wait_idle(engine)
     # A raw socket, closed once the engine has generated for it: a fixed client timeout could expire before a
     # busy machine finishes the prefill, and then nothing would have been generated to abandon.
     url = httpx.URL(api_server.base_url)
-    body = json.dumps(LONG).encode()
+    body = json.dumps({**LONG, "prompt": LONG["prompt"] if prompts == 1 else [LONG["prompt"], "Tell me a tale."]}).encode()
     head = (f"POST /v1/completions HTTP/1.1\r\nHost: {url.host}:{url.port}\r\nContent-Type: application/json\r\n"
             f"Authorization: Bearer {api_server.keys['inference']}\r\nContent-Length: {len(body)}\r\n\r\n")
     with socket.create_connection((url.host, url.port), timeout=60) as connection:
@@ -88,9 +89,11 @@ def test_non_streaming_disconnect_frees_blocks(api_server, meter) -> None:  # ty
                    timeout_s=60, interval_s=0.01, what=lambda: f"the request to start generating: {engine.stats()}")
     wait_for_release(engine, baseline["num_blocks_used"])
     generated = engine.stats()["generation_tokens_total"] - baseline["generation_tokens_total"]
-    assert 0 < generated < 1500, "the request kept generating after the client left"
+    assert 0 < generated < 1500 * prompts, "the request kept generating after the client left"
     wait_until(lambda: meter.records, timeout_s=2, what="the usage record")
     assert [r.status for r in meter.records] == [RequestStatus.ABORTED]
+    # Every token the engine generated before the abort is billed, though the client never read one.
+    assert meter.records[0].num_output_tokens == generated
 
 
 def test_meter_gets_exactly_one_record_per_request(api_server, meter, openai_client) -> None:  # type: ignore[no-untyped-def]

@@ -113,6 +113,36 @@ def test_completions_echo_and_logprobs(openai_client, api_server) -> None:  # ty
         assert max(top.values()) == pytest.approx(lp, abs=1e-4) and token in top
 
 
+def test_completions_echo_with_several_choices_gives_each_the_prompt_and_its_own_answer(openai_client, api_server) -> None:  # type: ignore[no-untyped-def]
+    """n choices of one prompt share its echoed part (built once), then each goes on with its own tokens and
+    offsets, streamed or not."""
+    prompt = "Colours of the rainbow:"
+    num_prompt = len(api_server.services.tokenizer(prompt, add_special_tokens=False)["input_ids"])
+    reply = openai_client.completions.create(model=MODEL, prompt=prompt, max_tokens=4, n=3, temperature=1.0, seed=7,
+                                             echo=True, logprobs=1)
+    assert len(reply.choices) == 3
+    prompt_parts = set()
+    for choice in reply.choices:
+        logprobs = choice.logprobs
+        assert len(logprobs.tokens) == num_prompt + 4 and "".join(logprobs.tokens) == choice.text
+        assert logprobs.text_offset == [sum(len(t) for t in logprobs.tokens[:i]) for i in range(len(logprobs.tokens))]
+        prompt_parts.add(json.dumps([logprobs.tokens[:num_prompt], logprobs.token_logprobs[:num_prompt],
+                                     logprobs.top_logprobs[:num_prompt]]))
+    assert len(prompt_parts) == 1 and reply.choices[0].logprobs.token_logprobs[0] is None
+    assert len({choice.text for choice in reply.choices}) > 1  # each its own answer after the shared prompt
+
+    streamed = openai_client.completions.create(model=MODEL, prompt=prompt, max_tokens=4, n=3, temperature=1.0,
+                                                seed=7, echo=True, logprobs=1, stream=True)
+    tokens: dict[int, list[str]] = {}
+    for chunk in streamed:
+        for c in chunk.choices:
+            if c.logprobs is not None:
+                tokens.setdefault(c.index, []).extend(c.logprobs.tokens)
+    assert sorted(tokens) == [0, 1, 2]
+    assert all(len(t) == num_prompt + 4 and t[:num_prompt] == reply.choices[0].logprobs.tokens[:num_prompt]
+               for t in tokens.values())
+
+
 def test_completions_echo_with_max_tokens_0_scores_the_prompt(openai_client, api_server) -> None:  # type: ignore[no-untyped-def]
     """echo + max_tokens 0, as the evaluation harnesses score a text: the prompt back with its logprobs, nothing
     generated, no completion tokens; its logprobs are those a generating request gets for the same prompt."""

@@ -1,7 +1,8 @@
 """A request that makes the step fail fails alone; its batch mates finish with the tokens of a clean run.
 
-The poison is the one that reached the sampler before the edge range-checked it: a `top_k` past int64,
-which raises inside the batched draw (set after validation, as a value the edge would now refuse).
+The poison is a sampling value the edge refuses, set after validation so that it reaches the sampler: a
+temperature past what a float holds, which raises inside the batched draw when its tensor is built (a `top_k`
+past int64 once did; the sampler now takes any k at or past the vocabulary as no top-k).
 """
 
 from __future__ import annotations
@@ -16,11 +17,11 @@ def seeded(max_tokens: int, seed: int) -> SamplingParams:
 
 
 def run_with_poison(engine: LLMEngine, poisons: list[EngineRequest], victims: list[EngineRequest],
-                    top_k: int) -> dict[str, list[RequestOutput]]:
-    """Everything in one engine; each poison's top_k is set past what torch can hold after it was validated."""
+                    temperature: int = 2**1024) -> dict[str, list[RequestOutput]]:
+    """Everything in one engine; each poison's temperature is set past what a float holds after it was validated."""
     for request in poisons:
         engine.add_request(request)
-        request.sampling.top_k = top_k
+        request.sampling.temperature = temperature
     for request in victims:
         engine.add_request(request)
     outputs: dict[str, list[RequestOutput]] = {r.request_id: [] for r in poisons + victims}
@@ -47,7 +48,7 @@ def test_a_poisoned_row_fails_alone_and_the_others_are_unchanged(smol, chat_prom
     outputs = run_with_poison(engine, [EngineRequest("poison", chat_prompt_ids[2], seeded(12, 3), tenant_id="attacker")], [
         EngineRequest("greedy", chat_prompt_ids[0], greedy(12, ignore_eos=True), tenant_id="victim"),
         EngineRequest("seeded", chat_prompt_ids[1], seeded(12, 7), tenant_id="victim"),
-    ], top_k=2**63)  # past int64: torch cannot build the batch's top-k tensor
+    ])
     poison = outputs.pop("poison")
     assert poison[-1].finished and poison[-1].error and "Overflow" in poison[-1].error
     assert poison[-1].choices[0].finish_reason == FinishReason.ERROR
@@ -63,7 +64,7 @@ def test_two_culprits_among_many_are_each_found(smol, chat_prompt_ids):
     poisons = [EngineRequest(name, prompt, seeded(6, 1), tenant_id="attacker")
                for name, prompt in (("p0", chat_prompt_ids[5]), ("p1", chat_prompt_ids[6]))]
     victims = [EngineRequest(f"v{i}", chat_prompt_ids[i], greedy(6, ignore_eos=True)) for i in range(4)]
-    outputs = run_with_poison(smol.engine(), poisons, victims, top_k=2**64)
+    outputs = run_with_poison(smol.engine(), poisons, victims)
     for name in ("p0", "p1"):
         assert outputs.pop(name)[-1].choices[0].finish_reason == FinishReason.ERROR
     assert {rid: output_tokens(outs) for rid, outs in outputs.items()} == expected

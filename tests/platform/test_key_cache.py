@@ -42,6 +42,16 @@ def test_forget_key_drops_every_entry_of_that_key_and_bounded_size():
     assert cache.fresh("h2") is None and cache.fresh("h4") == "d"
 
 
+def test_dropping_a_changed_key_is_not_revoking_it():
+    # a tenant's weight changed: its keys are read afresh, and cached (and served in an outage) as before
+    cache: KeyCache[str] = KeyCache(fresh_s=5, stale_s=60)
+    cache.put("h1", "key_1", "weight 1")
+    cache.drop_entries("key_1")
+    assert cache.fresh("h1") is None
+    cache.put("h1", "key_1", "weight 2")
+    assert cache.fresh("h1") == "weight 2" and cache.stale("h1") == "weight 2"
+
+
 def test_zero_fresh_time_disables_the_cache():
     cache: KeyCache[str] = KeyCache(fresh_s=0, stale_s=0)
     cache.put("h1", "key_1", "a")

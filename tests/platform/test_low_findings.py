@@ -1,6 +1,7 @@
 """Inputs that used to end in a 500 (or leak) now end in a 4xx naming what was wrong, through a real server on
 real Redis: a far-future usage date, a session id that reaches another Redis key, a schema property name with
-CR/LF, a chat template that refuses the conversation; and /readyz names a broken dependency without its error."""
+CR/LF, a chat template that refuses the conversation or meets a value it cannot handle, a malformed tool call of an
+earlier turn, a file expiry in non-ASCII digits; and /readyz names a broken dependency without its error."""
 
 from __future__ import annotations
 
@@ -94,3 +95,60 @@ def test_a_chat_template_that_raises_is_a_400_naming_messages(smollm_path: Any) 
         render_chat_prompt(tokenizer, twice, {})
     assert refused.value.param == "messages" and "alternate" in refused.value.message
     assert render_chat_prompt(tokenizer, twice[:1], {}) == list(tokenizer("a", add_special_tokens=False)["input_ids"])
+
+
+def test_a_malformed_earlier_tool_call_is_a_400_naming_it(server: Any) -> None:
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+
+    def chat(call: Any) -> httpx.Response:
+        messages = [{"role": "user", "content": "a"}, {"role": "assistant", "tool_calls": [call]},
+                    {"role": "tool", "tool_call_id": "c", "content": "r"}]
+        return httpx.post(server.base_url + "/v1/chat/completions", headers=_auth(server), timeout=60,
+                          json={"model": MODEL, "messages": messages, "tools": tools, "max_tokens": 1})
+
+    for call, param in (({"id": "c", "type": "function"}, "messages[1].tool_calls[0]"),
+                        ({"id": "c", "type": "function", "function": "f"}, "messages[1].tool_calls[0]"),
+                        ({"id": "c", "function": {"arguments": "{}"}}, "messages[1].tool_calls[0].function.name"),
+                        ({"id": "c", "function": {"name": "f", "arguments": 3}},
+                         "messages[1].tool_calls[0].function.arguments"),
+                        ({"id": 7, "function": {"name": "f", "arguments": "{}"}}, "messages[1].tool_calls[0].id")):
+        answer = chat(call)
+        assert answer.status_code == 400, answer.text
+        assert answer.json()["error"]["param"] == param, answer.text
+    # arguments as an object, as some frameworks send them, are taken and serialised
+    assert chat({"id": "c", "type": "function", "function": {"name": "f", "arguments": {"x": 1}}}).status_code == 200
+
+
+def test_a_template_that_meets_a_value_it_cannot_handle_is_a_400_naming_messages(smollm_path: Any) -> None:
+    from loraplex.platform.api.preparation import render_chat_prompt
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(smollm_path)
+    tokenizer.chat_template = "{% for m in messages %}{{ m['content'] + 1 }}{% endfor %}"  # str + int: TypeError
+    with pytest.raises(InvalidRequestError) as refused:
+        render_chat_prompt(tokenizer, [{"role": "user", "content": "a"}], {})
+    assert refused.value.param == "messages" and "could not render" in refused.value.message
+
+
+def test_a_file_expiry_in_non_ascii_or_endless_digits_is_a_400() -> None:
+    from loraplex.platform.body_limit import declared_length
+    from loraplex.platform.routers.files import _expires_after
+
+    assert _expires_after({"expires_after[anchor]": "created_at", "expires_after[seconds]": "7200"}, 60) == 7200
+    for seconds in ("²", "٣٦٠٠", "9" * 5000, "-3600", ""):
+        with pytest.raises(InvalidRequestError) as refused:
+            _expires_after({"expires_after[anchor]": "created_at", "expires_after[seconds]": seconds}, 60)
+        assert refused.value.param == "expires_after.seconds"
+    assert [declared_length(v) for v in ("12", b"12", "²", "9" * 5000, "", None)] == [12, 12, None, None, None, None]
+
+
+def test_tenant_text_in_a_cli_table_is_never_terminal_markup(monkeypatch: pytest.MonkeyPatch) -> None:
+    # an end user named "[/x]" crashed `loraplex usage report --group-by user` on a terminal (MarkupError)
+    from loraplex.platform.cli import common
+    from rich.console import Console
+
+    terminal = Console(force_terminal=True, record=True, width=200)
+    monkeypatch.setattr(common, "console", terminal)
+    common.print_table(["user", "requests"], [["[/x]", "1"], ["[link=http://e]click[/link]", "2"]])
+    shown = terminal.export_text()
+    assert "[/x]" in shown and "[link=http://e]click[/link]" in shown

@@ -114,16 +114,22 @@ def test_vllm_mistakes_name_the_field(fields: dict, param: str) -> None:
 
 
 def test_template_options() -> None:
-    assert chat_template_options(chat()) == {}
-    assert chat_template_options(chat(chat_template_kwargs={"enable_thinking": False}, add_generation_prompt=False)) == {
-        "enable_thinking": False, "add_generation_prompt": False}
+    limit = Settings().chat_template_kwargs_max_bytes
+    assert chat_template_options(chat(), limit) == {}
+    assert chat_template_options(chat(chat_template_kwargs={"enable_thinking": False}, add_generation_prompt=False),
+                                 limit) == {"enable_thinking": False, "add_generation_prompt": False}
     continued = chat(messages=[*MESSAGES, {"role": "assistant", "content": "Sure"}], continue_final_message=True)
-    assert chat_template_options(continued) == {"continue_final_message": True, "add_generation_prompt": False}
-    for bad in ({"chat_template_kwargs": {"chat_template": "x"}}, {"chat_template_kwargs": {"_private": 1}},
-                {"chat_template_kwargs": {"big": "x" * 20_000}},
-                {"continue_final_message": True, "add_generation_prompt": True}):
-        with pytest.raises(InvalidRequestError):
-            chat_template_options(chat(messages=[*MESSAGES, {"role": "assistant", "content": "S"}], **bad))
+    assert chat_template_options(continued, limit) == {"continue_final_message": True, "add_generation_prompt": False}
+    assert chat_template_options(chat(chat_template_kwargs={"big": "x" * 100}), 200) == {"big": "x" * 100}
+    for bad, param in (({"chat_template_kwargs": {"chat_template": "x"}}, "chat_template_kwargs.chat_template"),
+                       ({"chat_template_kwargs": {"_private": 1}}, "chat_template_kwargs._private"),
+                       ({"chat_template_kwargs": {"namespace": 1}}, "chat_template_kwargs.namespace"),
+                       ({"chat_template_kwargs": {"strftime_now": 1}}, "chat_template_kwargs.strftime_now"),
+                       ({"chat_template_kwargs": {"big": "x" * 20_000}}, "chat_template_kwargs"),
+                       ({"continue_final_message": True, "add_generation_prompt": True}, "continue_final_message")):
+        with pytest.raises(InvalidRequestError) as raised:
+            chat_template_options(chat(messages=[*MESSAGES, {"role": "assistant", "content": "S"}], **bad), limit)
+        assert raised.value.param == param
 
 
 def test_limits_come_from_settings_and_name_the_parameter() -> None:

@@ -171,6 +171,8 @@ def test_a_record_past_its_size_is_refused_before_generating(server: Any) -> Non
     ({"text": {"format": {"type": "json_object", "description": "d" * 101}}}, "text.format.description"),
     ({"tool_choice": {"type": "function", "name": "n" * 41}}, "tool_choice.name"),
     ({"tool_choice": "sometimes"}, "tool_choice"),
+    ({"input": [{"role": ["user"], "content": "hi"}]}, "input[0].role"),  # unhashable: was a 500
+    ({"input": [{"role": "user", "content": [{"type": ["input_text"], "text": "hi"}]}]}, "input[0].content[0].type"),
 ])
 def test_the_callers_own_strings_are_bounded(server: Any, extra: dict[str, Any], param: str) -> None:
     answer = _post(server, {"model": MODEL, "input": "hi", "max_output_tokens": 1, **extra})
