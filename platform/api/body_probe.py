@@ -8,7 +8,8 @@ the edge limits (`tools`, `logit_bias`, `stop`, `messages`, `prompt`, and the
 Responses API's `input`, whose items count as messages) as raw
 slices and splitting only those into raw elements to count them. A body that
 is malformed or has an unexpected shape is left to the normal parser, which
-reports it as usual.
+reports it as usual; one nested too deep to scan is refused here, as that
+parser would refuse it.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 
 import msgspec
 from loraplex.platform.api.request_limits import RequestLimits
+from loraplex.platform.api.strict_json import NESTED_TOO_DEEP
 
 PROBE_MIN_BYTES = 64 * 1024  # smaller bodies parse in well under a millisecond: not worth a second pass
 PROBED_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/responses"})
@@ -40,7 +42,7 @@ _MAP = msgspec.json.Decoder(dict[str, msgspec.Raw] | None)
 @dataclass(frozen=True, slots=True)
 class Refusal:
     message: str
-    param: str
+    param: str | None
 
 
 def probe_counts(body: bytes, limits: RequestLimits, *, max_tools: int) -> Refusal | None:
@@ -65,6 +67,8 @@ def probe_counts(body: bytes, limits: RequestLimits, *, max_tools: int) -> Refus
                                "logit_bias")
     except (msgspec.DecodeError, msgspec.ValidationError):
         return None
+    except RecursionError:
+        return Refusal(f"the request body is not valid JSON: {NESTED_TOO_DEEP}", None)
     return None
 
 

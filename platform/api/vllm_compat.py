@@ -105,7 +105,7 @@ def _json_schema(payload: Any, param: str) -> dict[str, Any]:
     if isinstance(payload, str):
         try:
             payload = json.loads(payload)
-        except json.JSONDecodeError:
+        except (ValueError, RecursionError):  # JSONDecodeError, a number too long, nesting too deep
             raise InvalidRequestError(f"{param} is neither a JSON schema object nor JSON text", param=param) from None
     if not isinstance(payload, dict):
         raise InvalidRequestError(f"{param} must be a JSON schema object", param=param)

@@ -46,6 +46,14 @@ def test_malformed_json_is_left_to_the_parser():
     assert probe_counts(b'{"tools": [' + b"1," * 50_000, LIMITS, max_tools=128) is None
 
 
+def test_a_body_nested_too_deep_to_scan_is_refused_as_the_parser_would():
+    """msgspec, like Python's parser, raises RecursionError past ~1,000 levels: that is a 400, not a 500."""
+    raw = b'{"model": "m", "metadata": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+    assert len(raw) >= PROBE_MIN_BYTES
+    refusal = probe_counts(raw, LIMITS, max_tools=128)
+    assert refusal is not None and refusal.param is None and "nest deeper than the parser allows" in refusal.message
+
+
 def test_probing_is_fast_where_parsing_is_not():
     raw = json.dumps({**CHAT, "tools": tools(20_000)}).encode()
     start = time.perf_counter()

@@ -158,6 +158,33 @@ def test_a_lone_surrogate_anywhere_in_a_body_is_a_400(api_server, case: str) -> 
         assert paired.status_code == 200, paired.text
 
 
+@pytest.mark.parametrize(("path", "raw", "reason"), [
+    # small enough for the normal parser, large enough for the edge's count probe (64 KiB and up)
+    ("/v1/chat/completions", '{"model": "%s", "metadata": ' + "[" * 2000 + "]" * 2000 + "}",
+     "nest deeper than the parser allows"),
+    ("/v1/chat/completions", '{"model": "%s", "metadata": ' + "[" * 50_000 + "]" * 50_000 + "}",
+     "nest deeper than the parser allows"),
+    ("/v1/responses", '{"model": "%s", "input": "hi", "metadata": ' + '{"a":' * 2000 + "1" + "}" * 2000 + "}",
+     "nest deeper than the parser allows"),
+    ("/v1/chat/completions", '{"model": "%s", "messages": [{"role": "user", "content": "hi"}], "seed": '
+     + "1" * 5000 + "}", "a number is too long to read"),
+    ("/v1/chat/completions", '{"model": "%s", "messages": [{"role": "user", "content": "hi"}], '
+     '"structured_outputs": {"json": "' + "[" * 5000 + "]" * 5000 + '"}}', "neither a JSON schema object"),
+])
+def test_json_the_parser_cannot_take_is_a_400_that_says_why(api_server, path: str, raw: str, reason: str) -> None:
+    """Nesting past the parser's recursion and integers past Python's digit limit raised RecursionError and
+    ValueError, which came back as a 500 (and a dropped keep-alive connection) or a bare "error parsing the
+    body"; the server serves the next request on the same connection."""
+    headers = {"Authorization": f"Bearer {api_server.keys['all']}", "Content-Type": "application/json"}
+    with httpx.Client(timeout=120) as client:
+        reply = client.post(api_server.base_url + path, content=raw % MODEL, headers=headers)
+        assert reply.status_code == 400, reply.text
+        assert reason in reply.json()["error"]["message"]
+        after = client.post(api_server.base_url + "/v1/chat/completions", headers=headers, json={
+            "model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
+        assert after.status_code == 200, after.text
+
+
 def test_a_json_body_sent_as_a_form_is_told_to_send_json(api_server) -> None:
     """`curl -d '{...}'` without a content type sends a form: the 400 says what to change."""
     body = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})

@@ -33,3 +33,15 @@ def test_every_api_route_parses_bodies_strictly() -> None:
     assert len(routes) > 20
     loose = [route.path for route in routes if not isinstance(route, StrictJSONRoute)]
     assert loose == []
+
+
+@pytest.mark.parametrize(("raw", "reason"), [
+    (b'{"a":' * 5000 + b"1" + b"}" * 5000, "nest deeper than the parser allows"),
+    (b"[" * 100_000 + b"]" * 100_000, "nest deeper than the parser allows"),
+    (b'{"seed": ' + b"1" * 5000 + b"}", "a number is too long to read"),
+])
+def test_bodies_the_parser_refuses_otherwise_are_malformed_json(raw: bytes, reason: str) -> None:
+    """Python's parser raises RecursionError and ValueError for these, which FastAPI would answer with a bare
+    "error parsing the body"; as JSONDecodeError they get the usual 400 that names the reason."""
+    with pytest.raises(json.JSONDecodeError, match=reason):
+        loads_strict(raw)
