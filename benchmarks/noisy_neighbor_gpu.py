@@ -291,10 +291,14 @@ class ServedForFloods:
             ttfts, victim_tokens_total = [], 0
             steps_before = engine_steps(base_url)
             sampler = TokenCounterSampler(base_url)
-            while not all(f.conn.poll() for f in floods):
+            # At least one victim request: on a loaded CPU a small flood can be over before the first one (an
+            # empty phase failed the quick run with an IndexError instead of measuring anything).
+            while True:
                 ttft, tokens = victim_request(client, victim_tokens)
                 ttfts.append(ttft)
                 victim_tokens_total += tokens
+                if all(f.conn.poll() for f in floods):
+                    break
             samples = sampler.stop()
             steps = {kind: count - steps_before.get(kind, 0.0) for kind, count in engine_steps(base_url).items()}
         parts = [f.result() for f in floods]
