@@ -425,8 +425,11 @@ SKINNY_CONFIGS = {  # block_n, block_k, warps, stages, K splits
     "8b": [(64, 128, 4, 4, 1), (64, 128, 4, 4, 2), (64, 128, 4, 4, 4), (64, 256, 4, 3, 1), (128, 128, 4, 3, 1),
            (128, 128, 8, 4, 1), (128, 64, 4, 5, 1), (64, 64, 4, 6, 2), (32, 128, 4, 4, 2), (128, 128, 8, 3, 2)],
     # A 576-wide layer is a few microseconds of latency, not of bandwidth: small blocks, many programs, one launch
-    "smollm2": [(16, 64, 4, 4, 1), (32, 64, 4, 4, 1), (64, 64, 4, 4, 1), (16, 128, 4, 3, 1), (32, 128, 4, 3, 1),
-                (64, 128, 4, 4, 1), (128, 64, 4, 4, 1), (32, 64, 2, 4, 1), (64, 128, 8, 3, 1)],
+    # (an earlier sweep's K tiles of 64-128 took 460-570 µs a step where cuBLAS took ~500: each K tile is one more
+    # round trip to memory; the one-row GEMV reads a row's whole K at once). Here K in one or two tiles.
+    "smollm2": [(64, 128, 4, 4, 1), (16, 128, 4, 3, 1), (16, 1024, 4, 1, 1), (16, 512, 4, 1, 1), (16, 512, 4, 2, 1),
+                (32, 512, 4, 1, 1), (32, 1024, 4, 1, 1), (16, 256, 4, 2, 1), (16, 1024, 2, 1, 1), (16, 512, 2, 1, 1),
+                (64, 512, 4, 1, 1)],
 }
 
 

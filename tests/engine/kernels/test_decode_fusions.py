@@ -86,6 +86,34 @@ def test_gemv(dtype: torch.dtype, n: int, k: int, bias: bool) -> None:
     assert relative_error(out, F.linear(x.double(), weight.double(), None if b is None else b.double())) < bound(dtype)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("k", [576, 1536])
+def test_the_gemv_configs_tuned_for_small_layers_compute_the_linear(dtype: torch.dtype, k: int) -> None:
+    """SmolLM2's tuned config (2 weight rows a program, K read in 1024-wide tiles: one tile at 576, a masked
+    second at 1536) on a few output rows of its real K."""
+    from loraplex.engine.cuda.gemv import TUNED
+
+    config = TUNED[(576, k)]
+    x = torch.randn(1, k, device=DEVICE, dtype=dtype)
+    weight = torch.randn(7, k, device=DEVICE, dtype=dtype) / k**0.5  # an odd N: the last program's rows clamped
+    out = gemv(x, weight, config=config)
+    assert relative_error(out, F.linear(x.double(), weight.double())) < bound(dtype)
+
+
+@pytest.mark.gpu
+def test_decode_linear_keeps_cublas_at_one_row_where_it_is_faster() -> None:
+    """SmolLM2's LM head at one row goes to cuBLAS (the GEMV took 28.8 µs there against 17.6 on an H200); a
+    tuned layer shape goes to the GEMV."""
+    from loraplex.engine.cuda.gemv import CUBLAS_AT_ONE_ROW, TUNED, decode_linear
+
+    assert (49152, 576) in CUBLAS_AT_ONE_ROW and (960, 576) in TUNED
+    head = torch.randn(49152, 576, device="cuda", dtype=torch.bfloat16) / 24
+    x = torch.randn(1, 576, device="cuda", dtype=torch.bfloat16)
+    assert torch.equal(decode_linear(x, head), F.linear(x, head))
+    qkv = torch.randn(960, 576, device="cuda", dtype=torch.bfloat16) / 24
+    assert torch.equal(decode_linear(x, qkv), gemv(x, qkv))
+
+
 def test_fuse_model_swaps_and_restores() -> None:
     """fuse_model installs the fused ops without renaming any parameter, is idempotent, and puts the
     PyTorch modules back when asked (the probe benchmark compares both on one model)."""
