@@ -10,7 +10,7 @@ from benchmark_quick import run_quick
 
 
 def test_gpu_decode_probe_quick() -> None:
-    out = run_quick("gpu_decode_probe.py", timeout_s=300)
+    out = run_quick("gpu_decode_probe.py", timeout_s=300, cpu_only=True)
     assert "checked through the Triton interpreter" in out
 
 
