@@ -53,6 +53,14 @@ TUNED: dict[tuple[int, int], LoRAGemmConfig] = {
     (6144, 4096): LoRAGemmConfig(block_n=32, block_k=128, num_warps=4, num_stages=4, split_k=1024),
     (28672, 4096): LoRAGemmConfig(block_n=128, block_k=128, num_warps=8, num_stages=3, split_k=1024),
     (4096, 14336): LoRAGemmConfig(block_n=64, block_k=256, num_warps=4, num_stages=3, split_k=2048, gemm_splits=2),
+    # SmolLM2-135M (H200 sweep, 64 rows, 8 adapters of rank 16, us per call in one launch vs cuBLAS + the separate
+    # LoRA kernel): qkv 8.9 vs 10.1, o 7.9 vs 8.3, gate_up 8.9 vs 9.8, down 9.9 vs 10.0. Each launch saved is a few
+    # µs of latency at these narrow layers: the engine's decode step over four adapters on every projection went
+    # from 1.645 / 1.648 ms to 1.472 / 1.475 at 16 rows and from 1.773 / 1.720 to 1.586 / 1.587 at 48.
+    (960, 576): LoRAGemmConfig(block_n=16, block_k=64, num_warps=4, num_stages=4, split_k=1024, shrink_block_k=64),
+    (576, 576): LoRAGemmConfig(block_n=16, block_k=64, num_warps=4, num_stages=4, split_k=1024, shrink_block_k=64),
+    (3072, 576): LoRAGemmConfig(block_n=64, block_k=64, num_warps=4, num_stages=4, split_k=1024, shrink_block_k=64),
+    (576, 1536): LoRAGemmConfig(block_n=64, block_k=128, num_warps=4, num_stages=4, split_k=1024, shrink_block_k=128),
 }
 # (N, K) shapes measured slower in one launch than cuBLAS + the separate LoRA kernel, left to that path:
 # the o projection (best 24.9 vs 22.8 us).

@@ -68,6 +68,18 @@ def test_linear_with_lora_matches_reference(name: str) -> None:
              token_slots=token_slots, config=config, max_loras=8 if name == "unused_slots_in_pool" else None)
 
 
+@pytest.mark.parametrize(("in_features", "out_sizes"), [(576, (576, 192, 192)), (576, (576,)), (576, (1536, 1536)),
+                                                      (1536, (576,))], ids=["qkv", "o", "gate_up", "down"])
+def test_the_configs_tuned_for_smollm2_compute_its_linears(in_features: int, out_sizes: tuple[int, ...]) -> None:
+    """Each SmolLM2 entry of TUNED on that model's real layer shape (a few rows over three adapters and the base)."""
+    from loraplex.engine.kernels.lora_gemm import TUNED
+
+    config = TUNED[(sum(out_sizes), in_features)]
+    ranks = [[8] * len(out_sizes), [4] * len(out_sizes), [1] * len(out_sizes)]
+    run_case(in_features=in_features, out_sizes=out_sizes, max_rank=8, ranks=ranks, token_slots=[0, 1, -1, 2, 0],
+             config=config)
+
+
 def test_full_tile_of_rows_half() -> None:
     """16 rows (an even BLOCK_M tile), half operands, K split in several shrink programs (fp16 here: the
     CPU interpreter mis-converts bf16; the GPU tests below run bf16)."""
