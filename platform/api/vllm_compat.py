@@ -17,6 +17,7 @@ from typing import Any
 
 from loraplex.engine.errors import InvalidRequestError
 from loraplex.engine.protocol import SamplingParams
+from loraplex.platform.api.strict_json import loads_strict
 
 GUIDED_FIELDS = ("guided_json", "guided_regex", "guided_choice", "guided_grammar")
 
@@ -104,8 +105,8 @@ def _json_schema(payload: Any, param: str) -> dict[str, Any]:
     """vLLM takes the schema as an object or as JSON text."""
     if isinstance(payload, str):
         try:
-            payload = json.loads(payload)
-        except (ValueError, RecursionError):  # JSONDecodeError, a number too long, nesting too deep
+            payload = loads_strict(payload.encode())  # the API's own parser: too deep or too long is malformed
+        except json.JSONDecodeError:
             raise InvalidRequestError(f"{param} is neither a JSON schema object nor JSON text", param=param) from None
     if not isinstance(payload, dict):
         raise InvalidRequestError(f"{param} must be a JSON schema object", param=param)
