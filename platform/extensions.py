@@ -43,6 +43,10 @@ class ModelResolver(Protocol):
         """The model a request named; raises NotFoundError for anything this tenant cannot see."""
 
 
+# A lookup of `model` for one tenant that a caller brings instead of the resolver's (batch work: once for many lines)
+ModelLookup = Callable[[str], Awaitable[ServedModel]]
+
+
 class BaseModelResolver:
     """Serves only the base model; the adapters domain replaces it with one that knows adapters."""
 

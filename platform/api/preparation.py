@@ -19,7 +19,7 @@ from loraplex.platform.api.admission import AdmissionTicket, UnslottedTicket, ad
 from loraplex.platform.api.schemas import ChatCompletionRequest, ChatMessage, CompletionRequest
 from loraplex.platform.api.vllm_compat import apply_sampling_extensions, chat_template_options
 from loraplex.platform.deps import Principal
-from loraplex.platform.extensions import PreparedRequest
+from loraplex.platform.extensions import ModelLookup, PreparedRequest, ServedModel
 from loraplex.platform.services import Services
 
 # Tokenizing a long prompt on the event loop would stall every stream; short ones are cheaper inline.
@@ -126,32 +126,34 @@ def _tool_call(call: dict[str, Any], param: str) -> dict[str, Any]:
 
 
 async def prepare_chat(services: Services, key: Principal, body: ChatCompletionRequest, request_id: str, *,
-                       ticket: AdmissionTicket | UnslottedTicket | None = None) -> PreparedRequest:
+                       ticket: AdmissionTicket | UnslottedTicket | None = None, resolve_model: ModelLookup | None = None
+                       ) -> PreparedRequest:
     """Admission first (nothing costly is done for a refused request), then the preparation. A caller that
-    admitted the request itself (to prepare it more than once) passes its ticket, and releases it on error."""
+    admitted the request itself (to prepare it more than once) passes its ticket, and releases it on error; one
+    that looks models up its own way (batch work: once for many lines) passes `resolve_model`."""
     if ticket is not None:
-        prepared = await _prepare_chat(services, key, body, request_id)
+        prepared = await _prepare_chat(services, key, body, request_id, resolve_model)
         prepared.admission = ticket
         return prepared
     ticket = await admit_early(services, key)
     with _released_on_error(ticket):
-        prepared = await _prepare_chat(services, key, body, request_id)
+        prepared = await _prepare_chat(services, key, body, request_id, resolve_model)
     prepared.admission = ticket
     return prepared
 
 
 async def prepare_completion(
     services: Services, key: Principal, body: CompletionRequest, request_id: str, *,
-    ticket: AdmissionTicket | UnslottedTicket | None = None
+    ticket: AdmissionTicket | UnslottedTicket | None = None, resolve_model: ModelLookup | None = None
 ) -> PreparedRequest:
     """As `prepare_chat`; a caller passing its own ticket (batch work) is not admitted here."""
     if ticket is not None:
-        prepared = await _prepare_completion(services, key, body, request_id)
+        prepared = await _prepare_completion(services, key, body, request_id, resolve_model)
         prepared.admission = ticket
         return prepared
     ticket = await admit_early(services, key, num_requests=_num_prompts(body.prompt))
     with _released_on_error(ticket):
-        prepared = await _prepare_completion(services, key, body, request_id)
+        prepared = await _prepare_completion(services, key, body, request_id, resolve_model)
     prepared.admission = ticket
     return prepared
 
@@ -163,6 +165,12 @@ def _num_prompts(prompt: str | list[str] | list[int] | list[list[int]]) -> int:
     return len(prompt)
 
 
+async def _resolve(services: Services, key: Principal, model: str, resolve_model: ModelLookup | None) -> ServedModel:
+    if resolve_model is not None:
+        return await resolve_model(model)
+    return await services.extensions.model_resolver.resolve(key.tenant_id, model)
+
+
 @contextlib.contextmanager
 def _released_on_error(ticket: AdmissionTicket) -> Iterator[None]:
     try:
@@ -172,9 +180,9 @@ def _released_on_error(ticket: AdmissionTicket) -> Iterator[None]:
         raise
 
 
-async def _prepare_chat(services: Services, key: Principal, body: ChatCompletionRequest, request_id: str
-                        ) -> PreparedRequest:
-    model = await services.extensions.model_resolver.resolve(key.tenant_id, body.model)
+async def _prepare_chat(services: Services, key: Principal, body: ChatCompletionRequest, request_id: str,
+                        resolve_model: ModelLookup | None) -> PreparedRequest:
+    model = await _resolve(services, key, body.model, resolve_model)
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
     with _named_as_sent(body):
         prepared = PreparedRequest(
@@ -207,9 +215,9 @@ def _named_as_sent(body: ChatCompletionRequest) -> Iterator[None]:
 
 
 async def _prepare_completion(
-    services: Services, key: Principal, body: CompletionRequest, request_id: str
+    services: Services, key: Principal, body: CompletionRequest, request_id: str, resolve_model: ModelLookup | None
 ) -> PreparedRequest:
-    model = await services.extensions.model_resolver.resolve(key.tenant_id, body.model)
+    model = await _resolve(services, key, body.model, resolve_model)
     if body.suffix:
         raise InvalidRequestError("suffix is not supported", param="suffix")
     if body.best_of is not None and body.best_of != body.n:

@@ -34,13 +34,14 @@ from loraplex.platform.api.generation import Generation
 from loraplex.platform.api.preparation import prepare_chat, prepare_completion
 from loraplex.platform.api.request_limits import check_request_limits
 from loraplex.platform.api.schemas import ChatCompletionRequest, CompletionRequest
+from loraplex.platform.batches.line_models import LineModels
 from loraplex.platform.batches.models import BatchLineRow, BatchRow
 from loraplex.platform.batches.objects import answered_line, request_id_for
 from loraplex.platform.batches.repository import LINE_COMPLETED, LINE_FAILED, LineResult
 from loraplex.platform.batches.validation import parse_body
 from loraplex.platform.deps import Principal
 from loraplex.platform.errors import ApiError, error_body, status_for, validation_param
-from loraplex.platform.extensions import PreparedRequest, RequestRecord, RequestStatus
+from loraplex.platform.extensions import ModelLookup, PreparedRequest, RequestRecord, RequestStatus
 from loraplex.platform.ratelimit.limiter import Limits
 from loraplex.platform.responses.answer import collect_response
 from loraplex.platform.responses.items import ItemLimits
@@ -86,14 +87,16 @@ def batch_principal(batch: BatchRow) -> Principal:
                      limits=UNLIMITED)
 
 
-async def execute_line(services: Services, batch: BatchRow, line: BatchLineRow, raw: bytes) -> LineOutcome:
-    """Run one line to its result; raises RetryLater for a passing refusal (nothing recorded for it)."""
+async def execute_line(services: Services, batch: BatchRow, line: BatchLineRow, raw: bytes,
+                       models: LineModels) -> LineOutcome:
+    """Run one line to its result; raises RetryLater for a passing refusal (nothing recorded for it).
+    `models`: the batch's models, resolved once for many lines."""
     request_id = request_id_for(batch.id, line.custom_id)
     key = batch_principal(batch)
     gen: Generation | None = None
     try:
         body = parse_body(batch.endpoint, json.loads(raw)["body"])
-        prepared, collect = await _prepare(services, key, batch, body, request_id)
+        prepared, collect = await _prepare(services, key, body, request_id, models.resolve)
         prepared.background, prepared.batch_id = True, batch.id
         gen = Generation(services, key, prepared)
         await gen.admit()
@@ -108,21 +111,22 @@ async def execute_line(services: Services, batch: BatchRow, line: BatchLineRow, 
     return LineOutcome(_result(line, LINE_COMPLETED, text, gen, None), gen)
 
 
-async def _prepare(services: Services, key: Principal, batch: BatchRow, body: Any, request_id: str) -> tuple[Any, Any]:
+async def _prepare(services: Services, key: Principal, body: Any, request_id: str, resolve_model: ModelLookup
+                   ) -> tuple[Any, Any]:
     if isinstance(body, ChatCompletionRequest):
         check_request_limits(body, services.request_limits)
-        prepared = await prepare_chat(services, key, body, request_id, ticket=UnslottedTicket())
+        prepared = await prepare_chat(services, key, body, request_id, ticket=UnslottedTicket(), resolve_model=resolve_model)
         created = int(time.time())
         return prepared, lambda gen: collect_chat(gen, texts=services.token_texts, created=created)
     if isinstance(body, CompletionRequest):
         check_request_limits(body, services.request_limits)
-        prepared = await prepare_completion(services, key, body, request_id, ticket=UnslottedTicket())
+        prepared = await prepare_completion(services, key, body, request_id, ticket=UnslottedTicket(), resolve_model=resolve_model)
         return prepared, lambda gen: collect_completion(gen, texts=services.token_texts, tokenizer=services.tokenizer)
-    return await _prepare_response(services, key, body, request_id)
+    return await _prepare_response(services, key, body, request_id, resolve_model)
 
 
-async def _prepare_response(services: Services, key: Principal, body: ResponseCreate, request_id: str
-                            ) -> tuple[PreparedRequest, Any]:
+async def _prepare_response(services: Services, key: Principal, body: ResponseCreate, request_id: str,
+                            resolve_model: ModelLookup) -> tuple[PreparedRequest, Any]:
     """As POST /v1/responses, without pinning the answer's KV in the engine (nobody is waiting to continue)."""
     chains = services.extensions.domain_state["responses"]
     parent = None
@@ -130,7 +134,8 @@ async def _prepare_response(services: Services, key: Principal, body: ResponseCr
         parent = await chains.get(key.tenant_id, body.previous_response_id, param="previous_response_id")
     turn = ResponseTurn.build("resp_" + request_id, body, parent, created_at=int(time.time()),
                               limits=ItemLimits.from_settings(services.settings))
-    prepared = await prepare_response(services, key, turn, request_id, UnslottedTicket(), pin=False)
+    prepared = await prepare_response(services, key, turn, request_id, UnslottedTicket(), pin=False,
+                                       resolve_model=resolve_model)
     return prepared, lambda gen: collect_response(gen, turn=turn, chains=chains)
 
 

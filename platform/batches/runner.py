@@ -28,6 +28,7 @@ from typing import Any
 from loraplex.billing.unavailable import UNAVAILABLE_ERRORS
 from loraplex.platform.batches.execution import LineOutcome, RetryLater, execute_line, usage_record
 from loraplex.platform.batches.files import FileStore
+from loraplex.platform.batches.line_models import LineModels
 from loraplex.platform.batches.models import BatchLineRow, BatchRow
 from loraplex.platform.batches.objects import (
     CANCELLED,
@@ -70,6 +71,7 @@ class BatchRun:
         self.cancelled = batch.status == CANCELLING
         self.budget_spent: LineOutcome | None = None
         self._tasks: set[asyncio.Task[None]] = set()
+        self.models = LineModels(services.extensions.model_resolver, batch.tenant_id)
 
     # -- the whole run ----------------------------------------------------------------------
 
@@ -251,7 +253,7 @@ class BatchRun:
             if self.budget_spent is not None or self.cancelled or self.expired:
                 return None
             try:
-                return await execute_line(self.services, self.batch, row, raw)
+                return await execute_line(self.services, self.batch, row, raw, self.models)
             except RetryLater as exc:
                 log.info("batch %s line %d: %s; again in %.0f s", self.batch.id, row.line_index, exc, wait_s)
                 await asyncio.sleep(wait_s)

@@ -14,7 +14,7 @@ from loraplex.platform.api.preparation import ContextOverflowError, prepare_chat
 from loraplex.platform.api.request_limits import RequestLimits, check_request_limits
 from loraplex.platform.deps import Principal
 from loraplex.platform.errors import ApiError
-from loraplex.platform.extensions import PreparedRequest
+from loraplex.platform.extensions import ModelLookup, PreparedRequest
 from loraplex.platform.responses.truncation import TurnCosts, turn_costs
 from loraplex.platform.responses.turn import ResponseTurn
 from loraplex.platform.services import Services
@@ -25,13 +25,15 @@ _RESPONSES_PARAMS = {"messages": "input", "max_tokens": "max_output_tokens", "ma
 
 
 async def prepare_response(services: Services, key: Principal, turn: ResponseTurn, request_id: str,
-                           ticket: AdmissionTicket | UnslottedTicket, *, pin: bool = True) -> PreparedRequest:
+                           ticket: AdmissionTicket | UnslottedTicket, *, pin: bool = True,
+                           resolve_model: ModelLookup | None = None) -> PreparedRequest:
     """The chat preparation; with truncation="auto", the oldest turns are left out until the prompt fits.
 
     The history is tokenized once (responses/truncation.py) and each round drops the fewest turns that cover
     what the last render was over by; the tokens of the turns left out count against the key's tokens per
     minute, also when even the newest input alone does not fit. `pin`: a stored response's KV stays pinned in
-    the engine for the turn that continues it (not for batch work, which nobody continues at once).
+    the engine for the turn that continues it (not for batch work, which nobody continues at once); `resolve_model`:
+    the caller's own model lookup (batch work).
     """
     limits = RequestLimits.from_settings(services.settings)
     if turn.can_truncate():
@@ -42,7 +44,7 @@ async def prepare_response(services: Services, key: Principal, turn: ResponseTur
             try:
                 chat = turn.chat_request()
                 check_request_limits(chat, limits)
-                prepared = await prepare_chat(services, key, chat, request_id, ticket=ticket)
+                prepared = await prepare_chat(services, key, chat, request_id, ticket=ticket, resolve_model=resolve_model)
                 break
             except PromptTooLongError as exc:
                 if not turn.can_truncate():
